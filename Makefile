@@ -1,0 +1,23 @@
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test bench clean
+
+$(BIN)/activate: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(BIN)/activate
+
+demo: $(BIN)/activate
+	$(BIN)/gputopo demo
+
+test: $(BIN)/activate
+	$(BIN)/python -m pytest -q
+
+bench: $(BIN)/activate
+	$(BIN)/python loadtests/bench_select.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

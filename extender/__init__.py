@@ -1,0 +1,1 @@
+"""The Kubernetes scheduler extender (filter, prioritize, bind) built on `topology`."""

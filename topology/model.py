@@ -1,0 +1,119 @@
+"""The GPU/link model of one node: immutable values that every other module reads.
+
+A pair of GPUs is joined by NVLink (a link count) or else by a PCIe path (a level). `nvidia-smi topo -m`
+hides the PCIe level of NVLink pairs, so that entry may be unknown; it is always known for the other pairs,
+because their bandwidth depends on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from topology.catalog import NvLinkGen
+from topology.levels import PCIE_LEVELS, Level
+
+
+class TopologyError(ValueError):
+    """The facts do not describe a consistent node."""
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    index: int
+    model: str
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    numa_node: int | None = None
+    memory_mib: int | None = None
+    nvlink: NvLinkGen | None = None
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class NvLinkPair:
+    a: int
+    b: int
+    links: int
+
+
+@dataclass(frozen=True)
+class Topology:
+    gpus: tuple[Gpu, ...]
+    nvlinks: tuple[NvLinkPair, ...]
+    nvswitch: bool
+    # pcie[i][j]: the PCIe path level between GPU i and j; None on the diagonal and where unknown.
+    pcie: tuple[tuple[Level | None, ...], ...]
+    _links: dict[tuple[int, int], int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.gpus)
+        if n == 0:
+            raise TopologyError("a topology needs at least one GPU")
+        for position, gpu in enumerate(self.gpus):
+            if gpu.index != position:
+                raise TopologyError(f"GPU at position {position} has index {gpu.index}; indices must be 0..{n - 1}")
+        links: dict[tuple[int, int], int] = {}
+        for pair in self.nvlinks:
+            if not (0 <= pair.a < pair.b < n):
+                raise TopologyError(f"NVLink pair ({pair.a}, {pair.b}) is not a pair of distinct GPUs 0..{n - 1} "
+                                    "with a < b")
+            if pair.links <= 0:
+                raise TopologyError(f"NVLink pair ({pair.a}, {pair.b}) has {pair.links} links")
+            if (pair.a, pair.b) in links:
+                raise TopologyError(f"NVLink pair ({pair.a}, {pair.b}) is listed twice")
+            links[(pair.a, pair.b)] = pair.links
+        if len(self.pcie) != n or any(len(row) != n for row in self.pcie):
+            raise TopologyError(f"the PCIe matrix must be {n}x{n}")
+        for i in range(n):
+            if self.pcie[i][i] is not None:
+                raise TopologyError(f"the PCIe matrix has a level on its diagonal at GPU{i}")
+            for j in range(i + 1, n):
+                level = self.pcie[i][j]
+                if level != self.pcie[j][i]:
+                    raise TopologyError(f"the PCIe matrix is asymmetric at GPU{i}/GPU{j}")
+                if level is not None and level not in PCIE_LEVELS:
+                    raise TopologyError(f"GPU{i}/GPU{j}: {level!r} is not a PCIe path level")
+                if level is None and (i, j) not in links:
+                    raise TopologyError(f"GPU{i}/GPU{j} has neither NVLink nor a known PCIe path")
+        object.__setattr__(self, "nvlinks", tuple(sorted(self.nvlinks)))
+        object.__setattr__(self, "_links", links)
+
+    @property
+    def size(self) -> int:
+        return len(self.gpus)
+
+    def nvlink_count(self, i: int, j: int) -> int:
+        return self._links.get((i, j) if i < j else (j, i), 0)
+
+    def level(self, i: int, j: int) -> Level:
+        """The level a hop between i and j runs at: NVLink where there is any, else its PCIe path."""
+        if self.nvlink_count(i, j):
+            return Level.NVLINK
+        level = self.pcie[i][j]
+        assert level is not None, "checked in __post_init__"
+        return level
+
+    def pairs(self) -> Iterator[tuple[int, int]]:
+        n = self.size
+        return ((i, j) for i in range(n) for j in range(i + 1, n))
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A digest of the facts that selection depends on, so that identical boards share one memo.
+
+        It covers NUMA, NVLink counts and kinds, PCIe generation and width, and the PCIe level of pairs
+        without NVLink. It leaves out identities (UUIDs, bus ids), names and memory, and the bandwidth table
+        itself, so that a reporter and an extender of different versions agree on it.
+        """
+        parts = [f"n={self.size};sw={int(self.nvswitch)}"]
+        for gpu in self.gpus:
+            nvlink = gpu.nvlink.value if gpu.nvlink else "-"
+            parts.append(f"g{gpu.index}:{gpu.numa_node}:{nvlink}:{gpu.pcie_gen}:{gpu.pcie_width}")
+        for i, j in self.pairs():
+            count = self.nvlink_count(i, j)
+            parts.append(f"{i}-{j}:NV{count}" if count else f"{i}-{j}:{self.level(i, j).name}")
+        return hashlib.sha256(";".join(parts).encode()).hexdigest()[:16]

@@ -1,0 +1,212 @@
+"""Reads `nvidia-smi topo -m` text into a Topology.
+
+Real captures vary by driver: tabs or runs of spaces, a header with or without leading whitespace, NIC rows
+named NICn or mlx5_*, legends (full, one-line or missing), and CPU/NUMA affinity columns that some drivers
+omit. The parser accepts all of those. It refuses, naming the row and column, anything it would otherwise
+have to guess: a missing row, an asymmetric pair, an unknown code, an unreadable affinity.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from topology import catalog
+from topology.levels import PCIE_CODES, Level
+from topology.model import Gpu, NvLinkPair, Topology, TopologyError
+
+_AFFINITY_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+_GPU_LABEL = re.compile(r"GPU(\d+)$")
+_NVLINK_CODE = re.compile(r"NV(\d+)$")
+_CPU_RANGE = re.compile(r"(\d+)(?:-(\d+))?$")
+
+
+class TopoParseError(ValueError):
+    """The text is not a complete, consistent `nvidia-smi topo -m` matrix."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    label: str
+    cells: tuple[str, ...]
+    affinity: dict[str, str]
+
+
+def parse_topo_matrix(text: str, gpu_model: str | None = None, memory_mib: int | None = None) -> Topology:
+    """Parse a capture. `gpu_model` (e.g. "NVIDIA A100-SXM4-40GB") supplies what the text cannot say."""
+    lines = _capture_lines(text)
+    header_at, columns, affinity_columns = _read_header(lines)
+    rows = _read_rows(lines[header_at + 1:], columns, affinity_columns)
+    _check_complete(rows, columns)
+    _check_symmetric(rows, columns)
+    model = gpu_model.strip() if gpu_model and gpu_model.strip() else catalog.UNKNOWN_MODEL
+    return _build(rows, columns, model, memory_mib)
+
+
+def _capture_lines(text: str) -> list[str]:
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    start = 0
+    while start < len(lines) and (lines[start].lstrip().startswith("#") or not lines[start].strip()):
+        start += 1
+    return lines[start:]
+
+
+def _read_header(lines: Sequence[str]) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
+    for at, line in enumerate(lines):
+        tokens = line.split()
+        if tokens and tokens[0] == "GPU0":
+            return (at, *_split_header(" ".join(tokens)))
+    raise TopoParseError("no `nvidia-smi topo -m` matrix found: expected a header line starting with GPU0")
+
+
+def _split_header(header: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Device columns (GPUn, NICs) first, then the affinity columns, whose names hold spaces."""
+    starts = [header.find(name) for name in _AFFINITY_COLUMNS if name in header]
+    cut = min(starts, default=len(header))
+    columns = tuple(header[:cut].split())
+    if len(set(columns)) != len(columns):
+        raise TopoParseError("header: a column label appears twice")
+    affinity: list[str] = []
+    tail = header[cut:]
+    while tail:
+        name = next((name for name in _AFFINITY_COLUMNS if tail.startswith(name)), None)
+        if name is None or name in affinity:
+            raise TopoParseError(f"header: cannot read the columns {tail!r} after the GPU and NIC columns")
+        affinity.append(name)
+        tail = tail[len(name):].lstrip()
+    return columns, tuple(affinity)
+
+
+def _read_rows(lines: Sequence[str], columns: tuple[str, ...], affinity_columns: tuple[str, ...]) -> list[_Row]:
+    known = set(columns)
+    rows: list[_Row] = []
+    for line in lines:
+        tokens = line.split()
+        if not tokens or tokens[0] not in known:
+            break
+        label, values = tokens[0], tokens[1:]
+        if len(values) < len(columns):
+            raise TopoParseError(f"row {label}: {len(values)} entries for {len(columns)} columns; "
+                                 f"the row is cut short after column {columns[len(values) - 1] if values else label}")
+        cells = tuple(values[:len(columns)])
+        extra = values[len(columns):]
+        affinity: dict[str, str] = {}
+        if label.startswith("GPU") and affinity_columns:
+            if len(extra) != len(affinity_columns):
+                raise TopoParseError(f"row {label}, columns {', '.join(affinity_columns)}: expected "
+                                     f"{len(affinity_columns)} values, found {len(extra)}: {' '.join(extra)!r}")
+            affinity = dict(zip(affinity_columns, extra))
+            if "CPU Affinity" in affinity:
+                _cpu_set(label, affinity["CPU Affinity"])
+        elif extra:
+            raise TopoParseError(f"row {label}: unexpected trailing values {extra}")
+        if any(row.label == label for row in rows):
+            raise TopoParseError(f"row {label} appears twice")
+        rows.append(_Row(label, cells, affinity))
+    return rows
+
+
+def _check_complete(rows: Sequence[_Row], columns: tuple[str, ...]) -> None:
+    have = {row.label for row in rows}
+    missing = [label for label in columns if label not in have]
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        raise TopoParseError(f"partial matrix: no row for {shown} (the header lists {len(columns)} columns)")
+    gpus = [label for label in columns if label.startswith("GPU")]
+    for position, label in enumerate(gpus):
+        if label != f"GPU{position}":
+            raise TopoParseError(f"header: column {label} where GPU{position} was expected; "
+                                 "GPU columns must run GPU0, GPU1, ... in order")
+
+
+def _check_symmetric(rows: Sequence[_Row], columns: tuple[str, ...]) -> None:
+    cell = {row.label: dict(zip(columns, row.cells)) for row in rows}
+    for r, label in enumerate(columns):
+        for c, other in enumerate(columns):
+            value = cell[label][other]
+            if r == c:
+                if value != "X":
+                    raise TopoParseError(f"row {label}, column {other}: expected X on the diagonal, found {value!r}")
+                continue
+            if value == "X":
+                raise TopoParseError(f"row {label}, column {other}: X off the diagonal")
+            if value not in PCIE_CODES and not _NVLINK_CODE.match(value):
+                raise TopoParseError(f"row {label}, column {other}: unknown code {value!r}")
+            if c > r and cell[other][label] != value:
+                raise TopoParseError(f"asymmetric pair: row {label}, column {other} says {value} but "
+                                     f"row {other}, column {label} says {cell[other][label]}")
+
+
+def _build(rows: Sequence[_Row], columns: tuple[str, ...], model: str, memory_mib: int | None) -> Topology:
+    gpu_rows = [row for row in rows if _GPU_LABEL.match(row.label)]
+    gpu_rows.sort(key=lambda row: int(row.label[3:]))
+    n = len(gpu_rows)
+    numa = _numa_nodes(gpu_rows)
+    spec = catalog.lookup(model)
+    gpus = tuple(Gpu(index=i, model=model, numa_node=numa[i], memory_mib=memory_mib,
+                     nvlink=spec.nvlink if spec else None, pcie_gen=spec.pcie_gen if spec else None,
+                     pcie_width=16 if spec else None) for i in range(n))
+    pairs: list[NvLinkPair] = []
+    pcie: list[list[Level | None]] = [[None] * n for _ in range(n)]
+    for i, row in enumerate(gpu_rows):
+        for j in range(i + 1, n):
+            code = row.cells[columns.index(f"GPU{j}")]
+            nvlink = _NVLINK_CODE.match(code)
+            if nvlink:
+                links = int(nvlink.group(1))
+                if links <= 0:
+                    raise TopoParseError(f"row {row.label}, column GPU{j}: {code} names no links")
+                pairs.append(NvLinkPair(i, j, links))
+            else:
+                pcie[i][j] = pcie[j][i] = PCIE_CODES[code]
+    try:
+        return Topology(gpus=gpus, nvlinks=tuple(pairs), nvswitch=_behind_nvswitch(pairs, n, model),
+                        pcie=tuple(tuple(row) for row in pcie))
+    except TopologyError as error:
+        raise TopoParseError(str(error)) from None
+
+
+def _behind_nvswitch(pairs: Sequence[NvLinkPair], n: int, model: str) -> bool:
+    """True when some GPU shows more NVLinks to its peers than it physically has: only switches do that."""
+    per_gpu = [0] * n
+    for pair in pairs:
+        per_gpu[pair.a] += pair.links
+        per_gpu[pair.b] += pair.links
+    return max(per_gpu, default=0) > catalog.max_nvlinks(model)
+
+
+def _numa_nodes(gpu_rows: Sequence[_Row]) -> list[int | None]:
+    """NUMA Affinity when the driver prints it, else one node per distinct CPU set, numbered by lowest CPU."""
+    if any("NUMA Affinity" in row.affinity for row in gpu_rows):
+        return [_numa_value(row) for row in gpu_rows]
+    if not any("CPU Affinity" in row.affinity for row in gpu_rows):
+        return [None] * len(gpu_rows)
+    cpu_sets = [_cpu_set(row.label, row.affinity["CPU Affinity"]) for row in gpu_rows]
+    distinct = sorted({cpus for cpus in cpu_sets if cpus}, key=min)
+    return [distinct.index(cpus) if cpus else None for cpus in cpu_sets]
+
+
+def _numa_value(row: _Row) -> int | None:
+    value = row.affinity["NUMA Affinity"]
+    if value == "N/A":
+        return None
+    if not value.isdigit():
+        raise TopoParseError(f"row {row.label}, column NUMA Affinity: cannot read {value!r}")
+    return int(value)
+
+
+def _cpu_set(label: str, value: str) -> frozenset[int]:
+    if value == "N/A":
+        return frozenset()
+    cpus: set[int] = set()
+    for part in value.split(","):
+        match = _CPU_RANGE.match(part)
+        if not match:
+            raise TopoParseError(f"row {label}, column CPU Affinity: cannot read {value!r}")
+        low = int(match.group(1))
+        high = int(match.group(2)) if match.group(2) else low
+        if high < low:
+            raise TopoParseError(f"row {label}, column CPU Affinity: range {part!r} runs backwards")
+        cpus.update(range(low, high + 1))
+    return frozenset(cpus)
