@@ -1,0 +1,225 @@
+"""A fake `pynvml` module built from a Topology, so discovery runs in tests against the real captures.
+
+It answers like NVML on a real board: NVSwitch GPUs spread their links over a few switches, direct pairs
+get one link per NVLink with the peer's bus id at the far end, link ids past a GPU's last link answer
+INVALID_ARGUMENT and GPUs without NVLink NOT_SUPPORTED. Constants and NVMLError classes are the real
+pynvml ones, so discovery cannot rely on anything the real module would not give it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pynvml
+
+from topology.catalog import NvLinkGen
+from topology.levels import Level
+from topology.model import Topology
+
+_ANCESTORS: dict[Level, int] = {
+    Level.PIX: pynvml.NVML_TOPOLOGY_SINGLE,
+    Level.PXB: pynvml.NVML_TOPOLOGY_MULTIPLE,
+    Level.PHB: pynvml.NVML_TOPOLOGY_HOSTBRIDGE,
+    Level.NODE: pynvml.NVML_TOPOLOGY_NODE,
+    Level.SYS: pynvml.NVML_TOPOLOGY_SYSTEM,
+}
+
+NVLINK_VERSIONS: dict[NvLinkGen, int] = {
+    NvLinkGen.NVLINK1: pynvml.NVML_NVLINK_VERSION_1_0,
+    NvLinkGen.NVLINK2: pynvml.NVML_NVLINK_VERSION_2_0,
+    NvLinkGen.NVLINK3: pynvml.NVML_NVLINK_VERSION_3_0,
+    NvLinkGen.BRIDGE_GA102: pynvml.NVML_NVLINK_VERSION_3_0,
+    NvLinkGen.NVLINK4: pynvml.NVML_NVLINK_VERSION_4_0,
+    NvLinkGen.NVLINK5: pynvml.NVML_NVLINK_VERSION_5_0,
+}
+
+# NVSwitch chips per board: DGX-2 baseboards and DGX/HGX A100 have 6, Hopper HGX boards 4 (18 links as 5+5+4+4),
+# and a GB200 GPU reaches 18 switch chips, one link each.
+_SWITCHES: dict[NvLinkGen | None, int] = {NvLinkGen.NVLINK4: 4, NvLinkGen.NVLINK5: 18}
+_DEFAULT_SWITCHES = 6
+
+
+@dataclass(frozen=True, slots=True)
+class _Handle:
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Link:
+    remote: str
+    kind: int
+
+
+@dataclass
+class Calls:
+    """How often the fake was initialised and shut down, so tests can check discovery always shuts down."""
+
+    inits: int = 0
+    shutdowns: int = 0
+
+
+def gpu_bus_id(index: int) -> str:
+    """NVML's own form: 8-hex-digit domain, upper case."""
+    return f"00000000:{0x07 + 8 * index:02X}:00.0"
+
+
+def normalised_bus_id(index: int) -> str:
+    """The form sysfs uses, and that discovery reports."""
+    return f"0000:{0x07 + 8 * index:02x}:00.0"
+
+
+def _switch_bus_id(switch: int) -> str:
+    return f"0000:{0xC4 + switch:02X}:00.0"
+
+
+def gpu_uuid(name: str, index: int) -> str:
+    return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"fake-nvml/{name}/{index}"))
+
+
+def write_sysfs(topology: Topology, root: Path) -> Path:
+    """The numa_node files the kernel would show for the GPUs' PCI devices (-1 where NUMA is unknown)."""
+    for gpu in topology.gpus:
+        device = root / "bus" / "pci" / "devices" / normalised_bus_id(gpu.index)
+        device.mkdir(parents=True, exist_ok=True)
+        (device / "numa_node").write_text(f"{gpu.numa_node if gpu.numa_node is not None else -1}\n")
+    return root
+
+
+def _nvlinks(topology: Topology, index: int) -> list[_Link]:
+    gpu = topology.gpus[index]
+    peers = [j for j in range(topology.size) if j != index]
+    if topology.nvswitch:
+        count = max((topology.nvlink_count(index, j) for j in peers), default=0)
+        switches = _SWITCHES.get(gpu.nvlink, _DEFAULT_SWITCHES)
+        return [_Link(_switch_bus_id(link % switches), pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH) for link in range(count)]
+    return [_Link(normalised_bus_id(j).upper(), pynvml.NVML_NVLINK_DEVICE_TYPE_GPU)
+            for j in peers for _ in range(topology.nvlink_count(index, j))]
+
+
+def make_fake_nvml(topology: Topology, name: str, *, library_missing: bool = False,
+                   remote_type_unsupported: bool = False, down_links: frozenset[tuple[int, int]] = frozenset(),
+                   nvlink_version: int | None = None, as_bytes: bool = False) -> ModuleType:
+    """A module with pynvml's surface describing `topology`.
+
+    library_missing: nvmlInit fails as on a node without the driver. remote_type_unsupported: the driver
+    lacks nvmlDeviceGetNvLinkRemoteDeviceType. down_links: (gpu, link) pairs whose link state is disabled.
+    nvlink_version: what every link reports instead of its generation's enum. as_bytes: strings come back
+    as bytes, as older pynvml releases return them.
+    """
+    fake = ModuleType(f"fake_nvml[{name}]")
+    for attribute in dir(pynvml):
+        if attribute.startswith(("NVML_", "NVMLError")):
+            setattr(fake, attribute, getattr(pynvml, attribute))
+    links = [_nvlinks(topology, i) for i in range(topology.size)]
+    calls = Calls()
+    fake.calls = calls  # type: ignore[attr-defined]
+
+    def fail(code: int) -> None:
+        raise pynvml.NVMLError(code)
+
+    def text(value: str) -> str | bytes:
+        return value.encode() if as_bytes else value
+
+    def link_of(handle: _Handle, link: int) -> _Link:
+        if not links[handle.index]:
+            fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < len(links[handle.index]):
+            fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return links[handle.index][link]
+
+    def nvmlInit() -> None:
+        if library_missing:
+            fail(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+        calls.inits += 1
+
+    def nvmlShutdown() -> None:
+        calls.shutdowns += 1
+
+    def nvmlDeviceGetHandleByIndex(index: int) -> _Handle:
+        if not 0 <= index < topology.size:
+            fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return _Handle(index)
+
+    def nvmlDeviceGetPciInfo(handle: _Handle) -> Any:
+        return SimpleNamespace(busId=text(gpu_bus_id(handle.index)))
+
+    def nvmlDeviceGetMemoryInfo(handle: _Handle) -> Any:
+        memory = topology.gpus[handle.index].memory_mib
+        if memory is None:
+            fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(total=memory * 2**20, free=memory * 2**20, used=0)
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(handle: _Handle) -> int:
+        return _or_not_supported(topology.gpus[handle.index].pcie_gen)
+
+    def nvmlDeviceGetMaxPcieLinkWidth(handle: _Handle) -> int:
+        return _or_not_supported(topology.gpus[handle.index].pcie_width)
+
+    def nvmlDeviceGetNvLinkState(handle: _Handle, link: int) -> int:
+        link_of(handle, link)
+        down = (handle.index, link) in down_links
+        return pynvml.NVML_FEATURE_DISABLED if down else pynvml.NVML_FEATURE_ENABLED
+
+    def nvmlDeviceGetNvLinkVersion(handle: _Handle, link: int) -> int:
+        link_of(handle, link)
+        generation = topology.gpus[handle.index].nvlink
+        if nvlink_version is not None:
+            return nvlink_version
+        return NVLINK_VERSIONS[generation] if generation else pynvml.NVML_NVLINK_VERSION_INVALID
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(handle: _Handle, link: int) -> Any:
+        return SimpleNamespace(busId=text(link_of(handle, link).remote))
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(handle: _Handle, link: int) -> int:
+        if remote_type_unsupported:
+            fail(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return link_of(handle, link).kind
+
+    def nvmlDeviceGetTopologyCommonAncestor(first: _Handle, second: _Handle) -> int:
+        i, j = first.index, second.index
+        level = topology.pcie[i][j]
+        if level is None:  # the capture hides the PCIe path of NVLink pairs: NVML would still know it
+            same_node = topology.gpus[i].numa_node == topology.gpus[j].numa_node
+            return pynvml.NVML_TOPOLOGY_NODE if same_node else pynvml.NVML_TOPOLOGY_SYSTEM
+        return _ANCESTORS[level]
+
+    def initialised(function: Callable[..., Any]) -> Callable[..., Any]:
+        """As NVML: every call but nvmlInit fails with UNINITIALIZED outside nvmlInit ... nvmlShutdown."""
+        def call(*args: Any) -> Any:
+            if calls.inits <= calls.shutdowns:
+                fail(pynvml.NVML_ERROR_UNINITIALIZED)
+            return function(*args)
+        return call
+
+    functions = {
+        "nvmlShutdown": nvmlShutdown,
+        "nvmlDeviceGetCount": lambda: topology.size,
+        "nvmlDeviceGetHandleByIndex": nvmlDeviceGetHandleByIndex,
+        "nvmlDeviceGetName": lambda handle: text(topology.gpus[handle.index].model),
+        "nvmlDeviceGetUUID": lambda handle: text(gpu_uuid(name, handle.index)),
+        "nvmlDeviceGetPciInfo": nvmlDeviceGetPciInfo,
+        "nvmlDeviceGetMemoryInfo": nvmlDeviceGetMemoryInfo,
+        "nvmlDeviceGetMaxPcieLinkGeneration": nvmlDeviceGetMaxPcieLinkGeneration,
+        "nvmlDeviceGetMaxPcieLinkWidth": nvmlDeviceGetMaxPcieLinkWidth,
+        "nvmlDeviceGetNvLinkState": nvmlDeviceGetNvLinkState,
+        "nvmlDeviceGetNvLinkVersion": nvmlDeviceGetNvLinkVersion,
+        "nvmlDeviceGetNvLinkRemotePciInfo": nvmlDeviceGetNvLinkRemotePciInfo,
+        "nvmlDeviceGetNvLinkRemoteDeviceType": nvmlDeviceGetNvLinkRemoteDeviceType,
+        "nvmlDeviceGetTopologyCommonAncestor": nvmlDeviceGetTopologyCommonAncestor,
+    }
+    fake.nvmlInit = nvmlInit  # type: ignore[attr-defined]
+    for function_name, function in functions.items():
+        setattr(fake, function_name, initialised(function))
+    return fake
+
+
+def _or_not_supported(value: int | None) -> int:
+    """Where the capture does not know a figure, answer as NVML does for a query a GPU cannot answer."""
+    if value is None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    return value

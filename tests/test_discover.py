@@ -1,0 +1,231 @@
+"""NVML discovery, driven by a fake NVML built from each real capture, must give back what the capture says."""
+
+from __future__ import annotations
+
+import ctypes.util
+import dataclasses
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pynvml
+import pytest
+from fake_nvml import gpu_uuid, make_fake_nvml, normalised_bus_id, write_sysfs
+
+from topology import bandwidth
+from topology.catalog import NvLinkGen
+from topology.discover import NvmlUnavailable, discover, normalise_bus_id
+from topology.levels import Level
+from topology.model import Topology
+from topology.platforms import PLATFORMS
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "str": {},
+    "bytes": {"as_bytes": True},
+    "remote-type-unsupported": {"remote_type_unsupported": True},
+}
+
+
+def _fake(name: str, **options: Any) -> tuple[Topology, ModuleType]:
+    parsed = PLATFORMS[name].topology()
+    return parsed, make_fake_nvml(parsed, name, **options)
+
+
+def _discover(name: str, sysfs: Path, **options: Any) -> Topology:
+    parsed, fake = _fake(name, **options)
+    return discover(fake, write_sysfs(parsed, sysfs))
+
+
+def _links_to(fake: ModuleType, gpu: int, peer: int) -> list[int]:
+    """The link ids of `gpu` whose far end is `peer`, asked through the fake's own NVML surface."""
+    fake.nvmlInit()
+    try:
+        handle = fake.nvmlDeviceGetHandleByIndex(gpu)
+        found = []
+        for link in range(fake.NVML_NVLINK_MAX_LINKS):
+            try:
+                remote = fake.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId
+            except pynvml.NVMLError_InvalidArgument:
+                break
+            if normalise_bus_id(remote) == normalised_bus_id(peer):
+                found.append(link)
+        return found
+    finally:
+        fake.nvmlShutdown()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", sorted(PLATFORMS))
+def test_discovery_gives_back_the_capture(name: str, variant: str, tmp_path: Path) -> None:
+    parsed, fake = _fake(name, **VARIANTS[variant])
+    found = discover(fake, write_sysfs(parsed, tmp_path))
+
+    assert found.fingerprint == parsed.fingerprint
+    assert found.nvlinks == parsed.nvlinks
+    assert found.nvswitch == parsed.nvswitch
+    assert found.size == parsed.size
+    for mine, theirs in zip(found.gpus, parsed.gpus, strict=True):
+        assert (mine.model, mine.numa_node, mine.nvlink, mine.pcie_gen, mine.pcie_width, mine.memory_mib) == (
+            theirs.model, theirs.numa_node, theirs.nvlink, theirs.pcie_gen, theirs.pcie_width, theirs.memory_mib)
+        assert mine.uuid == gpu_uuid(name, mine.index)
+        assert mine.pci_bus_id == normalised_bus_id(mine.index)
+    assert len({gpu.uuid for gpu in found.gpus}) == found.size
+    for i, j in parsed.pairs():
+        assert found.level(i, j) == parsed.level(i, j), (i, j)
+        assert bandwidth.pair_gbps(found, i, j) == bandwidth.pair_gbps(parsed, i, j), (i, j)
+        assert found.pcie[i][j] is not None, "NVML knows the PCIe path of NVLink pairs too"
+        if parsed.pcie[i][j] is not None:
+            assert found.pcie[i][j] == parsed.pcie[i][j], (i, j)
+    assert (fake.calls.inits, fake.calls.shutdowns) == (1, 1)
+
+
+@pytest.mark.parametrize(("name", "gbps"), [("dgx-a100", 12 * 25.0), ("dgx-h100", 18 * 25.0)])
+def test_nvswitch_boards_join_every_pair_at_the_full_nvlink_rate(name: str, gbps: float, tmp_path: Path) -> None:
+    found = _discover(name, tmp_path)
+    assert found.nvswitch
+    assert found.size == 8
+    for i, j in found.pairs():
+        assert found.level(i, j) is Level.NVLINK
+        assert bandwidth.pair_gbps(found, i, j) == gbps
+
+
+def test_dgx1_cube_mesh(tmp_path: Path) -> None:
+    found = _discover("dgx1-v100", tmp_path)
+    assert not found.nvswitch
+    assert found.nvlink_count(0, 3) == 2 and bandwidth.pair_gbps(found, 0, 3) == 50.0
+    assert found.nvlink_count(0, 1) == 1 and bandwidth.pair_gbps(found, 0, 1) == 25.0
+    assert found.level(0, 5) is Level.SYS
+    assert bandwidth.pair_gbps(found, 0, 5) == pytest.approx(15.75 * 0.3)
+
+
+def test_missing_library_is_one_clear_line() -> None:
+    _, fake = _fake("dgx-a100", library_missing=True)
+    with pytest.raises(NvmlUnavailable) as caught:
+        discover(fake)
+    assert str(caught.value) == "NVML is not available: NVML Shared Library Not Found"
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    assert fake.calls.shutdowns == 0
+
+
+@pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is not None, reason="this machine has an NVIDIA driver")
+def test_real_pynvml_without_a_driver_says_so() -> None:
+    with pytest.raises(NvmlUnavailable, match=r"^NVML is not available: NVML Shared Library Not Found$"):
+        discover()
+
+
+def test_no_gpus_is_a_clear_error_and_nvml_is_shut_down(tmp_path: Path) -> None:
+    _, fake = _fake("pcie-l40s")
+    fake.nvmlDeviceGetCount = lambda: 0  # type: ignore[attr-defined]
+    with pytest.raises(NvmlUnavailable, match=r"^NVML found no GPUs on this node$"):
+        discover(fake, tmp_path)
+    assert (fake.calls.inits, fake.calls.shutdowns) == (1, 1)
+
+
+def test_a_failing_query_is_one_line_and_nvml_is_shut_down(tmp_path: Path) -> None:
+    _, fake = _fake("dgx-a100")
+
+    def lost(handle: object) -> str:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    fake.nvmlDeviceGetUUID = lost  # type: ignore[attr-defined]
+    with pytest.raises(NvmlUnavailable) as caught:
+        discover(fake, tmp_path)
+    assert str(caught.value) == "NVML query failed: GPU is lost"
+    assert caught.value.__suppress_context__
+    assert (fake.calls.inits, fake.calls.shutdowns) == (1, 1)
+
+
+def test_numa_comes_from_the_gpus_pci_device_in_sysfs(tmp_path: Path) -> None:
+    parsed, fake = _fake("hgx-h100-4gpu")
+    sysfs = write_sysfs(parsed, tmp_path)
+    assert [gpu.numa_node for gpu in discover(fake, sysfs).gpus] == [3, 1, 7, 5]  # the capture's NUMA Affinity
+    (sysfs / "bus" / "pci" / "devices" / normalised_bus_id(2) / "numa_node").write_text("-1\n")
+    assert [gpu.numa_node for gpu in discover(fake, sysfs).gpus] == [3, 1, None, 5]
+
+
+def test_numa_is_unknown_without_sysfs(tmp_path: Path) -> None:
+    found = discover(_fake("pcie-l40s")[1], tmp_path / "absent")
+    assert [gpu.numa_node for gpu in found.gpus] == [None] * 8
+
+
+def test_a_downed_direct_link_reduces_the_pair(tmp_path: Path) -> None:
+    parsed, fake = _fake("dgx1-v100")
+    links = _links_to(fake, 0, 3)
+    assert len(links) == 2
+    _, fake = _fake("dgx1-v100", down_links=frozenset({(0, links[0])}))
+    found = discover(fake, write_sysfs(parsed, tmp_path))
+    assert found.nvlink_count(0, 3) == 1
+    assert bandwidth.pair_gbps(found, 0, 3) == 25.0
+    assert found.nvlink_count(0, 4) == parsed.nvlink_count(0, 4) == 2
+    assert found.fingerprint != parsed.fingerprint
+
+
+def test_a_downed_switch_link_slows_only_that_gpus_pairs(tmp_path: Path) -> None:
+    found = _discover("dgx-a100", tmp_path, down_links=frozenset({(0, 0)}))
+    assert found.nvswitch
+    for i, j in found.pairs():
+        assert bandwidth.pair_gbps(found, i, j) == (11 if i == 0 else 12) * 25.0
+
+
+def test_all_links_of_a_bridge_down_leaves_a_pcie_pair(tmp_path: Path) -> None:
+    parsed, fake = _fake("rtx-a6000-pairs")
+    down = frozenset((0, link) for link in _links_to(fake, 0, 1))
+    assert len(down) == 4
+    found = _discover("rtx-a6000-pairs", tmp_path, down_links=down)
+    assert found.nvlink_count(0, 1) == 0
+    assert found.level(0, 1) is Level.NODE  # both GPUs hang off the same socket
+    assert found.gpus[0].nvlink is None
+    assert found.gpus[1].nvlink is NvLinkGen.BRIDGE_GA102
+    assert found.nvlinks == tuple(pair for pair in parsed.nvlinks if (pair.a, pair.b) != (0, 1))
+
+
+def test_the_catalog_wins_over_nvmls_version_number(tmp_path: Path) -> None:
+    # Some drivers report NVLink 5.0 on H100; the model settles it.
+    found = _discover("dgx-h100", tmp_path, nvlink_version=pynvml.NVML_NVLINK_VERSION_5_0)
+    assert {gpu.nvlink for gpu in found.gpus} == {NvLinkGen.NVLINK4}
+    assert bandwidth.pair_gbps(found, 0, 7) == 18 * 25.0
+
+
+@pytest.mark.parametrize(("version", "generation"), [
+    (pynvml.NVML_NVLINK_VERSION_1_0, NvLinkGen.NVLINK1),
+    (pynvml.NVML_NVLINK_VERSION_2_0, NvLinkGen.NVLINK2),
+    (pynvml.NVML_NVLINK_VERSION_2_2, NvLinkGen.NVLINK2),
+    (pynvml.NVML_NVLINK_VERSION_3_0, NvLinkGen.NVLINK3),
+    (pynvml.NVML_NVLINK_VERSION_3_1, NvLinkGen.NVLINK3),
+    (pynvml.NVML_NVLINK_VERSION_4_0, NvLinkGen.NVLINK4),
+    (pynvml.NVML_NVLINK_VERSION_5_0, NvLinkGen.NVLINK5),
+    (pynvml.NVML_NVLINK_VERSION_INVALID, None),
+])
+def test_nvml_version_names_the_generation_of_a_model_the_catalog_lacks(
+        version: int, generation: NvLinkGen | None, tmp_path: Path) -> None:
+    parsed = PLATFORMS["dgx-a100"].topology()
+    unknown = dataclasses.replace(parsed, gpus=tuple(dataclasses.replace(gpu, model="NVIDIA Future GPU")
+                                                     for gpu in parsed.gpus))
+    found = discover(make_fake_nvml(unknown, "future", nvlink_version=version), write_sysfs(unknown, tmp_path))
+    assert {gpu.nvlink for gpu in found.gpus} == {generation}
+    assert found.nvswitch and found.nvlink_count(0, 7) == 12
+
+
+def test_a_dual_gpu_board_counts_as_one_bridge(tmp_path: Path) -> None:
+    parsed, fake = _fake("pcie-l40s")
+    fake.nvmlDeviceGetTopologyCommonAncestor = lambda first, second: pynvml.NVML_TOPOLOGY_INTERNAL  # type: ignore[attr-defined]
+    found = discover(fake, write_sysfs(parsed, tmp_path))
+    assert {found.level(i, j) for i, j in found.pairs()} == {Level.PIX}
+
+
+def test_an_unknown_path_level_is_one_line(tmp_path: Path) -> None:
+    _, fake = _fake("pcie-l40s")
+    fake.nvmlDeviceGetTopologyCommonAncestor = lambda first, second: 45  # type: ignore[attr-defined]
+    with pytest.raises(NvmlUnavailable, match=r"^NVML reported an unknown PCIe path level 45 for GPU0/GPU1$"):
+        discover(fake, tmp_path)
+    assert (fake.calls.inits, fake.calls.shutdowns) == (1, 1)
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("00000000:07:00.0", "0000:07:00.0"),
+    (b"00000000:B7:00.0", "0000:b7:00.0"),
+    ("0000:BD:00.0", "0000:bd:00.0"),
+    ("00010000:01:00.0", "10000:01:00.0"),  # sysfs prints domains wider than 4 digits in full
+])
+def test_bus_ids_take_the_sysfs_form(raw: str | bytes, expected: str) -> None:
+    assert normalise_bus_id(raw) == expected

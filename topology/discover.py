@@ -1,0 +1,195 @@
+"""Reads the topology of this node from NVML (DESIGN §2): the reporter's only source of facts.
+
+Only the `pynvml` function surface is used, and the module is passed in, so that tests drive the same code
+with a fake NVML built from real captures. The real `pynvml` (package nvidia-ml-py) is imported only when
+discovery runs, so the pure core never loads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TypeVar
+
+from topology import catalog
+from topology.catalog import NvLinkGen
+from topology.levels import Level
+from topology.model import Gpu, NvLinkPair, Topology
+
+# nvmlNvlinkVersion_t, as drivers since the enum was introduced report it (2.2 and 3.1 are minor revisions of
+# the same per-link rate). Older drivers returned the bare generation (2 for V100, 3 for A100, 4 for H100)
+# and some report 5.0 on Hopper, so this is only used for models the catalog does not know.
+_NVLINK_VERSIONS: dict[int, NvLinkGen] = {
+    1: NvLinkGen.NVLINK1,  # NVML_NVLINK_VERSION_1_0
+    2: NvLinkGen.NVLINK2,  # NVML_NVLINK_VERSION_2_0
+    3: NvLinkGen.NVLINK2,  # NVML_NVLINK_VERSION_2_2
+    4: NvLinkGen.NVLINK3,  # NVML_NVLINK_VERSION_3_0
+    5: NvLinkGen.NVLINK3,  # NVML_NVLINK_VERSION_3_1
+    6: NvLinkGen.NVLINK4,  # NVML_NVLINK_VERSION_4_0
+    7: NvLinkGen.NVLINK5,  # NVML_NVLINK_VERSION_5_0
+}
+
+SYSFS_ROOT = Path("/sys")
+
+T = TypeVar("T")
+
+
+class NvmlUnavailable(RuntimeError):
+    """NVML cannot describe this node: no library or driver, no GPU, or a query failed. The message is one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Links:
+    """What one GPU's active NVLinks reach: peer GPUs by bus id, and how many links go to NVSwitches."""
+
+    to_gpus: Counter[str]
+    to_switches: int
+    version: int | None
+
+
+def discover(nvml: ModuleType | None = None, sysfs: Path = SYSFS_ROOT) -> Topology:
+    """Describe the GPUs NVML sees. `nvml` defaults to the real `pynvml`; `sysfs` is where NUMA nodes are read."""
+    if nvml is None:
+        nvml = _import_pynvml()
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as error:
+        raise NvmlUnavailable(f"NVML is not available: {error}") from None
+    try:
+        return _read(nvml, sysfs)
+    except nvml.NVMLError as error:
+        raise NvmlUnavailable(f"NVML query failed: {error}") from None
+    finally:
+        # A failing shutdown cannot change what was read.
+        with contextlib.suppress(nvml.NVMLError):
+            nvml.nvmlShutdown()
+
+
+def _import_pynvml() -> ModuleType:
+    try:
+        import pynvml
+    except ImportError:
+        raise NvmlUnavailable("NVML is not available: the nvidia-ml-py package is not installed") from None
+    return pynvml
+
+
+def _read(nvml: ModuleType, sysfs: Path) -> Topology:
+    count = nvml.nvmlDeviceGetCount()
+    if count == 0:
+        raise NvmlUnavailable("NVML found no GPUs on this node")
+    handles = [nvml.nvmlDeviceGetHandleByIndex(index) for index in range(count)]
+    bus_ids = [normalise_bus_id(nvml.nvmlDeviceGetPciInfo(handle).busId) for handle in handles]
+    links = [_links(nvml, handle, frozenset(bus_ids)) for handle in handles]
+    gpus = tuple(_gpu(nvml, index, handle, bus_ids[index], links[index], sysfs)
+                 for index, handle in enumerate(handles))
+    levels = _pcie_levels(nvml)
+    pairs: list[NvLinkPair] = []
+    pcie: list[list[Level | None]] = [[None] * count for _ in range(count)]
+    for i in range(count):
+        for j in range(i + 1, count):
+            # A link counts only when both ends see it active.
+            direct = min(links[i].to_gpus[bus_ids[j]], links[j].to_gpus[bus_ids[i]])
+            # Behind NVSwitches every pair gets the links of its less-connected GPU.
+            switched = min(links[i].to_switches, links[j].to_switches)
+            if direct + switched:
+                pairs.append(NvLinkPair(i, j, direct + switched))
+            ancestor = nvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j])
+            if ancestor not in levels:
+                raise NvmlUnavailable(f"NVML reported an unknown PCIe path level {ancestor} for GPU{i}/GPU{j}")
+            pcie[i][j] = pcie[j][i] = levels[ancestor]
+    return Topology(gpus=gpus, nvlinks=tuple(pairs), nvswitch=any(link.to_switches for link in links),
+                    pcie=tuple(tuple(row) for row in pcie))
+
+
+def _pcie_levels(nvml: ModuleType) -> dict[int, Level]:
+    # INTERNAL is the two GPUs of one dual-GPU board (K80, Grid K2): closer than one bridge, so PIX.
+    return {nvml.NVML_TOPOLOGY_INTERNAL: Level.PIX, nvml.NVML_TOPOLOGY_SINGLE: Level.PIX,
+            nvml.NVML_TOPOLOGY_MULTIPLE: Level.PXB, nvml.NVML_TOPOLOGY_HOSTBRIDGE: Level.PHB,
+            nvml.NVML_TOPOLOGY_NODE: Level.NODE, nvml.NVML_TOPOLOGY_SYSTEM: Level.SYS}
+
+
+def _gpu(nvml: ModuleType, index: int, handle: object, bus_id: str, links: _Links, sysfs: Path) -> Gpu:
+    model = _text(nvml.nvmlDeviceGetName(handle))
+    memory = _optional(nvml, nvml.nvmlDeviceGetMemoryInfo, handle)
+    return Gpu(index=index, model=model, uuid=_text(nvml.nvmlDeviceGetUUID(handle)), pci_bus_id=bus_id,
+               numa_node=_numa_node(sysfs, bus_id),
+               memory_mib=memory.total // 2**20 if memory is not None else None,
+               nvlink=_nvlink_gen(model, links),
+               pcie_gen=_optional(nvml, nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle),
+               pcie_width=_optional(nvml, nvml.nvmlDeviceGetMaxPcieLinkWidth, handle))
+
+
+def _links(nvml: ModuleType, handle: object, gpu_bus_ids: frozenset[str]) -> _Links:
+    """Walk every link id: GPUs without NVLink, and ids past a GPU's last link, answer with an error."""
+    to_gpus: Counter[str] = Counter()
+    to_switches = 0
+    version: int | None = None
+    for link in range(nvml.NVML_NVLINK_MAX_LINKS):
+        try:
+            active = nvml.nvmlDeviceGetNvLinkState(handle, link) == nvml.NVML_FEATURE_ENABLED
+        except nvml.NVMLError as error:
+            if error.value in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_INVALID_ARGUMENT):
+                continue
+            raise
+        if not active:
+            continue
+        if version is None:
+            version = nvml.nvmlDeviceGetNvLinkVersion(handle, link)
+        remote = normalise_bus_id(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId)
+        kind = _optional(nvml, nvml.nvmlDeviceGetNvLinkRemoteDeviceType, handle, link)
+        if remote in gpu_bus_ids:
+            to_gpus[remote] += 1
+        elif kind in (None, nvml.NVML_NVLINK_DEVICE_TYPE_SWITCH, nvml.NVML_NVLINK_DEVICE_TYPE_UNKNOWN):
+            # Drivers that cannot name the remote end run NVSwitch boards (DGX-2 era): a non-GPU end is a switch.
+            to_switches += 1
+        # Anything else is a CPU (IBM NPU) or a GPU this node does not show: no GPU pair gains from it.
+    return _Links(to_gpus, to_switches, version)
+
+
+def _nvlink_gen(model: str, links: _Links) -> NvLinkGen | None:
+    """The catalog wins: it knows GA102 bridges, and NVML's version numbering changed between drivers."""
+    if links.version is None:
+        return None
+    spec = catalog.lookup(model)
+    if spec is not None and spec.nvlink is not None:
+        return spec.nvlink
+    return _NVLINK_VERSIONS.get(links.version)
+
+
+def _numa_node(sysfs: Path, bus_id: str) -> int | None:
+    """The CPU-side NUMA node of the GPU's PCI device, as `nvidia-smi topo -m` shows under NUMA Affinity.
+
+    nvmlDeviceGetNumaNodeId is not used: where it is supported (Grace systems) it names the NUMA node of the
+    GPU's own memory, not the node of the CPUs next to the GPU.
+    """
+    try:
+        node = int((sysfs / "bus" / "pci" / "devices" / bus_id / "numa_node").read_text())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
+def _optional(nvml: ModuleType, query: Callable[..., T], *args: object) -> T | None:
+    """A query some GPUs or drivers do not answer (vGPU guests, unified-memory boards, older drivers)."""
+    try:
+        return query(*args)
+    except nvml.NVMLError as error:
+        if error.value in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+            return None
+        raise
+
+
+def normalise_bus_id(raw: str | bytes) -> str:
+    """NVML gives "00000000:07:00.0" or "0000:07:00.0", bytes or str; sysfs and peers need "0000:07:00.0"."""
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    domain, rest = text.strip().split(":", 1)
+    return f"{int(domain, 16):04x}:{rest.lower()}"
+
+
+def _text(value: str | bytes) -> str:
+    """Older pynvml releases return bytes where newer ones return str."""
+    return value.decode() if isinstance(value, bytes) else value
