@@ -42,6 +42,21 @@ def ring_mbps(compiled: CompiledTopology, subset: tuple[int, ...], min_level: Le
     return best
 
 
+_subset_facts: dict[tuple[str, tuple[int, ...], Level], tuple[int | None, int, int]] = {}
+
+
+def _facts(compiled: CompiledTopology, subset: tuple[int, ...], min_level: Level) -> tuple[int | None, int, int]:
+    """(ring, total, NUMA span) of a subset: they do not depend on the free set, so they are kept."""
+    key = (compiled.fingerprint, subset, min_level)
+    found = _subset_facts.get(key)
+    if found is None:
+        ring = 0 if len(subset) == 1 else ring_mbps(compiled, subset, min_level)
+        total = sum(compiled.mbps[i][j] for i, j in combinations(subset, 2))
+        found = (ring, total, len({compiled.numa_bits[i] for i in subset}))
+        _subset_facts[key] = found
+    return found
+
+
 def best_subset(compiled: CompiledTopology, free: tuple[int, ...], k: int, min_level: Level = Level.SYS,
                 min_mbps: int = 0) -> tuple[tuple[int, ...], tuple[int, int, int, int]] | None:
     """The optimal subset and its key (ring, total, numa span, cut), by exhaustive search."""
@@ -49,16 +64,11 @@ def best_subset(compiled: CompiledTopology, free: tuple[int, ...], k: int, min_l
     best: tuple[tuple[int, ...], tuple[int, int, int, int]] | None = None
     best_order: tuple | None = None
     for subset in combinations(sorted(free), k):
-        if k == 1:
-            ring = 0
-        else:
-            found = ring_mbps(compiled, subset, min_level)
-            if found is None or found < min_mbps:
-                continue
-            ring = found
-        total = sum(mbps[i][j] for i, j in combinations(subset, 2))
-        numa = len({compiled.numa_bits[i] for i in subset})
-        cut = sum(mbps[i][j] for i in subset for j in free if j not in subset)
+        ring, total, numa = _facts(compiled, subset, min_level)
+        if ring is None or ring < min_mbps:
+            continue
+        inside = set(subset)
+        cut = sum(mbps[i][j] for i in subset for j in free if j not in inside)
         order = (ring, total, -numa, -cut, tuple(-i for i in subset))
         if best_order is None or order > best_order:
             best_order = order

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
-from typing import Any
+from typing import Any, NoReturn
 
 import pynvml
 
@@ -29,7 +29,7 @@ _ANCESTORS: dict[Level, int] = {
     Level.SYS: pynvml.NVML_TOPOLOGY_SYSTEM,
 }
 
-NVLINK_VERSIONS: dict[NvLinkGen, int] = {
+_NVLINK_VERSIONS: dict[NvLinkGen, int] = {
     NvLinkGen.NVLINK1: pynvml.NVML_NVLINK_VERSION_1_0,
     NvLinkGen.NVLINK2: pynvml.NVML_NVLINK_VERSION_2_0,
     NvLinkGen.NVLINK3: pynvml.NVML_NVLINK_VERSION_3_0,
@@ -38,7 +38,7 @@ NVLINK_VERSIONS: dict[NvLinkGen, int] = {
     NvLinkGen.NVLINK5: pynvml.NVML_NVLINK_VERSION_5_0,
 }
 
-# NVSwitch chips per board: DGX-2 baseboards and DGX/HGX A100 have 6, Hopper HGX boards 4 (18 links as 5+5+4+4),
+# NVSwitch chips per board: DGX-2 baseboards and DGX/HGX A100 have 6, Hopper HGX boards 4 (18 links spread over them),
 # and a GB200 GPU reaches 18 switch chips, one link each.
 _SWITCHES: dict[NvLinkGen | None, int] = {NvLinkGen.NVLINK4: 4, NvLinkGen.NVLINK5: 18}
 _DEFAULT_SWITCHES = 6
@@ -119,22 +119,19 @@ def make_fake_nvml(topology: Topology, name: str, *, library_missing: bool = Fal
     calls = Calls()
     fake.calls = calls  # type: ignore[attr-defined]
 
-    def fail(code: int) -> None:
-        raise pynvml.NVMLError(code)
-
     def text(value: str) -> str | bytes:
         return value.encode() if as_bytes else value
 
     def link_of(handle: _Handle, link: int) -> _Link:
         if not links[handle.index]:
-            fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
         if not 0 <= link < len(links[handle.index]):
-            fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return links[handle.index][link]
 
     def nvmlInit() -> None:
         if library_missing:
-            fail(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+            _fail(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
         calls.inits += 1
 
     def nvmlShutdown() -> None:
@@ -142,17 +139,15 @@ def make_fake_nvml(topology: Topology, name: str, *, library_missing: bool = Fal
 
     def nvmlDeviceGetHandleByIndex(index: int) -> _Handle:
         if not 0 <= index < topology.size:
-            fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return _Handle(index)
 
     def nvmlDeviceGetPciInfo(handle: _Handle) -> Any:
         return SimpleNamespace(busId=text(gpu_bus_id(handle.index)))
 
     def nvmlDeviceGetMemoryInfo(handle: _Handle) -> Any:
-        memory = topology.gpus[handle.index].memory_mib
-        if memory is None:
-            fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return SimpleNamespace(total=memory * 2**20, free=memory * 2**20, used=0)
+        total = _or_not_supported(topology.gpus[handle.index].memory_mib) * 2**20
+        return SimpleNamespace(total=total, free=total, used=0)
 
     def nvmlDeviceGetMaxPcieLinkGeneration(handle: _Handle) -> int:
         return _or_not_supported(topology.gpus[handle.index].pcie_gen)
@@ -170,14 +165,14 @@ def make_fake_nvml(topology: Topology, name: str, *, library_missing: bool = Fal
         generation = topology.gpus[handle.index].nvlink
         if nvlink_version is not None:
             return nvlink_version
-        return NVLINK_VERSIONS[generation] if generation else pynvml.NVML_NVLINK_VERSION_INVALID
+        return _NVLINK_VERSIONS[generation] if generation else pynvml.NVML_NVLINK_VERSION_INVALID
 
     def nvmlDeviceGetNvLinkRemotePciInfo(handle: _Handle, link: int) -> Any:
         return SimpleNamespace(busId=text(link_of(handle, link).remote))
 
     def nvmlDeviceGetNvLinkRemoteDeviceType(handle: _Handle, link: int) -> int:
         if remote_type_unsupported:
-            fail(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+            _fail(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         return link_of(handle, link).kind
 
     def nvmlDeviceGetTopologyCommonAncestor(first: _Handle, second: _Handle) -> int:
@@ -192,11 +187,11 @@ def make_fake_nvml(topology: Topology, name: str, *, library_missing: bool = Fal
         """As NVML: every call but nvmlInit fails with UNINITIALIZED outside nvmlInit ... nvmlShutdown."""
         def call(*args: Any) -> Any:
             if calls.inits <= calls.shutdowns:
-                fail(pynvml.NVML_ERROR_UNINITIALIZED)
+                _fail(pynvml.NVML_ERROR_UNINITIALIZED)
             return function(*args)
         return call
 
-    functions = {
+    functions: dict[str, Callable[..., Any]] = {
         "nvmlShutdown": nvmlShutdown,
         "nvmlDeviceGetCount": lambda: topology.size,
         "nvmlDeviceGetHandleByIndex": nvmlDeviceGetHandleByIndex,
@@ -221,5 +216,9 @@ def make_fake_nvml(topology: Topology, name: str, *, library_missing: bool = Fal
 def _or_not_supported(value: int | None) -> int:
     """Where the capture does not know a figure, answer as NVML does for a query a GPU cannot answer."""
     if value is None:
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
     return value
+
+
+def _fail(code: int) -> NoReturn:
+    raise pynvml.NVMLError(code)

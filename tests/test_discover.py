@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes.util
 import dataclasses
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -110,6 +111,12 @@ def test_missing_library_is_one_clear_line() -> None:
 @pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is not None, reason="this machine has an NVIDIA driver")
 def test_real_pynvml_without_a_driver_says_so() -> None:
     with pytest.raises(NvmlUnavailable, match=r"^NVML is not available: NVML Shared Library Not Found$"):
+        discover()
+
+
+def test_missing_package_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # what `import pynvml` meets without nvidia-ml-py
+    with pytest.raises(NvmlUnavailable, match=r"^NVML is not available: the nvidia-ml-py package is not installed$"):
         discover()
 
 

@@ -8,6 +8,7 @@ discovery runs, so the pure core never loads it.
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,9 +21,9 @@ from topology.catalog import NvLinkGen
 from topology.levels import Level
 from topology.model import Gpu, NvLinkPair, Topology
 
-# nvmlNvlinkVersion_t, as drivers since the enum was introduced report it (2.2 and 3.1 are minor revisions of
-# the same per-link rate). Older drivers returned the bare generation (2 for V100, 3 for A100, 4 for H100)
-# and some report 5.0 on Hopper, so this is only used for models the catalog does not know.
+# nvmlNvlinkVersion_t as current drivers report it (2.2 and 3.1 are revisions with the rate of 2.0 and 3.0).
+# Drivers from before the enum numbered versions differently, and some report 5.0 on Hopper, so this is used
+# only for models the catalog does not know. 6.0 (8) has no NvLinkGen yet, so it gives None.
 _NVLINK_VERSIONS: dict[int, NvLinkGen] = {
     1: NvLinkGen.NVLINK1,  # NVML_NVLINK_VERSION_1_0
     2: NvLinkGen.NVLINK2,  # NVML_NVLINK_VERSION_2_0
@@ -71,10 +72,9 @@ def discover(nvml: ModuleType | None = None, sysfs: Path = SYSFS_ROOT) -> Topolo
 
 def _import_pynvml() -> ModuleType:
     try:
-        import pynvml
+        return importlib.import_module("pynvml")
     except ImportError:
         raise NvmlUnavailable("NVML is not available: the nvidia-ml-py package is not installed") from None
-    return pynvml
 
 
 def _read(nvml: ModuleType, sysfs: Path) -> Topology:
@@ -138,7 +138,7 @@ def _links(nvml: ModuleType, handle: object, gpu_bus_ids: frozenset[str]) -> _Li
         if not active:
             continue
         if version is None:
-            version = nvml.nvmlDeviceGetNvLinkVersion(handle, link)
+            version = _optional(nvml, nvml.nvmlDeviceGetNvLinkVersion, handle, link)
         remote = normalise_bus_id(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId)
         kind = _optional(nvml, nvml.nvmlDeviceGetNvLinkRemoteDeviceType, handle, link)
         if remote in gpu_bus_ids:
@@ -152,12 +152,12 @@ def _links(nvml: ModuleType, handle: object, gpu_bus_ids: frozenset[str]) -> _Li
 
 def _nvlink_gen(model: str, links: _Links) -> NvLinkGen | None:
     """The catalog wins: it knows GA102 bridges, and NVML's version numbering changed between drivers."""
-    if links.version is None:
+    if not (links.to_gpus or links.to_switches):
         return None
     spec = catalog.lookup(model)
     if spec is not None and spec.nvlink is not None:
         return spec.nvlink
-    return _NVLINK_VERSIONS.get(links.version)
+    return _NVLINK_VERSIONS.get(links.version) if links.version is not None else None
 
 
 def _numa_node(sysfs: Path, bus_id: str) -> int | None:

@@ -1,0 +1,139 @@
+"""The topo -m parser on every real capture, and its refusals on broken ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from topology.levels import Level
+from topology.nvidia_smi import TopoParseError, parse_topo_matrix
+from topology.platforms import PLATFORMS
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "topologies"
+CAPTURES = Path(__file__).resolve().parents[1] / "topology" / "captures"
+
+
+def _capture(name: str) -> str:
+    return (CAPTURES / name).read_text()
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/topologies is not beside this checkout")
+def test_bundled_captures_are_verbatim_copies_of_the_shared_ones() -> None:
+    for platform in PLATFORMS.values():
+        shared = SHARED / platform.capture
+        if shared.exists():
+            assert shared.read_bytes() == (CAPTURES / platform.capture).read_bytes(), platform.capture
+    assert (SHARED / "dgx2-v100-partial.txt").read_bytes() == (FIXTURES / "dgx2-v100-partial.txt").read_bytes()
+
+
+@pytest.mark.parametrize("name", sorted(PLATFORMS))
+def test_every_platform_parses_to_a_full_symmetric_matrix(name: str) -> None:
+    topology = PLATFORMS[name].topology()
+    text = PLATFORMS[name].capture_text()
+    header = next(line for line in text.splitlines() if line.split()[:1] == ["GPU0"])
+    assert topology.size == sum(1 for token in header.split() if token.startswith("GPU") and token[3:].isdigit())
+    for i, j in topology.pairs():
+        assert topology.level(i, j) == topology.level(j, i)
+
+
+def test_dgx1_v100_cube_mesh() -> None:
+    topology = PLATFORMS["dgx1-v100"].topology()
+    assert not topology.nvswitch
+    assert topology.nvlink_count(0, 3) == 2 and topology.nvlink_count(0, 1) == 1
+    assert topology.level(0, 5) is Level.SYS
+    # 12 GPU pairs without NVLink, as the capture's note says; NUMA inferred from CPU Affinity.
+    assert sum(1 for i, j in topology.pairs() if not topology.nvlink_count(i, j)) == 12
+    assert [g.numa_node for g in topology.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_nvswitch_boards_are_told_from_direct_meshes() -> None:
+    assert PLATFORMS["dgx-a100"].topology().nvswitch
+    assert PLATFORMS["dgx-h100"].topology().nvswitch
+    assert PLATFORMS["gb200-node"].topology().nvswitch
+    assert PLATFORMS["dgx2-v100"].topology().nvswitch
+    # NV6 to each of 3 peers is 18 links: exactly what an H100 has, so a direct mesh.
+    assert not PLATFORMS["hgx-h100-4gpu"].topology().nvswitch
+    assert not PLATFORMS["rtx-a6000-pairs"].topology().nvswitch
+
+
+def test_numa_affinity_column_wins_over_cpu_affinity() -> None:
+    assert [g.numa_node for g in PLATFORMS["dgx-a100"].topology().gpus] == [3, 3, 1, 1, 7, 7, 5, 5]
+    assert [g.numa_node for g in PLATFORMS["hgx-h100-4gpu"].topology().gpus] == [3, 1, 7, 5]
+
+
+def test_tab_separated_tree_with_trailing_tab() -> None:
+    topology = PLATFORMS["pcie-8gpu-switch-tree"].topology()
+    assert topology.level(0, 1) is Level.PIX
+    assert topology.level(0, 2) is Level.PXB
+    assert topology.level(3, 4) is Level.SYS
+    assert [g.numa_node for g in topology.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_header_without_leading_whitespace_and_legend_glued_to_rows() -> None:
+    topology = PLATFORMS["dgx-h100"].topology()
+    assert topology.size == 8 and topology.nvlink_count(6, 7) == 18
+
+
+def test_without_a_model_the_text_alone_still_parses() -> None:
+    topology = parse_topo_matrix(_capture("dgx1-v100.txt"))
+    assert topology.gpus[0].model == "unknown" and topology.gpus[0].nvlink is None
+    assert topology.fingerprint != PLATFORMS["dgx1-v100"].topology().fingerprint
+
+
+def test_partial_dgx2_capture_is_refused_naming_row_and_column() -> None:
+    with pytest.raises(TopoParseError) as error:
+        parse_topo_matrix((FIXTURES / "dgx2-v100-partial.txt").read_text())
+    assert "row GPU4" in str(error.value) and "CPU Affinity" in str(error.value)
+
+
+def _edit(name: str, old: str, new: str, count: int = 1) -> str:
+    text = _capture(name)
+    assert old in text
+    return text.replace(old, new, count)
+
+
+def test_missing_rows_are_named() -> None:
+    text = "\n".join(line for line in _capture("dgx1-v100.txt").splitlines() if not line.startswith("GPU6"))
+    with pytest.raises(TopoParseError, match="partial matrix: no row for GPU6"):
+        parse_topo_matrix(text)
+
+
+def test_asymmetric_pair_is_named() -> None:
+    text = _edit("dgx1-v100.txt", "GPU3    NV2     NV1", "GPU3    NV1     NV1")
+    with pytest.raises(TopoParseError, match="asymmetric pair: row GPU0, column GPU3 says NV2 but row GPU3, "
+                                             "column GPU0 says NV1"):
+        parse_topo_matrix(text)
+
+
+def test_unknown_code_is_named() -> None:
+    text = _edit("pcie-l40s-8gpu-2socket.txt", "GPU1    NODE     X      NODE", "GPU1    NODE     X      QPI")
+    with pytest.raises(TopoParseError, match="row GPU1, column GPU2: unknown code 'QPI'"):
+        parse_topo_matrix(text)
+
+
+def test_short_row_is_named() -> None:
+    text = _edit("hgx-h100-4gpu-nv6.txt", "GPU2    NV6     NV6      X      NV6     SYS     SYS     PIX     SYS     "
+                 "7,15,23,31      7               N/A", "GPU2    NV6     NV6      X")
+    with pytest.raises(TopoParseError, match="row GPU2: 3 entries for 8 columns"):
+        parse_topo_matrix(text)
+
+
+def test_bad_affinity_is_named() -> None:
+    text = _edit("gb200-nvl72-node.txt", "72-143  1", "72-14x  1")
+    with pytest.raises(TopoParseError, match="row GPU2, column CPU Affinity: cannot read '72-14x'"):
+        parse_topo_matrix(text)
+
+
+@pytest.mark.parametrize("garbage", ["", "hello\nworld", "\x00\x01\x02", "GPU1 X\n", "{\"v\": 1}"])
+def test_garbage_is_refused(garbage: str) -> None:
+    with pytest.raises(TopoParseError):
+        parse_topo_matrix(garbage)
+
+
+def test_legacy_soc_code_reads_as_sys() -> None:
+    text = _edit("pcie-l40s-8gpu-2socket.txt", "SYS", "SOC", count=-1)
+    topology = parse_topo_matrix(text, "NVIDIA L40S")
+    assert topology.level(0, 4) is Level.SYS
+    assert topology.fingerprint == PLATFORMS["pcie-l40s"].topology().fingerprint

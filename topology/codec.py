@@ -1,0 +1,224 @@
+"""The node annotation codec (DESIGN §6): versioned, compact, strict.
+
+Annotations are written by one program and read by another, possibly of a different version, and anyone
+with node-patch rights can edit them. So decoding checks every field and the fingerprint, and any fault is
+a `CodecError` that says which field is wrong; it never yields a half-read topology.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import orjson
+
+from topology.catalog import NvLinkGen
+from topology.levels import PCIE_CODES, Level
+from topology.model import Gpu, NvLinkPair, Topology, TopologyError
+
+VERSION = 1
+TOPOLOGY_MAX_BYTES = 16 * 1024
+STATE_MAX_BYTES = 16 * 1024
+MAX_GPUS = 64
+
+_TOPOLOGY_KEYS = frozenset({"v", "fp", "nvswitch", "gpus", "nvlink", "pcie"})
+_GPU_KEYS = frozenset({"i", "uuid", "bus", "numa", "model", "mem", "nvl", "pcie"})
+_STATE_KEYS = frozenset({"v", "used", "unhealthy", "observed", "generation"})
+
+
+class CodecError(ValueError):
+    """An annotation that cannot be trusted, with the reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    used: frozenset[str]
+    unhealthy: frozenset[str]
+    observed: datetime
+    generation: int
+
+    def __post_init__(self) -> None:
+        if self.observed.tzinfo is None:
+            raise CodecError("state: observed must carry a time zone")
+
+
+def encode_topology(topology: Topology) -> str:
+    gpus = [{"i": g.index, "uuid": g.uuid, "bus": g.pci_bus_id, "numa": g.numa_node, "model": g.model,
+             "mem": g.memory_mib, "nvl": g.nvlink.value if g.nvlink else None,
+             "pcie": [g.pcie_gen, g.pcie_width] if g.pcie_gen is not None else None} for g in topology.gpus]
+    n = topology.size
+    document = {
+        "v": VERSION,
+        "fp": topology.fingerprint,
+        "nvswitch": topology.nvswitch,
+        "gpus": gpus,
+        "nvlink": [[p.a, p.b, p.links] for p in topology.nvlinks],
+        "pcie": [[_pcie_code(topology.pcie[i][j]) for j in range(i + 1, n)] for i in range(n - 1)],
+    }
+    text = orjson.dumps(document).decode()
+    if len(text) > TOPOLOGY_MAX_BYTES:
+        raise CodecError(f"topology annotation would be {len(text)} bytes, over its {TOPOLOGY_MAX_BYTES}-byte budget")
+    return text
+
+
+def decode_topology(text: str | bytes) -> Topology:
+    document = _load(text, TOPOLOGY_MAX_BYTES, "topology")
+    _exact_keys(document, _TOPOLOGY_KEYS, "topology")
+    _version(document, "topology")
+    raw_gpus = _list(document["gpus"], "topology.gpus")
+    if not 1 <= len(raw_gpus) <= MAX_GPUS:
+        raise CodecError(f"topology.gpus: {len(raw_gpus)} GPUs; expected 1 to {MAX_GPUS}")
+    gpus = tuple(_gpu(raw, f"topology.gpus[{at}]") for at, raw in enumerate(raw_gpus))
+    pairs = []
+    for at, raw in enumerate(_list(document["nvlink"], "topology.nvlink")):
+        where = f"topology.nvlink[{at}]"
+        triple = _list(raw, where)
+        if len(triple) != 3:
+            raise CodecError(f"{where}: expected [a, b, links]")
+        pairs.append(NvLinkPair(*(_int(value, where) for value in triple)))
+    n = len(gpus)
+    rows = _list(document["pcie"], "topology.pcie")
+    if len(rows) != n - 1:
+        raise CodecError(f"topology.pcie: {len(rows)} rows for {n} GPUs; expected {n - 1}")
+    pcie: list[list[Level | None]] = [[None] * n for _ in range(n)]
+    for i, raw in enumerate(rows):
+        row = _list(raw, f"topology.pcie[{i}]")
+        if len(row) != n - 1 - i:
+            raise CodecError(f"topology.pcie[{i}]: {len(row)} entries; expected {n - 1 - i}")
+        for offset, code in enumerate(row):
+            pcie[i][i + 1 + offset] = pcie[i + 1 + offset][i] = _pcie_level(code, f"topology.pcie[{i}][{offset}]")
+    nvswitch = document["nvswitch"]
+    if not isinstance(nvswitch, bool):
+        raise CodecError("topology.nvswitch: expected true or false")
+    try:
+        topology = Topology(gpus=gpus, nvlinks=tuple(pairs), nvswitch=nvswitch,
+                            pcie=tuple(tuple(row) for row in pcie))
+    except TopologyError as error:
+        raise CodecError(f"topology: {error}") from None
+    if document["fp"] != topology.fingerprint:
+        raise CodecError(f"topology.fp: {document['fp']!r} does not match the content ({topology.fingerprint}); "
+                         "the annotation was edited or corrupted")
+    return topology
+
+
+def encode_state(state: NodeState) -> str:
+    observed = state.observed.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return orjson.dumps({"v": VERSION, "used": sorted(state.used), "unhealthy": sorted(state.unhealthy),
+                         "observed": observed, "generation": state.generation}).decode()
+
+
+def decode_state(text: str | bytes) -> NodeState:
+    document = _load(text, STATE_MAX_BYTES, "state")
+    _exact_keys(document, _STATE_KEYS, "state")
+    _version(document, "state")
+    used = _uuids(document["used"], "state.used")
+    unhealthy = _uuids(document["unhealthy"], "state.unhealthy")
+    observed_text = document["observed"]
+    if not isinstance(observed_text, str):
+        raise CodecError("state.observed: expected an RFC 3339 time")
+    try:
+        observed = datetime.fromisoformat(observed_text)
+    except ValueError:
+        raise CodecError(f"state.observed: {observed_text!r} is not an RFC 3339 time") from None
+    if observed.tzinfo is None:
+        raise CodecError(f"state.observed: {observed_text!r} has no time zone")
+    generation = _int(document["generation"], "state.generation")
+    if generation < 0:
+        raise CodecError("state.generation: must be >= 0")
+    return NodeState(used, unhealthy, observed, generation)
+
+
+def _load(text: str | bytes, limit: int, what: str) -> Mapping[str, Any]:
+    if len(text) > limit:
+        raise CodecError(f"{what}: {len(text)} bytes, over the {limit}-byte limit")
+    try:
+        document = orjson.loads(text)
+    except orjson.JSONDecodeError as error:
+        raise CodecError(f"{what}: not JSON ({error})") from None
+    if not isinstance(document, dict):
+        raise CodecError(f"{what}: expected a JSON object")
+    return document
+
+
+def _exact_keys(document: Mapping[str, Any], expected: frozenset[str], where: str) -> None:
+    missing = sorted(expected - document.keys())
+    unknown = sorted(document.keys() - expected)
+    if missing:
+        raise CodecError(f"{where}: missing {', '.join(missing)}")
+    if unknown:
+        raise CodecError(f"{where}: unknown field {', '.join(unknown)}")
+
+
+def _version(document: Mapping[str, Any], where: str) -> None:
+    if document["v"] != VERSION:
+        raise CodecError(f"{where}: version {document['v']!r} is not supported (this build reads {VERSION})")
+
+
+def _gpu(raw: Any, where: str) -> Gpu:
+    if not isinstance(raw, dict):
+        raise CodecError(f"{where}: expected an object")
+    _exact_keys(raw, _GPU_KEYS, where)
+    nvl = raw["nvl"]
+    try:
+        nvlink = None if nvl is None else NvLinkGen(nvl)
+    except ValueError:
+        raise CodecError(f"{where}.nvl: unknown NVLink kind {nvl!r}") from None
+    pcie = raw["pcie"]
+    if pcie is None:
+        pcie_gen = pcie_width = None
+    else:
+        pair = _list(pcie, f"{where}.pcie")
+        if len(pair) != 2:
+            raise CodecError(f"{where}.pcie: expected [generation, width]")
+        pcie_gen, pcie_width = (_int(value, f"{where}.pcie") for value in pair)
+    return Gpu(index=_int(raw["i"], f"{where}.i"), model=_text(raw["model"], f"{where}.model"),
+               uuid=_optional_text(raw["uuid"], f"{where}.uuid"), pci_bus_id=_optional_text(raw["bus"], f"{where}.bus"),
+               numa_node=_optional_int(raw["numa"], f"{where}.numa"), memory_mib=_optional_int(raw["mem"], f"{where}.mem"),
+               nvlink=nvlink, pcie_gen=pcie_gen, pcie_width=pcie_width)
+
+
+def _pcie_code(level: Level | None) -> str | None:
+    return None if level is None else level.name
+
+
+def _pcie_level(code: Any, where: str) -> Level | None:
+    if code is None:
+        return None
+    if not isinstance(code, str) or code not in PCIE_CODES:
+        raise CodecError(f"{where}: unknown PCIe level {code!r}")
+    return PCIE_CODES[code]
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise CodecError(f"{where}: expected a list")
+    return value
+
+
+def _int(value: Any, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise CodecError(f"{where}: expected an integer, found {value!r}")
+    return value
+
+
+def _optional_int(value: Any, where: str) -> int | None:
+    return None if value is None else _int(value, where)
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > 256:
+        raise CodecError(f"{where}: expected a non-empty string of at most 256 characters")
+    return value
+
+
+def _optional_text(value: Any, where: str) -> str | None:
+    return None if value is None else _text(value, where)
+
+
+def _uuids(value: Any, where: str) -> frozenset[str]:
+    items = _list(value, where)
+    if len(items) > 4 * MAX_GPUS:
+        raise CodecError(f"{where}: {len(items)} entries is more than any node has GPUs")
+    return frozenset(_text(item, where) for item in items)
