@@ -94,8 +94,8 @@ def _read_rows(lines: Sequence[str], columns: tuple[str, ...], affinity_columns:
         affinity: dict[str, str] = {}
         if label.startswith("GPU") and affinity_columns:
             if len(extra) != len(affinity_columns):
-                raise TopoParseError(f"row {label}, columns {', '.join(affinity_columns)}: expected "
-                                     f"{len(affinity_columns)} values, found {len(extra)}: {' '.join(extra)!r}")
+                raise TopoParseError(f"row {label}: after the {len(columns)} link entries expected "
+                                     f"{' | '.join(affinity_columns)}, found {' '.join(extra)!r}")
             affinity = dict(zip(affinity_columns, extra))
             if "CPU Affinity" in affinity:
                 _cpu_set(label, affinity["CPU Affinity"])
