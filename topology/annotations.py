@@ -13,6 +13,16 @@ DEFAULT_PREFIX = "gpu-topology.io"
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
+class _Key:
+    """An annotation name that reads as the full key under its owner's prefix."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, keys: AnnotationKeys, owner: type | None = None) -> str:
+        return f"{keys.prefix}/{self.name}"
+
+
 @dataclass(frozen=True, slots=True)
 class AnnotationKeys:
     prefix: str = DEFAULT_PREFIX
@@ -22,36 +32,13 @@ class AnnotationKeys:
         if len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix):
             raise ValueError(f"annotation prefix {prefix!r} is not a DNS subdomain such as {DEFAULT_PREFIX}")
 
-    def _key(self, name: str) -> str:
-        return f"{self.prefix}/{name}"
-
     # On nodes, written by the reporter.
-    @property
-    def topology(self) -> str:
-        return self._key("topology")
-
-    @property
-    def state(self) -> str:
-        return self._key("state")
-
+    topology = _Key("topology")
+    state = _Key("state")
     # On pods, written by the user.
-    @property
-    def interconnect(self) -> str:
-        return self._key("interconnect")
-
-    @property
-    def placement(self) -> str:
-        return self._key("placement")
-
-    @property
-    def min_bandwidth(self) -> str:
-        return self._key("min-bandwidth")
-
+    interconnect = _Key("interconnect")
+    placement = _Key("placement")
+    min_bandwidth = _Key("min-bandwidth")
     # On pods, written by the extender at bind.
-    @property
-    def gpus(self) -> str:
-        return self._key("gpus")
-
-    @property
-    def ring_bandwidth(self) -> str:
-        return self._key("ring-bandwidth")
+    gpus = _Key("gpus")
+    ring_bandwidth = _Key("ring-bandwidth")
