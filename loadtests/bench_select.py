@@ -1,0 +1,393 @@
+"""Selection benchmark: our exact selector against go-gpuallocator's best-effort partition search.
+
+One run measures, on the same queries:
+- cold selection: a fresh Selector on a compiled topology whose lazy caches are empty, so nothing an earlier
+  query learnt helps; "miss": a fresh Selector on the shared compiled topology (its caches warm, as in a
+  long-running extender); warm: the same query again (a memo hit);
+- `Selector().precompute()` of every (free mask, k) of each 8-GPU node;
+- the baseline (loadtests/gpuallocator_baseline.py) on the same queries, and the ring bandwidth of its pick
+  against ours, over every (free mask, k) of the 8-GPU nodes and the sampled 16-GPU queries.
+
+Queries: for every k, the all-free mask plus random free masks (uniform over the masks with at least k free
+GPUs, fixed seed). On 16 GPUs the baseline stops after a time budget per query; its time is then
+extrapolated from the partitions it visited per second and the exact partition count, and marked so.
+
+    python loadtests/bench_select.py [--write BENCHMARKS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import gc
+import math
+import os
+import platform
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import median
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpuallocator_baseline import DGX1V_HIDDEN_PCIE, BestEffortBaseline, Search, count_combinations  # noqa: E402
+from topology.compiled import CompiledTopology, compile_topology  # noqa: E402
+from topology.platforms import PLATFORMS  # noqa: E402
+from topology.select import Choice, Request, Selector, ring_gbps  # noqa: E402
+
+NODES_8 = ("dgx1-v100", "rtx-a6000-pairs", "pcie-8gpu-switch-tree")
+NODE_16 = "dgx2-v100"
+# topo -m hides the PCIe level of NVLink pairs; for the DGX-1V the baseline gets NVIDIA's own model of them.
+HIDDEN_PCIE = {"dgx1-v100": DGX1V_HIDDEN_PCIE}
+BEGIN, END = "<!-- bench_select:begin -->", "<!-- bench_select:end -->"
+COLD_P99_TARGET_MS = 5.0
+PRECOMPUTE_TARGET_S = 1.0
+
+
+@dataclass
+class Query:
+    free: int
+    k: int
+    cold_ns: list[int] = field(default_factory=list)
+    miss_ns: int = 0
+    warm_ns: list[int] = field(default_factory=list)
+    ours: Choice | None = None
+    baseline: Search | None = None
+    baseline_ns: list[int] = field(default_factory=list)
+
+    @property
+    def baseline_estimate_ns(self) -> float:
+        """The measured median, or for a search stopped by its budget the full search's time, extrapolated."""
+        found = self.baseline
+        assert found is not None
+        if found.complete:
+            return median(self.baseline_ns)
+        return found.estimate_ns(self.free.bit_count(), self.k)
+
+
+@dataclass
+class RingComparison:
+    compared: int = 0
+    worse: int = 0
+    better: int = 0
+    padded: int = 0
+    unfinished: int = 0
+    worst_ratio: float = 1.0
+    worst_example: str = ""
+
+    def add(self, compiled: CompiledTopology, free: int, k: int, ours: Choice, found: Search) -> None:
+        if found.gpus is None:
+            self.unfinished += 1
+            return
+        if found.padded:
+            self.padded += 1
+            return
+        if k < 2:
+            return
+        theirs = ring_gbps(compiled, found.gpus)
+        assert theirs is not None and ours.ring_gbps is not None
+        self.compared += 1
+        if theirs < ours.ring_gbps:
+            self.worse += 1
+            ratio = theirs / ours.ring_gbps
+            if ratio < self.worst_ratio:
+                self.worst_ratio = ratio
+                self.worst_example = (f"free {_gpus(free)}, k={k}: baseline {list(found.gpus)} {theirs:g} GB/s, "
+                                      f"ours {list(ours.gpus)} {ours.ring_gbps:g} GB/s")
+        elif theirs > ours.ring_gbps:
+            self.better += 1  # ours is exact on the ring: this would be a bug in topology.select
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", metavar="PATH", help="rewrite the bench_select section of this Markdown file")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the random free masks (default 1)")
+    parser.add_argument("--masks", type=int, default=24, help="random masks per k on 8 GPUs (default 24)")
+    parser.add_argument("--masks16", type=int, default=24, help="random masks per k on 16 GPUs (default 24)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs per query (default 5)")
+    parser.add_argument("--budget", type=float, default=1.0,
+                        help="seconds the baseline may search one query before its time is extrapolated (default 1)")
+    args = parser.parse_args(argv)
+
+    started = time.perf_counter()
+    gc.disable()  # no collector pauses inside the timed loops; collected explicitly between nodes
+    try:
+        per_k: dict[str, dict[int, list[Query]]] = {}
+        for name, masks in [(name, args.masks) for name in NODES_8] + [(NODE_16, args.masks16)]:
+            per_k[name] = run_queries(name, masks, args.seed, args.repeat, int(args.budget * 1e9))
+            gc.collect()
+        every = {name: run_every_query(name, args.repeat) for name in NODES_8}
+        precompute = {name: result for name, (result, _) in every.items()}
+        rings = {name: comparison for name, (_, comparison) in every.items()}
+        rings[NODE_16] = sampled_rings(NODE_16, per_k[NODE_16])
+    finally:
+        gc.enable()
+
+    elapsed = time.perf_counter() - started
+    body = "\n\n".join([summary(per_k, precompute), latency_table(per_k), all_free_table(NODE_16, per_k[NODE_16]),
+                         precompute_table(precompute), ring_table(rings)])
+    print(body)
+    print(f"\n(run took {elapsed:.0f} s)")
+    if args.write:
+        write_section(Path(args.write), header(argv, args, elapsed) + "\n\n" + body)
+    return 0
+
+
+def run_queries(name: str, masks: int, seed: int, repeat: int, budget_ns: int) -> dict[int, list[Query]]:
+    topology = PLATFORMS[name].topology()
+    compiled = compile_topology(topology)
+    baseline = BestEffortBaseline(topology, HIDDEN_PCIE.get(name))
+    n = compiled.size
+    by_k: dict[int, list[Query]] = {}
+    for k in range(1, n + 1):
+        chosen = [compiled.full_mask, *random_masks(n, k, masks, random.Random(f"{seed}:{name}:{k}"))]
+        by_k[k] = [measure(compiled, baseline, Query(free, k), repeat, budget_ns) for free in chosen]
+    return by_k
+
+
+def random_masks(n: int, k: int, count: int, rng: random.Random) -> list[int]:
+    """Distinct free masks other than all-free: a free count uniform in k..n, then the GPUs uniformly."""
+    full = (1 << n) - 1
+    available = sum(math.comb(n, free) for free in range(k, n))  # masks with >= k free GPUs, all-free excepted
+    found: dict[int, None] = {}
+    while len(found) < min(count, available):
+        mask = sum(1 << gpu for gpu in rng.sample(range(n), rng.randint(k, n)))
+        if mask != full:
+            found[mask] = None
+    return list(found)
+
+
+def measure(compiled: CompiledTopology, baseline: BestEffortBaseline, query: Query, repeat: int,
+            budget_ns: int) -> Query:
+    request = Request(query.k)
+    for _ in range(repeat):
+        fresh, selector = fresh_compiled(compiled), Selector()
+        start = time.perf_counter_ns()
+        result = selector.select(fresh, query.free, request)
+        query.cold_ns.append(time.perf_counter_ns() - start)
+    selector = Selector()
+    start = time.perf_counter_ns()
+    result = selector.select(compiled, query.free, request)
+    query.miss_ns = time.perf_counter_ns() - start
+    for _ in range(repeat):
+        start = time.perf_counter_ns()
+        selector.select(compiled, query.free, request)
+        query.warm_ns.append(time.perf_counter_ns() - start)
+    assert isinstance(result, Choice), (query, result)
+    query.ours = result
+    free = _gpus(query.free)
+    for _ in range(repeat):
+        found = baseline.search(free, query.k, budget_ns)
+        query.baseline = found
+        query.baseline_ns.append(found.elapsed_ns)
+        if not found.complete or found.elapsed_ns > 50_000_000:
+            break  # one run of a long search is enough
+    return query
+
+
+def fresh_compiled(compiled: CompiledTopology) -> CompiledTopology:
+    """A copy whose lazily filled caches are empty, as right after compile_topology()."""
+    empty = {f.name: f.default_factory() for f in dataclasses.fields(compiled)
+             if f.init and f.default_factory is not dataclasses.MISSING}
+    return dataclasses.replace(compiled, **empty)
+
+
+def run_every_query(name: str, repeat: int) -> tuple[dict[str, float], RingComparison]:
+    """Every (free mask, k) of a node: our precompute and the baseline one query at a time, timed; then the
+    ring bandwidth of each baseline pick against ours, read from the precomputed memo."""
+    topology = PLATFORMS[name].topology()
+    compiled = compile_topology(topology)
+    times, entries = [], 0
+    for _ in range(repeat):
+        fresh, selector = fresh_compiled(compiled), Selector()
+        start = time.perf_counter_ns()
+        entries = selector.precompute(fresh)
+        times.append(time.perf_counter_ns() - start)
+    baseline = BestEffortBaseline(topology, HIDDEN_PCIE.get(name))
+    queries = [(free, k) for free in range(1, 1 << compiled.size) for k in range(1, free.bit_count() + 1)]
+    start = time.perf_counter_ns()
+    picks = [baseline.search(_gpus(free), k) for free, k in queries]
+    baseline_ns = time.perf_counter_ns() - start
+    comparison = RingComparison()
+    for (free, k), found in zip(queries, picks):
+        ours = selector.select(fresh, free, Request(k))
+        assert isinstance(ours, Choice)
+        comparison.add(compiled, free, k, ours, found)
+    return ({"entries": entries, "median_s": median(times) / 1e9, "max_s": max(times) / 1e9,
+             "baseline_s": baseline_ns / 1e9}, comparison)
+
+
+def sampled_rings(name: str, by_k: dict[int, list[Query]]) -> RingComparison:
+    compiled = compile_topology(PLATFORMS[name].topology())
+    comparison = RingComparison()
+    for queries in by_k.values():
+        for query in queries:
+            assert query.ours is not None and query.baseline is not None
+            comparison.add(compiled, query.free, query.k, query.ours, query.baseline)
+    return comparison
+
+
+# ---- reporting ----
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:.3f}"
+
+
+def _us(ns: float) -> str:
+    return f"{ns / 1e3:.1f}"
+
+
+def _seconds(ns: float) -> str:
+    return f"{ns / 1e9:.3g} s" if ns >= 1e9 else f"{ns / 1e6:.3g} ms"
+
+
+def _gpus(mask: int) -> list[int]:
+    return [i for i in range(mask.bit_length()) if mask >> i & 1]
+
+
+def _flat(by_k: dict[int, list[Query]], take: Callable[[Query], list[float]]) -> list[float]:
+    return [value for queries in by_k.values() for query in queries for value in take(query)]
+
+
+def summary(per_k: dict[str, dict[int, list[Query]]], precompute: dict[str, dict[str, float]]) -> str:
+    cold16 = _flat(per_k[NODE_16], lambda q: q.cold_ns)
+    p99_ms = percentile(cold16, 0.99) / 1e6
+    worst_k, worst_k_p99 = max(((k, percentile([ns for q in qs for ns in q.cold_ns], 0.99) / 1e6)
+                                for k, qs in per_k[NODE_16].items()), key=lambda item: item[1])
+    worst_precompute = max(result["max_s"] for result in precompute.values())
+    lines = ["### Summary", "",
+             f"- Cold 16-GPU query ({NODE_16}, {len(cold16)} samples over every k): median "
+             f"{median(cold16) / 1e6:.3f} ms, p99 {p99_ms:.3f} ms, max {max(cold16) / 1e6:.3f} ms; target p99 <= "
+             f"{COLD_P99_TARGET_MS:g} ms: **{'met' if p99_ms <= COLD_P99_TARGET_MS else 'NOT met'}**. "
+             f"Slowest k: {worst_k}, p99 {worst_k_p99:.3f} ms.",
+             f"- Every (free mask, k) of an 8-GPU node, `Selector().precompute()`: slowest of "
+             f"{', '.join(precompute)} {worst_precompute:.3f} s; target < {PRECOMPUTE_TARGET_S:g} s: "
+             f"**{'met' if worst_precompute < PRECOMPUTE_TARGET_S else 'NOT met'}**."]
+    lines.append("- Baseline time / our time on the same queries (above 1: ours is faster):")
+    for name, by_k in per_k.items():
+        queries = [q for qs in by_k.values() for q in qs]
+        cold = [q.baseline_estimate_ns / median(q.cold_ns) for q in queries]
+        warm = [q.baseline_estimate_ns / median(q.warm_ns) for q in queries]
+        total = sum(q.baseline_estimate_ns for q in queries) / sum(median(q.cold_ns) for q in queries)
+        extrapolated = sum(1 for q in queries if q.baseline and not q.baseline.complete)
+        note = f"; {extrapolated} baseline times extrapolated" if extrapolated else ""
+        lines.append(f"  - {name} ({len(queries)} queries{note}): against a cold query, median {median(cold):.3g}x "
+                     f"and total time {total:.3g}x; against a memo hit, median {median(warm):.3g}x.")
+    return "\n".join(lines)
+
+
+def latency_table(per_k: dict[str, dict[int, list[Query]]]) -> str:
+    rows = ["### Per query, by node and k", "",
+            "Cold: fresh Selector and empty compiled-topology caches; miss: fresh Selector on the shared compiled "
+            "topology; warm: memo hit. Baseline: go-gpuallocator best effort re-implemented in Python; `~` marks "
+            "a figure that includes extrapolated times. Ratio: baseline median / cold median.", "",
+            "| node | k | queries | cold median ms | cold p99 ms | miss median ms | warm median µs | warm p99 µs "
+            "| baseline median ms | baseline p99 ms | ratio |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, by_k in per_k.items():
+        for k, queries in by_k.items():
+            cold = [ns for q in queries for ns in q.cold_ns]
+            warm = [ns for q in queries for ns in q.warm_ns]
+            base = [q.baseline_estimate_ns for q in queries]
+            mark = "~" if any(q.baseline and not q.baseline.complete for q in queries) else ""
+            rows.append(f"| {name} | {k} | {len(queries)} | {_ms(median(cold))} | {_ms(percentile(cold, 0.99))} "
+                        f"| {_ms(median(q.miss_ns for q in queries))} | {_us(median(warm))} "
+                        f"| {_us(percentile(warm, 0.99))} | {mark}{_ms(median(base))} "
+                        f"| {mark}{_ms(percentile(base, 0.99))} | {mark}{median(base) / median(cold):.3g}x |")
+    return "\n".join(rows)
+
+
+def all_free_table(name: str, by_k: dict[int, list[Query]]) -> str:
+    rows = [f"### All 16 GPUs of {name} free", "",
+            "The baseline visits every partition of the free GPUs into sets of k, and on the way generates "
+            "candidate sets it drops for holding only part of the padding; both counts are exact "
+            "(combinatorial). Where it ran out of its budget, its time is **extrapolated**: the time it took "
+            "for the work it did (partitions + candidate sets), scaled to the whole search.", "",
+            "| k | partitions | candidate sets | done in budget | baseline time | ours cold median ms | ratio |",
+            "|---:|---:|---:|---:|---:|---:|---:|"]
+    for k, queries in by_k.items():
+        query = queries[0]
+        found = query.baseline
+        assert found is not None and query.free == (1 << 16) - 1
+        done = "all" if found.complete else f"{found.partitions:,} + {found.combinations:,}"
+        when = _seconds(query.baseline_estimate_ns) + ("" if found.complete else " (extrapolated)")
+        rows.append(f"| {k} | {found.total:,} | {count_combinations(16, k):,} | {done} | {when} "
+                    f"| {_ms(median(query.cold_ns))} | {query.baseline_estimate_ns / median(query.cold_ns):,.3g}x |")
+    return "\n".join(rows)
+
+
+def precompute_table(precompute: dict[str, dict[str, float]]) -> str:
+    rows = ["### Every (free mask, k) of an 8-GPU node", "",
+            "Ours: `Selector().precompute()` on a fresh compiled topology. Baseline: the same queries one by one.",
+            "", "| node | entries | ours median s | ours max s | baseline s | ratio |", "|---|---:|---:|---:|---:|---:|"]
+    for name, result in precompute.items():
+        rows.append(f"| {name} | {result['entries']:,} | {result['median_s']:.3f} | {result['max_s']:.3f} "
+                    f"| {result['baseline_s']:.3f} | {result['baseline_s'] / result['median_s']:.2g}x |")
+    return "\n".join(rows)
+
+
+def ring_table(rings: dict[str, RingComparison]) -> str:
+    rows = ["### Ring bandwidth of the baseline's pick against ours", "",
+            f"Every (free mask, k >= 2) of the 8-GPU nodes; the sampled queries of {NODE_16} the baseline finished. "
+            "Ratio: baseline ring / our ring (GB/s per direction, topology.select.ring_gbps).", "",
+            "Not compared: k = 1, searches stopped by the budget, and padded picks (go-gpuallocator returns nil "
+            "devices there, PR #80).", "",
+            "| node | compared | baseline worse | baseline better | worst ratio | unfinished | padded pick | worst case |",
+            "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for name, ring in rings.items():
+        share = f"{ring.worse} ({100 * ring.worse / ring.compared:.1f}%)" if ring.compared else "0"
+        rows.append(f"| {name} | {ring.compared} | {share} | {ring.better} | {ring.worst_ratio:.3f} "
+                    f"| {ring.unfinished} | {ring.padded} | {ring.worst_example or '-'} |")
+    return "\n".join(rows)
+
+
+def header(argv: Sequence[str] | None, args: argparse.Namespace, elapsed: float) -> str:
+    command = "python loadtests/bench_select.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return "\n".join([
+        "## Selection (`loadtests/bench_select.py`)", "",
+        f"- Date: {now}; run time {elapsed:.0f} s.",
+        f"- Machine: {os.cpu_count()} CPUs (nproc), {platform.machine()}, {platform.system()} {platform.release()}; "
+        f"Python {platform.python_version()} ({platform.python_implementation()}).",
+        f"- Command: `{command.strip()}`",
+        f"- Queries: per k, the all-free mask and up to {args.masks} (8 GPUs) / {args.masks16} (16 GPUs) random free "
+        f"masks (a free count uniform in k..n, then the GPUs uniformly), seed {args.seed}; {args.repeat} timed runs per query (one for a baseline search over 50 ms); "
+        f"baseline budget {args.budget:g} s per query. Times from `time.perf_counter_ns`, with the garbage "
+        "collector disabled during the timed loops. One run on a shared VM: a per-row p99 rests on 5 to 125 "
+        "samples, so a single scheduling stall shows in it.",
+        "- Baseline: `loadtests/gpuallocator_baseline.py`, NVIDIA go-gpuallocator's best-effort policy (pair "
+        "score table, every partition of the free GPUs into sets of k, best partition then best set), in Python "
+        "like ours, so the ratio compares algorithms rather than languages. It is blind to NVSwitch, as "
+        "go-gpuallocator is. For the DGX-1V it gets the PCIe levels of NVLink pairs from NVIDIA's own DGX-1V "
+        "model; elsewhere NODE within a NUMA node, SYS across."])
+
+
+def write_section(path: Path, content: str) -> None:
+    block = f"{BEGIN}\n{content}\n{END}"
+    if path.exists():
+        text = path.read_text(encoding="utf-8")
+        if BEGIN in text and END in text:
+            before, rest = text.split(BEGIN, 1)
+            after = rest.split(END, 1)[1]
+            text = before + block + after
+        else:
+            text = text.rstrip("\n") + "\n\n" + block + "\n"
+    else:
+        text = ("# Benchmarks\n\nMeasured figures of gpu-topology-extender, each section rewritten by the script "
+                "named in it; the targets are in DESIGN.md §9.\n\n" + block + "\n")
+    path.write_text(text, encoding="utf-8")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
