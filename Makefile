@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench loadtest clean
 
 $(BIN)/activate: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -11,7 +11,7 @@ $(BIN)/activate: pyproject.toml
 	touch $(BIN)/activate
 
 demo: $(BIN)/activate
-	$(BIN)/gputopo demo
+	$(BIN)/gpu-topology-extender demo
 
 test: $(BIN)/activate
 	$(BIN)/python -m pytest -q

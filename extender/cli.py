@@ -1,0 +1,101 @@
+"""`gpu-topology-extender`: serve the extender (demo cluster, kubeconfig or in-cluster), or run the demo."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import ssl
+import sys
+import threading
+from collections.abc import Sequence
+
+import uvicorn
+
+from extender.app import create_app
+from extender.demo import run_demo
+from extender.demo_cluster import DemoCluster
+from extender.kube import KubeError, KubernetesApi
+from extender.pod_request import DEFAULT_GPU_RESOURCE
+from extender.reflector import Reflector
+from extender.service import ExtenderService
+from extender.state import ClusterState
+from topology.annotations import DEFAULT_PREFIX, AnnotationKeys
+
+log = logging.getLogger("gpu-topology-extender")
+DEMO_HEARTBEAT_SECONDS = 30.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    args.log_level = args.log_level or ("warning" if args.run is _demo else "info")
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.run(args)
+    except (KubeError, ValueError, OSError) as error:
+        print(f"gpu-topology-extender: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpu-topology-extender", description=__doc__)
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                        help="default: info for serve, warning for demo (its decisions are its output)")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+    serve = commands.add_parser("serve", help="serve filter, prioritize, preempt and bind over HTTP(S)")
+    source = serve.add_mutually_exclusive_group(required=True)
+    source.add_argument("--demo", action="store_true", help="an in-memory cluster of real platforms")
+    source.add_argument("--kubeconfig", metavar="PATH", help="talk to the cluster of this kubeconfig")
+    source.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8888)
+    serve.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate")
+    serve.add_argument("--tls-key", metavar="FILE")
+    serve.add_argument("--client-ca", metavar="FILE", help="require client certificates signed by this CA (mTLS)")
+    serve.add_argument("--annotation-prefix", default=DEFAULT_PREFIX)
+    serve.add_argument("--gpu-resource", default=DEFAULT_GPU_RESOURCE)
+    serve.add_argument("--stale-after", type=float, default=120.0, metavar="SECONDS",
+                       help="treat a node whose GPU state is older than this as unknown")
+    serve.set_defaults(run=_serve)
+    demo = commands.add_parser("demo", help="drive a mixed workload through the demo server and compare")
+    demo.set_defaults(run=_demo)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if args.client_ca and not args.tls_cert:
+        raise ValueError("--client-ca needs --tls-cert and --tls-key")
+    state = ClusterState(AnnotationKeys(args.annotation_prefix), args.gpu_resource, args.stale_after)
+    if args.demo:
+        kube = DemoCluster(state)
+        _heartbeat(kube)
+    else:
+        kube = KubernetesApi.in_cluster() if args.in_cluster else KubernetesApi.from_kubeconfig(args.kubeconfig)
+        for name, list_fn, watch_fn, sink in (("nodes", kube.list_nodes, kube.watch_nodes, state.nodes),
+                                              ("pods", kube.list_pods, kube.watch_pods, state.pods)):
+            Reflector(list_fn, watch_fn, sink, name=name).start()
+    service = ExtenderService(state, kube)
+    uvicorn.run(create_app(service), host=args.host, port=args.port, log_level=args.log_level,
+                ssl_certfile=args.tls_cert, ssl_keyfile=args.tls_key, ssl_ca_certs=args.client_ca,
+                ssl_cert_reqs=ssl.CERT_REQUIRED if args.client_ca else ssl.CERT_NONE)
+    return 0
+
+
+def _demo(_: argparse.Namespace) -> int:
+    run_demo()
+    return 0
+
+
+def _heartbeat(cluster: DemoCluster) -> None:
+    """The demo's reporters republish every node's state, as the real ones do, so nothing goes stale."""
+    def beat() -> None:
+        while not stop.wait(DEMO_HEARTBEAT_SECONDS):
+            cluster.refresh_all()
+    stop = threading.Event()
+    threading.Thread(target=beat, name="demo-heartbeat", daemon=True).start()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""`make demo`: a workload of mixed 1-, 2-, 4- and 8-GPU pods through the real HTTP server, as kube-scheduler
+drives an extender, then the same pods placed by count alone, side by side.
+
+The extender run: kube-scheduler's own count check (NodeResourcesFit), then POST /filter, /prioritize and
+/bind on the demo cluster's server. The count-only run: the node with the most free GPUs by count
+(NodeResourcesFit LeastAllocated on nvidia.com/gpu), then the device plugin's first free GPUs. Both see the
+same arrivals and departures; a pod that finds no node is dropped in both.
+"""
+
+from __future__ import annotations
+
+import http.client
+import random
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import orjson
+import uvicorn
+
+from extender.app import create_app
+from extender.demo_cluster import DemoCluster
+from extender.service import ExtenderService
+from extender.state import ClusterState
+from topology.compiled import compile_topology
+from topology.levels import Level
+from topology.select import ring_gbps
+
+SIZES = (1, 1, 1, 1, 2, 2, 2, 4, 4, 8)
+
+
+@dataclass(frozen=True, slots=True)
+class DemoPod:
+    name: str
+    gpus: int
+    arrives: int
+    leaves: int
+    annotations: dict[str, str]
+
+
+@dataclass(slots=True)
+class Tally:
+    placed: int = 0
+    dropped: int = 0
+    rings: list[tuple[int, float, bool]] = field(default_factory=list)  # (size, GB/s, all hops NVLink)
+
+
+def workload(count: int = 48, seed: int = 7) -> list[DemoPod]:
+    rng = random.Random(seed)
+    pods = []
+    for step in range(count):
+        gpus = rng.choice(SIZES)
+        annotations = {"gpu-topology.io/interconnect": "nvlink"} if gpus >= 4 and rng.random() < 0.5 else {}
+        pods.append(DemoPod(f"job-{step:02d}", gpus, step, step + rng.randint(4, 16), annotations))
+    return pods
+
+
+@contextmanager
+def running_server(service: ExtenderService) -> Iterator[int]:
+    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the demo server did not start")
+        time.sleep(0.01)
+    try:
+        yield server.servers[0].sockets[0].getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(5)
+
+
+def run_demo(out=print) -> None:
+    pods = workload()
+    state = ClusterState()
+    cluster = DemoCluster(state)
+    service = ExtenderService(state, cluster)
+    out(f"Demo cluster: {', '.join(f'{n} ({p})' for n, p in cluster.platform_of.items())}")
+    out(f"Workload: {len(pods)} pods, sizes {sorted({p.gpus for p in pods})}, half of the 4- and 8-GPU pods "
+        "prefer NVLink\n")
+    with running_server(service) as port:
+        ours = _drive_extender(cluster, pods, port, out)
+    baseline = _count_only(cluster, pods)
+    out("")
+    out(_summary({"topology-aware (this extender)": ours, "count-only (kube-scheduler + first free GPUs)": baseline}))
+
+
+def _drive_extender(cluster: DemoCluster, pods: list[DemoPod], port: int, out) -> Tally:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    tally = Tally()
+    live: dict[str, tuple[DemoPod, str]] = {}
+    for pod in pods:
+        for uid, (old, _) in list(live.items()):
+            if old.leaves <= pod.arrives:
+                cluster.finish_pod(uid)
+                del live[uid]
+        created = cluster.create_pod(pod.name, pod.gpus, pod.annotations)
+        uid = created["metadata"]["uid"]
+        fits = [name for name, topology in cluster.topologies.items()
+                if topology.size - _used_by_count(cluster, name) >= pod.gpus]
+        label = f"{pod.name} {pod.gpus} GPU{'s' if pod.gpus > 1 else ' '}{' nvlink' if pod.annotations else '       '}"
+        if not fits:
+            out(f"{label}  pending: no node has {pod.gpus} free GPUs by count")
+            tally.dropped += 1
+            cluster.finish_pod(uid)
+            continue
+        body = orjson.dumps({"Pod": created, "Nodes": None, "NodeNames": fits})
+        verdict = _post(connection, "/filter", body)
+        passed = verdict["NodeNames"]
+        if not passed:
+            reasons = sorted(set(verdict["FailedNodes"].values()) | set(verdict["FailedAndUnresolvableNodes"].values()))
+            out(f"{label}  pending: {'; '.join(reasons)}")
+            tally.dropped += 1
+            cluster.finish_pod(uid)
+            continue
+        scores = {entry["Host"]: entry["Score"] for entry in _post(connection, "/prioritize", orjson.dumps(
+            {"Pod": created, "Nodes": None, "NodeNames": passed}))}
+        node = max(passed, key=lambda name: scores[name])
+        answer = _post(connection, "/bind", orjson.dumps({"PodName": pod.name, "PodNamespace": "default",
+                                                          "PodUID": uid, "Node": node}))
+        if answer["Error"]:
+            out(f"{label}  bind refused: {answer['Error']}")
+            tally.dropped += 1
+            cluster.finish_pod(uid)
+            continue
+        live[uid] = (pod, node)
+        gpus = _indices(cluster, node, cluster.pods[uid]["metadata"]["annotations"]["gpu-topology.io/gpus"])
+        ring, nvlink = _ring(cluster, node, gpus)
+        tally.placed += 1
+        if pod.gpus > 1:
+            tally.rings.append((pod.gpus, ring, nvlink))
+        ranking = " ".join(f"{name}={scores[name]}" for name in sorted(passed, key=lambda n: -scores[n])[:3])
+        hop = "" if pod.gpus == 1 else f"  ring {ring:.1f} GB/s {'NVLink' if nvlink else 'over PCIe'}"
+        out(f"{label}  -> {node:<12} GPUs {','.join(map(str, gpus)):<16}{hop:<28} scores {ranking}")
+    for uid in list(live):
+        cluster.finish_pod(uid)
+    connection.close()
+    return tally
+
+
+def _count_only(cluster: DemoCluster, pods: list[DemoPod]) -> Tally:
+    free = {name: set(range(topology.size)) for name, topology in cluster.topologies.items()}
+    live: list[tuple[DemoPod, str, tuple[int, ...]]] = []
+    tally = Tally()
+    for pod in pods:
+        for entry in [entry for entry in live if entry[0].leaves <= pod.arrives]:
+            live.remove(entry)
+            free[entry[1]] |= set(entry[2])
+        fits = [name for name in cluster.topologies if len(free[name]) >= pod.gpus]
+        if not fits:
+            tally.dropped += 1
+            continue
+        node = max(fits, key=lambda name: len(free[name]) / cluster.topologies[name].size)
+        gpus = tuple(sorted(free[node])[:pod.gpus])
+        free[node] -= set(gpus)
+        live.append((pod, node, gpus))
+        tally.placed += 1
+        if pod.gpus > 1:
+            tally.rings.append((pod.gpus, *_ring(cluster, node, gpus)))
+    return tally
+
+
+def _summary(tallies: dict[str, Tally]) -> str:
+    lines = [f"{'policy':<48} {'placed':>6} {'dropped':>7} {'multi-GPU on NVLink':>20} {'mean ring GB/s':>15} "
+             f"{'4/8-GPU mean ring':>18}"]
+    for name, tally in tallies.items():
+        multi = tally.rings
+        big = [ring for size, ring, _ in multi if size >= 4]
+        nvlink = sum(1 for *_, on in multi if on)
+        lines.append(f"{name:<48} {tally.placed:>6} {tally.dropped:>7} {f'{nvlink}/{len(multi)}':>20} "
+                     f"{_mean([ring for _, ring, _ in multi]):>15.1f} {_mean(big):>18.1f}")
+    return "\n".join(lines)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _ring(cluster: DemoCluster, node: str, gpus: tuple[int, ...]) -> tuple[float, bool]:
+    """The set's best ring, and whether a ring over NVLink hops alone runs through it."""
+    compiled = compile_topology(cluster.topologies[node])
+    mask = sum(1 << gpu for gpu in gpus)
+    return ring_gbps(compiled, gpus) or 0.0, compiled.has_ring(Level.NVLINK, 0, mask)
+
+
+def _indices(cluster: DemoCluster, node: str, held: str) -> tuple[int, ...]:
+    index_of = {gpu.uuid: gpu.index for gpu in cluster.topologies[node].gpus}
+    return tuple(sorted(index_of[uuid] for uuid in held.split(",")))
+
+
+def _used_by_count(cluster: DemoCluster, node: str) -> int:
+    return sum(int(pod["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"])
+               for pod in cluster.pods.values() if pod["spec"].get("nodeName") == node)
+
+
+def _post(connection: http.client.HTTPConnection, path: str, body: bytes) -> dict:
+    connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    return orjson.loads(response.read())

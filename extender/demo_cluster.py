@@ -1,0 +1,159 @@
+"""An in-memory cluster of real platforms for `serve --demo` and the tests: no Kubernetes needed.
+
+It plays the API server (it implements `KubeApi`: annotation patches, Bindings, Events) and each node's
+reporter (after every bind or pod end it republishes the node's `state` annotation with the GPUs its pods
+hold), and feeds the extender's `ClusterState` the same raw objects the watches would.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import Any
+
+from extender.kube import Conflict, KubeError
+from extender.state import ClusterState
+from topology.codec import NodeState, encode_state, encode_topology
+from topology.model import Topology
+from topology.platforms import PLATFORMS
+
+DEMO_NODES: tuple[tuple[str, str], ...] = (
+    ("dgx-h100-1", "dgx-h100"), ("dgx-h100-2", "dgx-h100"),
+    ("dgx-a100-1", "dgx-a100"), ("dgx-a100-2", "dgx-a100"),
+    ("dgx1-v100-1", "dgx1-v100"), ("dgx1-v100-2", "dgx1-v100"),
+    ("a6000-1", "rtx-a6000-pairs"), ("a6000-2", "rtx-a6000-pairs"),
+    ("l40s-1", "pcie-l40s"), ("l40s-2", "pcie-l40s"),
+)
+
+
+def with_uuids(node: str, topology: Topology) -> Topology:
+    """Give a parsed capture the per-GPU identities NVML would: stable, unique per node."""
+    def uuid(index: int) -> str:
+        digest = hashlib.sha256(f"{node}/{index}".encode()).hexdigest()
+        return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+    gpus = tuple(replace(gpu, uuid=uuid(gpu.index), pci_bus_id=f"0000:{0x10 + gpu.index * 0x10:02x}:00.0")
+                 for gpu in topology.gpus)
+    return replace(topology, gpus=gpus)
+
+
+class DemoCluster:
+    def __init__(self, state: ClusterState, nodes: Sequence[tuple[str, str]] = DEMO_NODES,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.state = state
+        self.clock = clock
+        self.topologies = {name: with_uuids(name, PLATFORMS[platform].topology()) for name, platform in nodes}
+        self.platform_of = dict(nodes)
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.events: list[tuple[str, str, str, str]] = []
+        self._generation = 0
+        self._lock = threading.RLock()
+        state.nodes.replace([self._node(name) for name in self.topologies])
+        state.nodes.synced()
+        state.pods.replace([])
+        state.pods.synced()
+
+    # The KubeApi the extender writes through.
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
+        with self._lock:
+            pod = self._find(namespace, name)
+            current = pod["metadata"].setdefault("annotations", {})
+            for key, value in annotations.items():
+                if value is None:
+                    current.pop(key, None)
+                else:
+                    current[key] = value
+            self._bump(pod)
+            self.state.pods.apply("MODIFIED", pod)
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        with self._lock:
+            pod = self._find(namespace, name)
+            if pod["metadata"]["uid"] != uid:
+                raise Conflict(f"pod {namespace}/{name} has another UID", 409)
+            if pod["spec"].get("nodeName"):
+                raise Conflict(f"pod {namespace}/{name} is already assigned to node {pod['spec']['nodeName']}", 409)
+            pod["spec"]["nodeName"] = node
+            self._bump(pod)
+            self.state.pods.apply("MODIFIED", pod)
+            self.report(node)
+
+    def emit_event(self, namespace: str, pod_name: str, pod_uid: str, reason: str, message: str,
+                   event_type: str = "Warning") -> None:
+        self.events.append((f"{namespace}/{pod_name}", event_type, reason, message))
+
+    def list_nodes(self) -> tuple[list[dict[str, Any]], str]:
+        return [self._node(name) for name in self.topologies], str(self._generation)
+
+    def list_pods(self) -> tuple[list[dict[str, Any]], str]:
+        return list(self.pods.values()), str(self._generation)
+
+    def watch_nodes(self, resource_version: str, timeout_seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        return iter(())
+
+    def watch_pods(self, resource_version: str, timeout_seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        return iter(())
+
+    # What users and kubelets do.
+    def create_pod(self, name: str, gpus: int, annotations: Mapping[str, str] | None = None,
+                   namespace: str = "default") -> dict[str, Any]:
+        uid = hashlib.sha256(f"{namespace}/{name}/{len(self.pods)}".encode()).hexdigest()[:32]
+        return self.add_pod({"metadata": {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": "1",
+                                          "annotations": dict(annotations or {})},
+                             "spec": {"containers": [{"name": "main", "resources": {
+                                 "limits": {self.state.resource: str(gpus)},
+                                 "requests": {self.state.resource: str(gpus)}}}]},
+                             "status": {"phase": "Pending"}})
+
+    def add_pod(self, pod: Mapping[str, Any]) -> dict[str, Any]:
+        """Admit a pod object as the API server would hold it (a pending copy of it)."""
+        with self._lock:
+            stored = copy.deepcopy(dict(pod))
+            stored["spec"].pop("nodeName", None)
+            stored["metadata"]["resourceVersion"] = str(stored["metadata"].get("resourceVersion") or "1")
+            self.pods[stored["metadata"]["uid"]] = stored
+            self.state.pods.apply("ADDED", stored)
+            return stored
+
+    def finish_pod(self, uid: str) -> None:
+        """The pod ends: the watch drops it and the node's reporter no longer lists its GPUs."""
+        with self._lock:
+            pod = self.pods.pop(uid)
+            pod["status"]["phase"] = "Succeeded"
+            self.state.pods.apply("DELETED", pod)
+            if pod["spec"].get("nodeName"):
+                self.report(pod["spec"]["nodeName"])
+
+    def report(self, node: str) -> None:
+        """The node's reporter publishes what its pods hold now."""
+        with self._lock:
+            self.state.nodes.apply("MODIFIED", self._node(node))
+
+    def refresh_all(self) -> None:
+        for node in self.topologies:
+            self.report(node)
+
+    def _node(self, name: str) -> dict[str, Any]:
+        self._generation += 1
+        used = frozenset(gpu for pod in self.pods.values() if pod["spec"].get("nodeName") == name
+                         for gpu in (pod["metadata"].get("annotations", {}).get(self.state.keys.gpus) or "").split(",")
+                         if gpu)
+        state = NodeState(used, frozenset(), datetime.fromtimestamp(self.clock(), timezone.utc), self._generation)
+        topology = self.topologies[name]
+        return {"metadata": {"name": name, "resourceVersion": str(self._generation),
+                             "annotations": {self.state.keys.topology: encode_topology(topology),
+                                             self.state.keys.state: encode_state(state)}},
+                "status": {"allocatable": {self.state.resource: str(topology.size)}}}
+
+    def _find(self, namespace: str, name: str) -> dict[str, Any]:
+        for pod in self.pods.values():
+            if pod["metadata"]["name"] == name and pod["metadata"]["namespace"] == namespace:
+                return pod
+        raise KubeError(f"pods {name!r} not found", 404)
+
+    def _bump(self, pod: dict[str, Any]) -> None:
+        pod["metadata"]["resourceVersion"] = str(int(pod["metadata"]["resourceVersion"]) + 1)

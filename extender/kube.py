@@ -1,0 +1,382 @@
+"""The Kubernetes edge: the few API calls the extender makes, behind one narrow interface.
+
+`KubeApi` is what the rest of the extender sees; `KubernetesApi` implements it with the official client
+(`CoreV1Api`). Objects come back as the raw JSON dicts the API server sends (camelCase), the same shape as
+the objects inside kube-scheduler's request bodies, and parsing thousands of them with orjson is far cheaper
+than building client models. So every call uses `_preload_content=False` and reads the body itself, which
+also steps around the client's failure to deserialize a Binding's `Status` reply.
+
+Errors: every failure is a `KubeError` with the HTTP status (or None) and a short message; `Conflict`
+(409), `Gone` (410) and `Unreachable` (refused, reset, timed out, DNS, a broken stream) are subclasses.
+No urllib3 or client exception reaches the caller.
+
+Every call is one HTTP attempt bounded by a timeout (urllib3's own retries are switched off by the
+factories): retrying is the caller's policy. The reflector backs off, and a failed bind goes back to
+kube-scheduler, which retries the pod.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from typing import Any, Protocol, Self
+
+import orjson
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "gpu-topology-extender"
+ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+EVENT_MESSAGE_MAX = 1024
+
+_TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError)
+
+
+class KubeError(Exception):
+    """A failed API call: `status` is the HTTP status code, None when there was no answer."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Conflict(KubeError):
+    """409: the object changed or is already bound."""
+
+
+class Gone(KubeError):
+    """410: the resourceVersion is no longer retained; list again."""
+
+
+class Unreachable(KubeError):
+    """No usable answer: connection refused or reset, a timeout, DNS, a stream cut short."""
+
+
+class KubeApi(Protocol):
+    """The Kubernetes calls the extender needs. Objects are raw JSON dicts as the API serves them."""
+
+    def list_nodes(self) -> tuple[list[dict], str]: ...
+
+    def list_pods(self) -> tuple[list[dict], str]: ...
+
+    def watch_nodes(self, resource_version: str, timeout_seconds: int) -> Iterator[tuple[str, dict]]: ...
+
+    def watch_pods(self, resource_version: str, timeout_seconds: int) -> Iterator[tuple[str, dict]]: ...
+
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None: ...
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+    def emit_event(
+        self, namespace: str, pod_name: str, pod_uid: str, reason: str, message: str, event_type: str = "Warning"
+    ) -> None: ...
+
+
+def _status_message(body: Any) -> str:
+    """The `message` of a Kubernetes Status body, or the body's first line."""
+    if isinstance(body, (bytes, bytearray)):
+        body = body.decode("utf-8", "replace")
+    if not body:
+        return ""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.strip().splitlines()[0][:200]
+    if isinstance(parsed, dict):
+        return str(parsed.get("message") or parsed.get("reason") or "")
+    return ""
+
+
+def _error(status: int | None, message: str) -> KubeError:
+    if status == 409:
+        return Conflict(message, status)
+    if status == 410:
+        return Gone(message, status)
+    return KubeError(message, status)
+
+
+def _translate(exc: BaseException, what: str) -> KubeError:
+    """Any failure of the client or of the transport, as a KubeError naming the call."""
+    if isinstance(exc, ApiException):
+        if not exc.status:  # the client's own failures (TLS, content type) carry status 0
+            return KubeError(f"{what}: {exc.reason}", None)
+        detail = _status_message(exc.body) or exc.reason or "error"
+        return _error(exc.status, f"{what}: {exc.status} {detail}")
+    if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
+        exc = exc.reason
+    return Unreachable(f"{what}: {type(exc).__name__}: {exc}")
+
+
+def _read(resp: Any, what: str) -> bytes:
+    """The whole body of a response taken with `_preload_content=False`; the connection goes back to the pool."""
+    try:
+        return resp.data
+    except _TRANSPORT_ERRORS as exc:
+        resp.close()
+        raise _translate(exc, what) from None
+    finally:
+        resp.release_conn()
+
+
+def _parse(body: bytes, what: str) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise KubeError(f"{what}: the answer is not JSON") from None
+
+
+class WatchStream:
+    """The events of one watch request: an iterator of (type, raw object).
+
+    `close()` may be called from another thread: it shuts the socket down, so a reader blocked on a quiet
+    stream wakes at once (and sees `Unreachable`). The response is always closed, never returned to the
+    pool half-read.
+
+    BOOKMARK events are passed on as ("BOOKMARK", obj): they carry a newer resourceVersion and nothing else,
+    and the reflector records the version without handing them to its sink. An ERROR event raises: `Gone`
+    for 410, `KubeError` with the Status code otherwise.
+    """
+
+    def __init__(self, open_response: Any, what: str) -> None:
+        self._what = what
+        self._closed = False
+        self._resp: Any = None
+        self._events = self._generate(open_response)
+
+    def __iter__(self) -> Self:
+        return self
+
+    def __next__(self) -> tuple[str, dict]:
+        return next(self._events)
+
+    def close(self) -> None:
+        self._closed = True
+        resp = self._resp
+        sock = getattr(getattr(resp, "connection", None), "sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        try:
+            self._events.close()
+        except ValueError:  # running in another thread, which now wakes and cleans up
+            pass
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _generate(self, open_response: Any) -> Iterator[tuple[str, dict]]:
+        what = self._what
+        try:
+            self._resp = open_response()
+        except (ApiException, *_TRANSPORT_ERRORS) as exc:
+            raise _translate(exc, what) from None
+        resp = self._resp
+        buffer = b""
+        try:
+            if self._closed:  # closed while the request was being answered
+                return
+            for chunk in resp.stream(None, decode_content=True):
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield self._event(line)
+            if buffer.strip():
+                yield self._event(buffer)
+        except _TRANSPORT_ERRORS as exc:
+            if self._closed:
+                return
+            raise _translate(exc, f"{what} stream") from None
+        finally:
+            resp.close()
+            resp.release_conn()
+
+    def _event(self, line: bytes) -> tuple[str, dict]:
+        event = _parse(line, self._what)
+        kind, obj = event.get("type"), event.get("object")
+        if not isinstance(kind, str) or not isinstance(obj, dict):
+            raise KubeError(f"{self._what}: malformed watch event")
+        if kind == "ERROR":
+            code = obj.get("code") if isinstance(obj.get("code"), int) else None
+            raise _error(code, f"{self._what}: {code} {obj.get('reason', '')}: {obj.get('message', '')}")
+        return kind, obj
+
+
+class KubernetesApi:
+    """`KubeApi` through the official client. `timeout` bounds each write and the connect of every call;
+    `list_timeout` is the read timeout of a list; a watch's read timeout is its server-side
+    `timeout_seconds` plus `timeout`, so a silent connection is noticed soon after the server should have
+    ended it."""
+
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        *,
+        timeout: float = 5.0,
+        list_timeout: float = 60.0,
+        instance: str | None = None,
+    ) -> None:
+        self._core = k8s.CoreV1Api(api_client)
+        self.timeout = timeout
+        self.list_timeout = list_timeout
+        self.instance = instance or os.environ.get("POD_NAME") or socket.gethostname()
+
+    @classmethod
+    def from_configuration(cls, configuration: k8s.Configuration, **kwargs: Any) -> KubernetesApi:
+        """One HTTP attempt per call (urllib3 would otherwise retry a timed-out GET three times)."""
+        configuration.retries = urllib3.Retry(total=0, raise_on_redirect=False)
+        return cls(k8s.ApiClient(configuration), **kwargs)
+
+    @classmethod
+    def from_kubeconfig(cls, path: str | None = None, context: str | None = None, **kwargs: Any) -> KubernetesApi:
+        """From a kubeconfig file; None means $KUBECONFIG or ~/.kube/config."""
+        configuration = k8s.Configuration()
+        try:
+            k8s_config.load_kube_config(config_file=path, context=context, client_configuration=configuration)
+        except (k8s_config.ConfigException, OSError, ValueError) as exc:
+            raise KubeError(f"kubeconfig {path or '(default)'}: {exc}") from None
+        return cls.from_configuration(configuration, **kwargs)
+
+    @classmethod
+    def in_cluster(cls, **kwargs: Any) -> KubernetesApi:
+        """From the pod's service account (the token is re-read as it rotates)."""
+        configuration = k8s.Configuration()
+        try:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        except (k8s_config.ConfigException, OSError) as exc:
+            raise KubeError(f"in-cluster config: {exc}") from None
+        return cls.from_configuration(configuration, **kwargs)
+
+    # -- reads -------------------------------------------------------------------------------------------
+
+    def _call(self, what: str, method: Any, /, *args: Any, **kwargs: Any) -> bytes:
+        """One request with `_preload_content=False`: the raw body, or a KubeError."""
+        try:
+            resp = method(*args, _preload_content=False, **kwargs)
+        except (ApiException, *_TRANSPORT_ERRORS) as exc:
+            raise _translate(exc, what) from None
+        return _read(resp, what)
+
+    def _list(self, what: str, method: Any, **kwargs: Any) -> tuple[list[dict], str]:
+        body = self._call(what, method, _request_timeout=(self.timeout, self.list_timeout), **kwargs)
+        parsed = _parse(body, what)
+        if not isinstance(parsed, dict):
+            raise KubeError(f"{what}: the answer is not a list object")
+        items = parsed.get("items") or []
+        resource_version = (parsed.get("metadata") or {}).get("resourceVersion") or ""
+        return items, resource_version
+
+    def list_nodes(self) -> tuple[list[dict], str]:
+        return self._list("list nodes", self._core.list_node)
+
+    def list_pods(self) -> tuple[list[dict], str]:
+        """Pods of every namespace that are not finished (Succeeded or Failed)."""
+        return self._list("list pods", self._core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS)
+
+    def _watch(self, what: str, method: Any, resource_version: str, timeout_seconds: int, **kwargs: Any) -> WatchStream:
+        def open_response() -> Any:
+            return method(
+                watch=True,
+                allow_watch_bookmarks=True,
+                resource_version=resource_version,
+                timeout_seconds=int(timeout_seconds),
+                _preload_content=False,
+                _request_timeout=(self.timeout, timeout_seconds + self.timeout),
+                **kwargs,
+            )
+
+        return WatchStream(open_response, what)
+
+    def watch_nodes(self, resource_version: str, timeout_seconds: int) -> WatchStream:
+        return self._watch("watch nodes", self._core.list_node, resource_version, timeout_seconds)
+
+    def watch_pods(self, resource_version: str, timeout_seconds: int) -> WatchStream:
+        """Pods leaving the active selector (finishing) arrive as DELETED."""
+        return self._watch(
+            "watch pods",
+            self._core.list_pod_for_all_namespaces,
+            resource_version,
+            timeout_seconds,
+            field_selector=ACTIVE_PODS,
+        )
+
+    # -- writes ------------------------------------------------------------------------------------------
+
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
+        """A JSON merge patch of `metadata.annotations` only; a None value deletes the key."""
+        self._call(
+            f"patch pod {namespace}/{name}",
+            self._core.patch_namespaced_pod,
+            name,
+            namespace,
+            {"metadata": {"annotations": dict(annotations)}},
+            _content_type="application/merge-patch+json",
+            _request_timeout=(self.timeout, self.timeout),
+        )
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """POST pods/{name}/binding; the API server refuses it (409) if the pod's UID is not `uid` or the pod
+        is already bound."""
+        binding = k8s.V1Binding(
+            api_version="v1",
+            kind="Binding",
+            metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, uid=uid),
+            target=k8s.V1ObjectReference(api_version="v1", kind="Node", name=node),
+        )
+        self._call(
+            f"bind pod {namespace}/{name} to {node}",
+            self._core.create_namespaced_pod_binding,
+            name,
+            namespace,
+            binding,
+            _request_timeout=(self.timeout, self.timeout),
+        )
+
+    def emit_event(
+        self, namespace: str, pod_name: str, pod_uid: str, reason: str, message: str, event_type: str = "Warning"
+    ) -> None:
+        """A core/v1 Event on the pod. Never raises: a failure is logged, since an event must not fail a
+        scheduling decision."""
+        now = datetime.now(UTC).replace(microsecond=0)
+        event = k8s.CoreV1Event(
+            api_version="v1",
+            kind="Event",
+            metadata=k8s.V1ObjectMeta(name=f"{pod_name}.{time.time_ns():x}", namespace=namespace),
+            involved_object=k8s.V1ObjectReference(
+                api_version="v1", kind="Pod", name=pod_name, namespace=namespace, uid=pod_uid
+            ),
+            reason=reason,
+            message=message[:EVENT_MESSAGE_MAX],
+            type=event_type,
+            source=k8s.V1EventSource(component=COMPONENT),
+            reporting_component=COMPONENT,
+            reporting_instance=self.instance,
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        try:
+            self._call(
+                f"event {reason} on pod {namespace}/{pod_name}",
+                self._core.create_namespaced_event,
+                namespace,
+                event,
+                _request_timeout=(self.timeout, self.timeout),
+            )
+        except Exception as exc:  # noqa: BLE001 - an event is best effort, whatever went wrong
+            log.warning("could not emit event: %s", exc)

@@ -1,0 +1,29 @@
+"""Prometheus metrics, in a registry of their own so that several apps (tests, demo) can coexist."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from extender.state import ClusterState
+
+_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+_GBPS_BUCKETS = (5, 10, 20, 50, 100, 150, 200, 300, 450, 600, 900)
+
+
+class Metrics:
+    def __init__(self, state: ClusterState) -> None:
+        self.registry = CollectorRegistry()
+        self.request_seconds = Histogram("gpu_topology_extender_request_seconds", "Time to answer a verb, server side",
+                                         ["verb"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.decisions = Counter("gpu_topology_extender_decisions_total", "Outcomes per verb",
+                                 ["verb", "outcome"], registry=self.registry)
+        self.ring_gbps = Histogram("gpu_topology_extender_granted_ring_gbps",
+                                   "Ring bandwidth of the GPU sets granted at bind (multi-GPU pods)",
+                                   buckets=_GBPS_BUCKETS, registry=self.registry)
+        ledger = Gauge("gpu_topology_extender_ledger_pods", "Pods holding GPUs in the ledger", registry=self.registry)
+        ledger.set_function(lambda: len(state.ledger))
+        stale = Gauge("gpu_topology_extender_stale_nodes", "Nodes whose GPU state is older than the bound",
+                      registry=self.registry)
+        stale.set_function(state.stale_count)
+        nodes = Gauge("gpu_topology_extender_nodes", "Nodes with a usable GPU topology", registry=self.registry)
+        nodes.set_function(lambda: sum(1 for view in state.views().values() if view.compiled is not None))

@@ -1,0 +1,41 @@
+"""preempt: keep a node's victims only where evicting them frees a GPU set the pod can use.
+
+kube-scheduler's dry run counts GPUs; it would evict pods from a node whose freed GPUs are split across
+sockets for a pod that requires an NVLink ring. Victims whose GPUs the ledger does not know (pods placed
+without this extender) are taken on trust: the node is kept and filter judges it after the eviction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from extender.pod_request import PodRequest
+from extender.state import ClusterState
+from extender.wire import Victims
+from topology.select import Choice, Request, Selector
+
+
+def preempt_nodes(state: ClusterState, selector: Selector, pod: PodRequest,
+                  victims: Mapping[str, Victims]) -> dict[str, Victims]:
+    if pod.problem is not None:
+        return {}
+    if pod.request is None:
+        return dict(victims)
+    request = pod.request if pod.required else Request(pod.request.count)
+    kept = {}
+    for node, entry in victims.items():
+        view = state.view(node)
+        if view is None or view.compiled is None:
+            continue
+        freed = 0
+        unknown = False
+        for uid in entry.pod_uids:
+            held = state.ledger.get(uid)
+            if held is None or held.node != node:
+                unknown = True
+            else:
+                freed |= view.mask(held.gpus)
+        if unknown or isinstance(selector.select(view.compiled, (view.free | freed) & ~view.unhealthy, request),
+                                 Choice):
+            kept[node] = entry
+    return kept

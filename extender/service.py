@@ -1,0 +1,119 @@
+"""The extender's one object: state, selector, Kubernetes client and metrics, with one method per verb.
+
+Handlers in `app.py` parse, call one of these, and serialize; everything here is free of HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+from extender.bind import BindError, Bound, bind_pod
+from extender.filter import FilterOutcome, filter_nodes
+from extender.kube import KubeApi
+from extender.metrics import Metrics
+from extender.pod_request import PodRequest, parse_pod
+from extender.preempt import preempt_nodes
+from extender.scoring import prioritize_nodes
+from extender.state import ClusterState
+from extender.wire import BindingArgs, ExtenderArgs, PreemptionArgs, Victims
+from topology.select import Selector
+
+log = logging.getLogger(__name__)
+
+_POD_CACHE_SIZE = 4096
+_EVENT_QUEUE_SIZE = 1024
+
+
+class ExtenderService:
+    def __init__(self, state: ClusterState, kube: KubeApi, selector: Selector | None = None) -> None:
+        self.state = state
+        self.kube = kube
+        self.selector = selector or Selector()
+        self.metrics = Metrics(state)
+        self._pods: OrderedDict[str, tuple[str, PodRequest]] = OrderedDict()  # uid -> (resourceVersion, request)
+        self._pods_lock = threading.Lock()
+        self._warned: set[tuple[str, str]] = set()
+        self._events: queue.Queue[tuple[str, str, str, str, str]] = queue.Queue(_EVENT_QUEUE_SIZE)
+        threading.Thread(target=self._send_events, name="pod-events", daemon=True).start()
+
+    def filter(self, args: ExtenderArgs) -> FilterOutcome:
+        pod = self.pod_request(args.pod)
+        outcome = filter_nodes(self.state, self.selector, pod, args.candidates())
+        self.metrics.decisions.labels("filter", "pass").inc(len(outcome.passed))
+        self.metrics.decisions.labels("filter", "fail").inc(len(outcome.failed))
+        self.metrics.decisions.labels("filter", "unresolvable").inc(len(outcome.unresolvable))
+        return outcome
+
+    def prioritize(self, args: ExtenderArgs) -> list[tuple[str, int]]:
+        return prioritize_nodes(self.state, self.selector, self.pod_request(args.pod), args.candidates())
+
+    def preempt(self, args: PreemptionArgs) -> dict[str, Victims]:
+        kept = preempt_nodes(self.state, self.selector, self.pod_request(args.pod), args.victims)
+        self.metrics.decisions.labels("preempt", "kept").inc(len(kept))
+        self.metrics.decisions.labels("preempt", "dropped").inc(len(args.victims) - len(kept))
+        return kept
+
+    def bind(self, args: BindingArgs) -> str:
+        """Bind the pod; returns "" or the error kube-scheduler should see."""
+        pod = self._cached(args.pod_uid)
+        if pod is None:
+            record = self.state.pod(args.pod_uid)
+            pod = record.request if record is not None else None
+        try:
+            bound: Bound = bind_pod(self.state, self.selector, self.kube, pod, args)
+        except BindError as error:
+            self.metrics.decisions.labels("bind", "error").inc()
+            log.info("bind %s/%s to %s refused: %s", args.pod_namespace, args.pod_name, args.node, error)
+            return str(error)
+        self.metrics.decisions.labels("bind", "repeated" if bound.repeated else "bound").inc()
+        if bound.ring_gbps is not None and not bound.repeated:
+            self.metrics.ring_gbps.observe(bound.ring_gbps)
+        log.info("bound %s/%s to %s on %s (ring %s GB/s)", args.pod_namespace, args.pod_name, args.node,
+                 ",".join(bound.gpus), bound.ring_gbps)
+        return ""
+
+    def pod_request(self, pod: Mapping[str, Any]) -> PodRequest:
+        """Parsed once per pod version: filter and prioritize of one cycle carry the same pod."""
+        metadata = pod.get("metadata") or {}
+        uid = str(metadata.get("uid") or "")
+        version = str(metadata.get("resourceVersion") or "")
+        with self._pods_lock:
+            found = self._pods.get(uid)
+            if found is not None and found[0] == version and uid:
+                return found[1]
+        parsed = parse_pod(pod, self.state.keys, self.state.resource)
+        if uid:
+            with self._pods_lock:
+                self._pods[uid] = (version, parsed)
+                self._pods.move_to_end(uid)
+                while len(self._pods) > _POD_CACHE_SIZE:
+                    self._pods.popitem(last=False)
+        if parsed.problem is not None:
+            self._warn(parsed)
+        return parsed
+
+    def _cached(self, uid: str) -> PodRequest | None:
+        with self._pods_lock:
+            found = self._pods.get(uid)
+        return found[1] if found is not None else None
+
+    def _warn(self, pod: PodRequest) -> None:
+        """One Event per pod and problem, sent off the hot path; a full queue drops it."""
+        key = (pod.uid, pod.problem or "")
+        if key in self._warned or not pod.uid:
+            return
+        self._warned.add(key)
+        try:
+            self._events.put_nowait((pod.namespace, pod.name, pod.uid, "InvalidGPUTopologyRequest", pod.problem or ""))
+        except queue.Full:
+            log.warning("event queue full; not reporting %s to pod %s", pod.problem, pod.key)
+
+    def _send_events(self) -> None:
+        while True:
+            namespace, name, uid, reason, message = self._events.get()
+            self.kube.emit_event(namespace, name, uid, reason, message)

@@ -1,0 +1,220 @@
+"""The cluster as the extender sees it: node topologies and GPU occupancy, fed by Node and Pod watches.
+
+Each node is held as an immutable `NodeView` that already carries its free-GPU mask, so the hot path
+(filter and prioritize over thousands of names) is a dictionary look-up per node. Views are rebuilt only
+when a node, a pod or the ledger changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from extender.ledger import Assignment, Ledger, Phase
+from extender.pod_request import DEFAULT_GPU_RESOURCE, PodRequest, parse_pod
+from topology.annotations import AnnotationKeys
+from topology.codec import CodecError, decode_state, decode_topology
+from topology.compiled import CompiledTopology, compile_topology
+from topology.model import Topology
+
+log = logging.getLogger(__name__)
+
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    name: str
+    topology: Topology | None = None
+    compiled: CompiledTopology | None = None
+    ids: tuple[str, ...] = ()  # GPU id per index: the UUID, or GPU<index> when the topology has none
+    index_of: Mapping[str, int] = field(default_factory=dict)
+    unhealthy: int = 0  # mask
+    reported_used: frozenset[str] = frozenset()
+    observed: float | None = None  # when the reporter last looked, epoch seconds
+    free: int = 0  # mask of free, healthy GPUs
+    problem: str | None = None  # why the node's topology cannot be used
+    raw_topology: str | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+    def mask(self, gpu_ids: Iterable[str]) -> int:
+        return sum(1 << self.index_of[gpu] for gpu in set(gpu_ids) if gpu in self.index_of)
+
+    def gpu_ids(self, mask: int) -> tuple[str, ...]:
+        return tuple(gpu for index, gpu in enumerate(self.ids) if mask >> index & 1)
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    request: PodRequest
+    node: str | None
+
+
+class ClusterState:
+    def __init__(self, keys: AnnotationKeys | None = None, resource: str = DEFAULT_GPU_RESOURCE,
+                 stale_after: float = 120.0, clock: Callable[[], float] = time.time) -> None:
+        self.keys = keys or AnnotationKeys()
+        self.resource = resource
+        self.stale_after = stale_after
+        self.clock = clock
+        self.ledger = Ledger()
+        self._views: dict[str, NodeView] = {}
+        self._pods: dict[str, PodRecord] = {}
+        self._synced: set[str] = set()
+        self.nodes = _Sink(self, "nodes", self._replace_nodes, self._apply_node)
+        self.pods = _Sink(self, "pods", self._replace_pods, self._apply_pod)
+
+    @property
+    def ready(self) -> bool:
+        return {"nodes", "pods"} <= self._synced
+
+    def view(self, name: str) -> NodeView | None:
+        return self._views.get(name)
+
+    def views(self) -> Mapping[str, NodeView]:
+        return self._views
+
+    def pod(self, uid: str) -> PodRecord | None:
+        return self._pods.get(uid)
+
+    def is_stale(self, view: NodeView, now: float) -> bool:
+        return view.observed is None or now - view.observed > self.stale_after
+
+    def stale_count(self) -> int:
+        now = self.clock()
+        return sum(1 for view in self._views.values() if view.compiled is not None and self.is_stale(view, now))
+
+    def refresh(self, node: str) -> None:
+        """Recompute a node's free mask from its report and the ledger."""
+        with self.ledger.lock:
+            view = self._views.get(node)
+            if view is None or view.compiled is None:
+                return
+            used = (view.reported_used - self.ledger.released_since(node, view.observed)) | self.ledger.held(node)
+            free = view.compiled.full_mask & ~view.mask(used) & ~view.unhealthy
+            if free != view.free:
+                self._views[node] = replace(view, free=free)
+
+    def record(self, assignment: Assignment) -> None:
+        with self.ledger.lock:
+            self.ledger.record(assignment)
+            self.refresh(assignment.node)
+
+    def release(self, pod_uid: str, *, freed: bool) -> None:
+        with self.ledger.lock:
+            entry = self.ledger.release(pod_uid, self.clock(), freed=freed)
+            if entry is not None:
+                self.refresh(entry.node)
+
+    def _replace_nodes(self, items: list[dict[str, Any]]) -> None:
+        with self.ledger.lock:
+            names = set()
+            for item in items:
+                names.add(self._apply_node("ADDED", item))
+            for gone in set(self._views) - names:
+                self._apply_node("DELETED", {"metadata": {"name": gone}})
+
+    def _apply_node(self, kind: str, node: dict[str, Any]) -> str:
+        metadata = node.get("metadata") or {}
+        name = str(metadata.get("name") or "")
+        with self.ledger.lock:
+            if kind == "DELETED":
+                self._views.pop(name, None)
+                self.ledger.forget_node(name)
+                return name
+            self._views[name] = self._decode_node(name, metadata.get("annotations") or {})
+            view = self._views[name]
+            if view.observed is not None:
+                self.ledger.reporter_observed(name, view.observed)
+            self.refresh(name)
+        return name
+
+    def _decode_node(self, name: str, annotations: Mapping[str, Any]) -> NodeView:
+        raw = annotations.get(self.keys.topology)
+        if raw is None:
+            return NodeView(name, problem="no GPU topology reported")
+        previous = self._views.get(name)
+        if previous is not None and previous.raw_topology == raw and previous.topology is not None:
+            topology = previous.topology
+        else:
+            try:
+                topology = decode_topology(str(raw))
+            except CodecError as error:
+                log.warning("node %s: %s", name, error)
+                return NodeView(name, problem="GPU topology annotation is invalid", raw_topology=str(raw))
+        ids = tuple(gpu.uuid or f"GPU{gpu.index}" for gpu in topology.gpus)
+        view = NodeView(name, topology, compile_topology(topology), ids, {gpu: i for i, gpu in enumerate(ids)},
+                        raw_topology=str(raw))
+        raw_state = annotations.get(self.keys.state)
+        if raw_state is None:
+            return view
+        try:
+            state = decode_state(str(raw_state))
+        except CodecError as error:
+            log.warning("node %s: %s", name, error)
+            return view
+        return replace(view, unhealthy=view.mask(state.unhealthy), reported_used=state.used,
+                        observed=state.observed.timestamp())
+
+    def _replace_pods(self, items: list[dict[str, Any]]) -> None:
+        with self.ledger.lock:
+            seen = set()
+            for item in items:
+                self._apply_pod("ADDED", item)
+                seen.add(str((item.get("metadata") or {}).get("uid") or ""))
+            for uid in set(self._pods) - seen:
+                self._forget_pod(uid)
+            for assignment in self.ledger.pods():
+                if assignment.pod_uid not in seen and assignment.phase is Phase.BOUND:
+                    self.release(assignment.pod_uid, freed=True)
+
+    def _apply_pod(self, kind: str, pod: dict[str, Any]) -> None:
+        metadata = pod.get("metadata") or {}
+        uid = str(metadata.get("uid") or "")
+        phase = (pod.get("status") or {}).get("phase")
+        if kind == "DELETED" or phase in FINISHED_PHASES or metadata.get("deletionTimestamp") and not (
+                pod.get("spec") or {}).get("nodeName"):
+            self._forget_pod(uid)
+            return
+        request = parse_pod(pod, self.keys, self.resource)
+        if request.gpus == 0:
+            return
+        node = (pod.get("spec") or {}).get("nodeName")
+        self._pods[uid] = PodRecord(request, node)
+        held = (metadata.get("annotations") or {}).get(self.keys.gpus)
+        if node and isinstance(held, str) and held:
+            gpus = frozenset(part.strip() for part in held.split(",") if part.strip())
+            with self.ledger.lock:
+                current = self.ledger.get(uid)
+                if current is None or current.node != node or current.gpus != gpus or current.phase is not Phase.BOUND:
+                    self.record(Assignment(uid, request.key, node, gpus, self.clock(), Phase.BOUND))
+
+    def _forget_pod(self, uid: str) -> None:
+        self._pods.pop(uid, None)
+        self.release(uid, freed=True)
+
+
+class _Sink:
+    """Adapts one resource kind's reflector to the state (the reflector's Sink protocol)."""
+
+    def __init__(self, state: ClusterState, kind: str, replace: Callable[[list[dict[str, Any]]], None],
+                 apply: Callable[[str, dict[str, Any]], object]) -> None:
+        self._state = state
+        self._kind = kind
+        self._replace = replace
+        self._apply = apply
+
+    def replace(self, items: list[dict[str, Any]]) -> None:
+        self._replace(items)
+
+    def apply(self, event_type: str, obj: dict[str, Any]) -> None:
+        self._apply(event_type, obj)
+
+    def synced(self) -> None:
+        self._state._synced.add(self._kind)
