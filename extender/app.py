@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from extender.service import ExtenderService
 from extender.wire import (BadRequest, NotJson, binding_result, filter_error, filter_result, parse_binding_args,
-                           parse_extender_args, parse_preemption_args, preemption_result, prioritize_result)
+                           parse_extender_args, parse_preemption_args, preemption_result, PrioritizeEncoder)
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
@@ -33,8 +33,10 @@ def create_app(service: ExtenderService) -> FastAPI:
         outcome = service.filter(args)
         return filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable)
 
+    prioritize_encoder = PrioritizeEncoder()
+
     def do_prioritize(body: bytes) -> bytes:
-        return prioritize_result(service.prioritize(parse_extender_args(body)))
+        return prioritize_encoder.encode(*service.prioritize(parse_extender_args(body)))
 
     def do_bind(body: bytes) -> bytes:
         return binding_result(service.bind(parse_binding_args(body)))
@@ -43,7 +45,7 @@ def create_app(service: ExtenderService) -> FastAPI:
         return preemption_result(service.preempt(parse_preemption_args(body)))
 
     filter_answer = _guarded(service, "filter", do_filter, filter_error)
-    prioritize_answer = _guarded(service, "prioritize", do_prioritize, lambda _: prioritize_result([]))
+    prioritize_answer = _guarded(service, "prioritize", do_prioritize, lambda _: b"[]")
     bind_answer = _guarded(service, "bind", do_bind, binding_result)
     # A preempt that fails keeps no victims: better no eviction than a useless one.
     preempt_answer = _guarded(service, "preempt", do_preempt, lambda _: preemption_result({}))

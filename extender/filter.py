@@ -8,14 +8,19 @@ topology, or a node that could not serve the pod even with every healthy GPU fre
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
+from itertools import compress
+from operator import is_
 from dataclasses import dataclass, field
 
 from extender.pod_request import PodRequest
-from extender.state import ClusterState, NodeView
+from extender.state import ClusterState, Key
+from topology.compiled import CompiledTopology
 from topology.levels import Interconnect
 from topology.select import Choice, NoFit, NoFitReason, Selector
 
 STALE = "GPU state is stale"
+NO_TOPOLOGY = "no GPU topology reported"
 TOO_SMALL = "node has fewer healthy GPUs than the pod requests"
 NOT_ENOUGH_FREE = "not enough free GPUs"
 
@@ -40,55 +45,55 @@ Verdict = tuple[str, bool] | None
 
 
 def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: Sequence[str]) -> FilterOutcome:
-    outcome = FilterOutcome()
+    """One verdict per distinct node key; every pass over the names runs in C builtins, not Python loops."""
     if pod.problem is not None:
-        outcome.unresolvable = dict.fromkeys(names, pod.problem)
-        return outcome
+        return FilterOutcome([], {}, dict.fromkeys(names, pod.problem))
     if pod.request is None:
-        outcome.passed = list(names)
-        return outcome
-    now = state.clock()
-    verdicts: dict[tuple[str, int, int], Verdict] = {}
-    for name in names:
-        view = state.view(name)
-        if view is None:
-            outcome.unresolvable[name] = "no GPU topology reported"
-            continue
-        if view.compiled is None:
-            outcome.unresolvable[name] = view.problem or "no GPU topology reported"
-            continue
-        if state.is_stale(view, now):
-            outcome.failed[name] = STALE
-            continue
-        key = (view.compiled.fingerprint, view.free, view.unhealthy)
-        if key in verdicts:
-            verdict = verdicts[key]
-        else:
-            verdict = verdicts[key] = node_verdict(selector, pod, view)
-        if verdict is None:
-            outcome.passed.append(name)
-        elif verdict[1]:
-            outcome.failed[name] = verdict[0]
-        else:
-            outcome.unresolvable[name] = verdict[0]
+        return FilterOutcome(list(names), {}, {})
+    keys = state.keys_for(names)
+    stale = state.stale_names()
+    if stale:
+        keys = [STALE if name in stale else key for name, key in zip(names, keys, strict=True)]
+    same: dict[Verdict, Verdict] = {}
+    verdicts = {key: same.setdefault(verdict, verdict) for key in set(keys)
+                for verdict in (_verdict(selector, pod, key),)}
+    per_name = list(map(verdicts.__getitem__, keys))
+    outcome = FilterOutcome(list(compress(names, map(partial(is_, None), per_name))), {}, {})
+    if len(outcome.passed) < len(names):
+        for verdict in same:
+            if verdict is None:
+                continue
+            target = outcome.failed if verdict[1] else outcome.unresolvable
+            target.update(dict.fromkeys(compress(names, map(partial(is_, verdict), per_name)), verdict[0]))
     return outcome
 
 
-def node_verdict(selector: Selector, pod: PodRequest, view: NodeView) -> Verdict:
+def _verdict(selector: Selector, pod: PodRequest, key: Key | None) -> Verdict:
+    if key is None:
+        return NO_TOPOLOGY, False
+    if key == STALE:
+        return STALE, True
+    if isinstance(key, str):
+        return key, False
+    return node_verdict(selector, pod, key.compiled, key.free, key.unhealthy)
+
+
+def node_verdict(selector: Selector, pod: PodRequest, compiled: CompiledTopology, free: int,
+                 unhealthy: int) -> Verdict:
     request = pod.request
-    assert request is not None and view.compiled is not None
-    healthy = view.compiled.full_mask & ~view.unhealthy
+    assert request is not None
+    healthy = compiled.full_mask & ~unhealthy
     if healthy.bit_count() < request.count:
         return TOO_SMALL, False
-    if view.free.bit_count() < request.count:
+    if free.bit_count() < request.count:
         return NOT_ENOUGH_FREE, True
     if not (pod.required and request.constrained):
         return None
-    result = selector.select(view.compiled, view.free, request)
+    result = selector.select(compiled, free, request)
     if isinstance(result, Choice):
         return None
     reason = constraint_reason(pod, result)
-    emptied = selector.select(view.compiled, healthy, request)
+    emptied = selector.select(compiled, healthy, request)
     return reason, isinstance(emptied, Choice)
 
 

@@ -18,11 +18,12 @@ kube-scheduler, which retries the pod.
 from __future__ import annotations
 
 import http.client
+import inspect
 import logging
 import os
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol, Self
 
@@ -37,6 +38,11 @@ log = logging.getLogger(__name__)
 COMPONENT = "gpu-topology-extender"
 ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 EVENT_MESSAGE_MAX = 1024
+MERGE_PATCH = "application/merge-patch+json"
+# Clients before the OpenAPI-generator rewrite cannot choose a patch type and send a dict body as a
+# strategic merge patch, which for a map of strings such as annotations means the same (null deletes).
+_CHOOSES_PATCH_TYPE = "_content_type" in inspect.signature(k8s.CoreV1Api.patch_namespaced_pod).parameters
+PATCH_CONTENT_TYPE = MERGE_PATCH if _CHOOSES_PATCH_TYPE else "application/strategic-merge-patch+json"
 
 _TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError)
 
@@ -179,7 +185,7 @@ class WatchStream:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _generate(self, open_response: Any) -> Iterator[tuple[str, dict]]:
+    def _generate(self, open_response: Any) -> Generator[tuple[str, dict], None, None]:
         what = self._what
         try:
             self._resp = open_response()
@@ -318,15 +324,15 @@ class KubernetesApi:
     # -- writes ------------------------------------------------------------------------------------------
 
     def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
-        """A JSON merge patch of `metadata.annotations` only; a None value deletes the key."""
+        """A JSON merge patch (`PATCH_CONTENT_TYPE`) of `metadata.annotations` only; None deletes the key."""
         self._call(
             f"patch pod {namespace}/{name}",
             self._core.patch_namespaced_pod,
             name,
             namespace,
             {"metadata": {"annotations": dict(annotations)}},
-            _content_type="application/merge-patch+json",
             _request_timeout=(self.timeout, self.timeout),
+            **({"_content_type": MERGE_PATCH} if _CHOOSES_PATCH_TYPE else {}),
         )
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None:

@@ -49,8 +49,9 @@ class ExtenderService:
         self.metrics.decisions.labels("filter", "unresolvable").inc(len(outcome.unresolvable))
         return outcome
 
-    def prioritize(self, args: ExtenderArgs) -> list[tuple[str, int]]:
-        return prioritize_nodes(self.state, self.selector, self.pod_request(args.pod), args.candidates())
+    def prioritize(self, args: ExtenderArgs) -> tuple[list[str], list[int]]:
+        names = args.candidates()
+        return names, prioritize_nodes(self.state, self.selector, self.pod_request(args.pod), names)
 
     def preempt(self, args: PreemptionArgs) -> dict[str, Victims]:
         kept = preempt_nodes(self.state, self.selector, self.pod_request(args.pod), args.victims)

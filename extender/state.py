@@ -50,6 +50,26 @@ class NodeView:
         return tuple(gpu for index, gpu in enumerate(self.ids) if mask >> index & 1)
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class NodeKey:
+    """What a node's verdict and score depend on: its board, free mask and unhealthy mask.
+
+    Nodes with equal keys get equal answers, so a request over 5,000 nodes decides once per distinct key.
+    Keys are interned (one object per distinct value), so hashing one is hashing a pointer.
+    """
+
+    compiled: CompiledTopology
+    free: int
+    unhealthy: int
+
+
+# A node's key, or for a node without a usable topology the reason.
+Key = NodeKey | str
+_MAX_INTERNED = 1 << 16
+
+STALE_RECHECK_SECONDS = 1.0
+
+
 @dataclass(frozen=True, slots=True)
 class PodRecord:
     request: PodRequest
@@ -65,6 +85,10 @@ class ClusterState:
         self.clock = clock
         self.ledger = Ledger()
         self._views: dict[str, NodeView] = {}
+        self._keys: dict[str, Key] = {}
+        self._interned: dict[tuple[CompiledTopology, int, int], NodeKey] = {}
+        self._observed: dict[str, float] = {}
+        self._stale: tuple[float, frozenset[str]] = (float("-inf"), frozenset())
         self._pods: dict[str, PodRecord] = {}
         self._synced: set[str] = set()
         self.nodes = _Sink(self, "nodes", self._replace_nodes, self._apply_node)
@@ -83,12 +107,30 @@ class ClusterState:
     def pod(self, uid: str) -> PodRecord | None:
         return self._pods.get(uid)
 
+    def keys_for(self, names: Iterable[str]) -> list[Key | None]:
+        """Each node's key, None for a node never seen; at C speed, for thousands of names."""
+        return list(map(self._keys.get, names))
+
     def is_stale(self, view: NodeView, now: float) -> bool:
         return view.observed is None or now - view.observed > self.stale_after
 
-    def stale_count(self) -> int:
+    def stale_names(self) -> frozenset[str]:
+        """Nodes with a topology whose GPU state is too old, recomputed at most once a second."""
         now = self.clock()
-        return sum(1 for view in self._views.values() if view.compiled is not None and self.is_stale(view, now))
+        checked, stale = self._stale
+        if now - checked < STALE_RECHECK_SECONDS:
+            return stale
+        oldest = now - self.stale_after
+        observed = self._observed
+        if not observed or min(observed.values()) >= oldest:
+            stale = frozenset()
+        else:
+            stale = frozenset(name for name, seen in observed.items() if seen < oldest)
+        self._stale = (now, stale)
+        return stale
+
+    def stale_count(self) -> int:
+        return len(self.stale_names())
 
     def refresh(self, node: str) -> None:
         """Recompute a node's free mask from its report and the ledger."""
@@ -99,7 +141,7 @@ class ClusterState:
             used = (view.reported_used - self.ledger.released_since(node, view.observed)) | self.ledger.held(node)
             free = view.compiled.full_mask & ~view.mask(used) & ~view.unhealthy
             if free != view.free:
-                self._views[node] = replace(view, free=free)
+                self._store(replace(view, free=free))
 
     def record(self, assignment: Assignment) -> None:
         with self.ledger.lock:
@@ -126,14 +168,37 @@ class ClusterState:
         with self.ledger.lock:
             if kind == "DELETED":
                 self._views.pop(name, None)
+                self._keys.pop(name, None)
+                self._observed.pop(name, None)
                 self.ledger.forget_node(name)
+                self._stale = (float("-inf"), frozenset())
                 return name
-            self._views[name] = self._decode_node(name, metadata.get("annotations") or {})
-            view = self._views[name]
+            view = self._decode_node(name, metadata.get("annotations") or {})
+            self._store(view)
+            self._stale = (float("-inf"), frozenset())
             if view.observed is not None:
                 self.ledger.reporter_observed(name, view.observed)
             self.refresh(name)
         return name
+
+    def _store(self, view: NodeView) -> None:
+        self._views[view.name] = view
+        if view.compiled is None:
+            self._keys[view.name] = view.problem or "no GPU topology reported"
+            self._observed.pop(view.name, None)
+        else:
+            self._keys[view.name] = self._intern(view.compiled, view.free, view.unhealthy)
+            self._observed[view.name] = float("-inf") if view.observed is None else view.observed
+
+    def _intern(self, compiled: CompiledTopology, free: int, unhealthy: int) -> NodeKey:
+        if len(self._interned) > _MAX_INTERNED:
+            live = [key for key in self._keys.values() if isinstance(key, NodeKey)]
+            self._interned = {(key.compiled, key.free, key.unhealthy): key for key in live}
+        value = (compiled, free, unhealthy)
+        key = self._interned.get(value)
+        if key is None:
+            key = self._interned[value] = NodeKey(compiled, free, unhealthy)
+        return key
 
     def _decode_node(self, name: str, annotations: Mapping[str, Any]) -> NodeView:
         raw = annotations.get(self.keys.topology)

@@ -13,62 +13,48 @@ from extender.pod_request import PodRequest
 from extender.scoring.bandwidth import bandwidth_score
 from extender.scoring.fragmentation import fragmentation_score
 from extender.scoring.packing import packing_score
-from extender.state import ClusterState, NodeView
+from extender.state import ClusterState, Key, NodeKey
 from topology.select import Choice, Request, Selector
 
 MAX_SCORE = 10
 WEIGHTS = {"bandwidth": 0.6, "packing": 0.25, "fragmentation": 0.15}
 
 
-NodeKey = tuple[str, int, int]
-
-
 @dataclass(frozen=True, slots=True)
 class Offer:
     """What a node can give the pod now: the chosen set, and whether it meets the pod's preferences."""
 
-    view: NodeView
     choice: Choice
     meets_preferences: bool
 
 
-def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest,
-                     names: Sequence[str]) -> list[tuple[str, int]]:
-    """Scores depend only on (board, free mask, unhealthy mask), so each distinct key is scored once."""
+def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: Sequence[str]) -> list[int]:
+    """A score per name. Scores depend only on the node key, so each distinct key is scored once."""
     if pod.request is None:
-        return [(name, 0) for name in names]
-    now = state.clock()
-    keys: list[NodeKey | None] = []
-    offers: dict[NodeKey, Offer | None] = {}
-    for name in names:
-        view = state.view(name)
-        if view is None or view.compiled is None or state.is_stale(view, now):
-            keys.append(None)
-            continue
-        key = (view.compiled.fingerprint, view.free, view.unhealthy)
-        if key not in offers:
-            offers[key] = _offer(selector, pod.request, view)
-        keys.append(key)
+        return [0] * len(names)
+    keys = state.keys_for(names)
+    stale = state.stale_names()
+    if stale:
+        keys = [None if name in stale else key for name, key in zip(names, keys, strict=True)]
+    distinct = set(keys)
+    offers = {key: _offer(selector, pod.request, key) for key in distinct if isinstance(key, NodeKey)}
     live = [offer for offer in offers.values() if offer is not None]
     best_ring = max((offer.choice.ring_gbps or 0.0 for offer in live if offer.meets_preferences), default=0.0)
     most_cut = max((offer.choice.cut_gbps for offer in live), default=0.0)
-    score_of: dict[NodeKey | None, int] = {None: 0}
+    score_of: dict[Key | None, int] = dict.fromkeys(distinct, 0)
     for key, offer in offers.items():
-        if offer is None:
-            score_of[key] = 0
-            continue
-        value = (WEIGHTS["bandwidth"] * bandwidth_score(offer.choice, offer.meets_preferences, best_ring)
-                 + WEIGHTS["packing"] * packing_score(offer.view, pod.request.count)
-                 + WEIGHTS["fragmentation"] * fragmentation_score(offer.choice, most_cut))
-        score_of[key] = round(MAX_SCORE * value)
-    return [(name, score_of[key]) for name, key in zip(names, keys, strict=True)]
+        if offer is not None:
+            value = (WEIGHTS["bandwidth"] * bandwidth_score(offer.choice, offer.meets_preferences, best_ring)
+                     + WEIGHTS["packing"] * packing_score(key.compiled, key.free, key.unhealthy, pod.request.count)
+                     + WEIGHTS["fragmentation"] * fragmentation_score(offer.choice, most_cut))
+            score_of[key] = round(MAX_SCORE * value)
+    return list(map(score_of.__getitem__, keys))
 
 
-def _offer(selector: Selector, request: Request, view: NodeView) -> Offer | None:
-    assert view.compiled is not None
+def _offer(selector: Selector, request: Request, key: NodeKey) -> Offer | None:
     if request.constrained:
-        constrained = selector.select(view.compiled, view.free, request)
+        constrained = selector.select(key.compiled, key.free, request)
         if isinstance(constrained, Choice):
-            return Offer(view, constrained, True)
-    plain = selector.select(view.compiled, view.free, Request(request.count))
-    return Offer(view, plain, not request.constrained) if isinstance(plain, Choice) else None
+            return Offer(constrained, True)
+    plain = selector.select(key.compiled, key.free, Request(request.count))
+    return Offer(plain, not request.constrained) if isinstance(plain, Choice) else None
