@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--gpu-resource", default=DEFAULT_GPU_RESOURCE)
     serve.add_argument("--stale-after", type=float, default=120.0, metavar="SECONDS",
                        help="treat a node whose GPU state is older than this as unknown")
+    serve.add_argument("--api-timeout", type=float, default=1.2, metavar="SECONDS",
+                       help="bound on each API write; bind makes two, which must finish inside kube-scheduler's "
+                            "httpTimeout (3 s in scheduler-config/)")
     serve.set_defaults(run=_serve)
     demo = commands.add_parser("demo", help="drive a mixed workload through the demo server and compare")
     demo.set_defaults(run=_demo)
@@ -72,7 +75,8 @@ def _serve(args: argparse.Namespace) -> int:
         kube = DemoCluster(state)
         _heartbeat(kube)
     else:
-        kube = KubernetesApi.in_cluster() if args.in_cluster else KubernetesApi.from_kubeconfig(args.kubeconfig)
+        kube = (KubernetesApi.in_cluster(timeout=args.api_timeout) if args.in_cluster
+                else KubernetesApi.from_kubeconfig(args.kubeconfig, timeout=args.api_timeout))
         for name, list_fn, watch_fn, sink in (("nodes", kube.list_nodes, kube.watch_nodes, state.nodes),
                                               ("pods", kube.list_pods, kube.watch_pods, state.pods)):
             Reflector(list_fn, watch_fn, sink, name=name).start()

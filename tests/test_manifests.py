@@ -1,0 +1,1457 @@
+"""scheduler-config/ and the Dockerfile, checked the way the cluster and kube-scheduler check them.
+
+- Every API object validates against the official Kubernetes JSON schemas that kubernetes-validate ships,
+  pinned to one Kubernetes version, in strict mode (an unknown field fails).
+- A KubeSchedulerConfiguration is not an API object and has no schema there. The checker below re-implements
+  the rules kube-scheduler applies when it loads one, each quoted from upstream with the function it comes from,
+  plus this project's own rules; a test shows it rejecting broken variants, so it can fail.
+- cert-manager's Issuer and Certificate are CRDs whose schemas kubernetes-validate does not ship: they are
+  checked for structure (fields, references, usages), not against cert-manager's CRD schema.
+- The Dockerfile is read instruction by instruction; it is not built here (no Docker daemon).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import tomllib
+from collections.abc import Callable, Iterator
+from http.client import HTTPSConnection
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import all_versions
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "scheduler-config"
+# The schemas every manifest is validated against: Kubernetes 1.36, the minor of the real kube-scheduler the
+# extender contract was captured on (shared/kube-scheduler/INDEX.md). kubernetes-validate silently falls back to
+# the newest version it has below the one asked for, so the test below insists that this one is shipped.
+KUBERNETES_VERSION = "1.36.0"
+NAMESPACE = "gpu-topology-system"
+GPU = "nvidia.com/gpu"
+GPU_PROFILE = "gpu-topology-scheduler"
+SECONDARY_CONFIG = "kube-scheduler-config.yaml"
+CONTROL_PLANE_CONFIG = "kube-scheduler-config.control-plane.yaml"
+
+Doc = dict[str, Any]
+
+
+def _load(path: Path) -> list[Doc]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+DOCS: dict[str, list[Doc]] = {path.name: _load(path) for path in sorted(CONFIG.glob("*.yaml"))}
+
+# Documents that are not Kubernetes API objects, by API group.
+SCHEDULER_CONFIG_GROUP = "kubescheduler.config.k8s.io"
+KUSTOMIZE_GROUP = "kustomize.config.k8s.io"
+CERT_MANAGER_GROUP = "cert-manager.io"
+
+
+def _group(doc: Doc) -> str:
+    api_version = doc["apiVersion"]
+    return api_version.split("/")[0] if "/" in api_version else ""
+
+
+def _docs(group: str | None = None) -> Iterator[tuple[str, Doc]]:
+    for name, docs in DOCS.items():
+        for doc in docs:
+            if group is None or _group(doc) == group:
+                yield name, doc
+
+
+API_OBJECTS = [
+    (name, doc)
+    for name, doc in _docs()
+    if _group(doc) not in {SCHEDULER_CONFIG_GROUP, KUSTOMIZE_GROUP, CERT_MANAGER_GROUP}
+]
+
+
+def obj(kind: str, name: str, namespace: str | None = None) -> Doc:
+    found = [
+        doc
+        for _, doc in _docs()
+        if doc.get("kind") == kind
+        and doc.get("metadata", {}).get("name") == name
+        and (namespace is None or doc["metadata"].get("namespace") == namespace)
+    ]
+    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+    return found[0]
+
+
+def scheduler_config(file: str) -> Doc:
+    (doc,) = DOCS[file]
+    return doc
+
+
+def container(deployment: Doc) -> Doc:
+    (only,) = deployment["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+EXTENDER = obj("Deployment", "gpu-topology-extender", NAMESPACE)
+EXTENDER_SERVICE = obj("Service", "gpu-topology-extender", NAMESPACE)
+SCHEDULER = obj("Deployment", "gpu-topology-scheduler", NAMESPACE)
+
+
+def volume_mount_for_secret(deployment: Doc, secret: str) -> str:
+    """The mount path of the volume that holds `secret` in the Deployment's only container."""
+    pod = deployment["spec"]["template"]["spec"]
+    (volume,) = [v["name"] for v in pod["volumes"] if v.get("secret", {}).get("secretName") == secret]
+    (mount,) = [m["mountPath"] for m in container(deployment)["volumeMounts"] if m["name"] == volume]
+    return mount
+
+
+def secret_of_volume(deployment: Doc, volume: str) -> str:
+    pod = deployment["spec"]["template"]["spec"]
+    (secret,) = [v["secret"]["secretName"] for v in pod["volumes"] if v["name"] == volume and "secret" in v]
+    return secret
+
+
+EXTENDER_TLS_SECRET = secret_of_volume(EXTENDER, "tls")
+SCHEDULER_TLS_SECRET = secret_of_volume(SCHEDULER, "extender-client-tls")
+TLS_KEYS = {"tls.crt", "tls.key", "ca.crt"}  # the keys of a kubernetes.io/tls Secret made by cert-manager's CA issuer
+
+
+def flag_values(args: list[str]) -> dict[str, str]:
+    """--name=value and --name value pairs of a command line; flags without a value map to ''."""
+    flags: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("--"):
+            if "=" in arg:
+                key, value = arg.split("=", 1)
+            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+                key, value = arg, args[i + 1]
+                i += 1
+            else:
+                key, value = arg, ""
+            flags[key] = value
+        i += 1
+    return flags
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# API objects against the official schemas
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_the_pinned_kubernetes_version_is_shipped_by_kubernetes_validate() -> None:
+    assert KUBERNETES_VERSION in all_versions()
+
+
+@pytest.mark.parametrize(
+    ("file", "doc"),
+    API_OBJECTS,
+    ids=[f"{file}:{doc['kind']}/{doc['metadata']['name']}" for file, doc in API_OBJECTS],
+)
+def test_api_object_validates_strictly_against_the_official_schema(file: str, doc: Doc) -> None:
+    kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def test_strict_validation_rejects_an_unknown_field() -> None:
+    broken = copy.deepcopy(EXTENDER)
+    container(broken)["securityContext"]["readOnlyRootFS"] = True
+    with pytest.raises(kubernetes_validate.ValidationError, match="readOnlyRootFS"):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+def test_every_document_is_of_a_kind_this_suite_checks() -> None:
+    checked = {
+        SCHEDULER_CONFIG_GROUP: {"KubeSchedulerConfiguration"},
+        KUSTOMIZE_GROUP: {"Kustomization"},
+        CERT_MANAGER_GROUP: {"Issuer", "Certificate"},
+    }
+    for file, doc in _docs():
+        group = _group(doc)
+        if group in checked:
+            assert doc["kind"] in checked[group], f"{file}: {doc['kind']} is not checked by this suite"
+    assert {file for file, doc in _docs(SCHEDULER_CONFIG_GROUP)} == {SECONDARY_CONFIG, CONTROL_PLANE_CONFIG}
+
+
+def test_no_secret_material_is_committed() -> None:
+    for path in CONFIG.iterdir():
+        text = path.read_text()
+        assert "PRIVATE KEY" not in text and "BEGIN CERTIFICATE" not in text, path.name
+    assert not [doc for _, doc in _docs() if doc.get("kind") == "Secret"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# kustomize (option B in one `kubectl apply -k`)
+# ---------------------------------------------------------------------------------------------------------------
+
+(KUSTOMIZATION,) = DOCS["kustomization.yaml"]
+
+
+def test_kustomization_installs_every_manifest_but_the_optional_ones() -> None:
+    files_with_api_objects = {file for file, _ in API_OBJECTS}
+    assert set(KUSTOMIZATION["resources"]) == files_with_api_objects
+    (generator,) = KUSTOMIZATION["configMapGenerator"]
+    assert generator["files"] == [f"config.yaml={SECONDARY_CONFIG}"]
+    assert generator["namespace"] == NAMESPACE
+    # The scheduler mounts the generated ConfigMap and reads config.yaml from it.
+    pod = SCHEDULER["spec"]["template"]["spec"]
+    (config_volume,) = [v for v in pod["volumes"] if "configMap" in v]
+    assert config_volume["configMap"]["name"] == generator["name"]
+    (mount,) = [m["mountPath"] for m in container(SCHEDULER)["volumeMounts"] if m["name"] == config_volume["name"]]
+    assert flag_values(container(SCHEDULER)["command"][1:])["--config"] == f"{mount}/config.yaml"
+    # `images:` rewrites the extender's image.
+    (image,) = KUSTOMIZATION["images"]
+    assert container(EXTENDER)["image"].split(":")[0] == image["name"]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[Doc]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (which carries kustomize) is not installed")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(CONFIG)], check=True, capture_output=True, text=True, timeout=120
+    ).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc is not None]
+
+
+def test_kustomize_output_validates_and_carries_the_scheduler_config(rendered: list[Doc]) -> None:
+    for doc in rendered:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    expected = {(doc["kind"], doc["metadata"]["name"]) for _, doc in API_OBJECTS}
+    got = {(doc["kind"], doc["metadata"]["name"]) for doc in rendered if doc["kind"] != "ConfigMap"}
+    assert got == expected
+    (config_map,) = [doc for doc in rendered if doc["kind"] == "ConfigMap"]
+    assert yaml.safe_load(config_map["data"]["config.yaml"]) == scheduler_config(SECONDARY_CONFIG)
+    (scheduler,) = [
+        d for d in rendered if (d["kind"], d["metadata"]["name"]) == ("Deployment", "gpu-topology-scheduler")
+    ]
+    names = [v["configMap"]["name"] for v in scheduler["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
+    assert names == [config_map["metadata"]["name"]]  # the hash-suffixed name, so a new config rolls the Pod
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# KubeSchedulerConfiguration: kube-scheduler's own rules
+#
+# Read from kubernetes/kubernetes:
+#   pkg/scheduler/apis/config/scheme/scheme.go
+#       Codecs = serializer.NewCodecFactory(Scheme, serializer.EnableStrict)
+#   pkg/scheduler/apis/config/v1/defaults.go (run before validation)
+#       SetDefaults_KubeSchedulerConfiguration, SetDefaults_NodeResourcesFitArgs,
+#       SetDefaults_NodeResourcesBalancedAllocationArgs
+#   pkg/scheduler/apis/config/validation/validation.go
+#       ValidateKubeSchedulerConfiguration, validatePercentageOfNodesToScore, validateKubeSchedulerProfile,
+#       validatePluginConfig, validateCommonQueueSort, validateExtenders, validateExtendedResourceName
+#   pkg/scheduler/apis/config/validation/validation_pluginargs.go
+#       ValidateNodeResourcesFitArgs, validateResources, ValidateNodeResourcesBalancedAllocationArgs
+#   pkg/scheduler/framework/plugins/noderesources/fit.go   NewFit (validates its args when the plugin is built)
+#   pkg/scheduler/framework/plugins/registry.go           NewInTreeRegistry (plugin names)
+#   component-base/config/validation                      ValidateLeaderElectionConfiguration,
+#                                                         ValidateClientConnectionConfiguration
+#   apimachinery/pkg/util/validation/validation.go        IsQualifiedName, IsDNS1123Subdomain
+#   pkg/apis/core/v1/helper/helpers.go                    IsExtendedResourceName, IsNativeResource
+#   staging/src/k8s.io/kube-scheduler/config/v1/types.go  the fields that exist (for strict decoding)
+# ---------------------------------------------------------------------------------------------------------------
+
+DURATION = "duration"  # a metav1.Duration: a string that time.ParseDuration accepts
+ANY = "any"
+
+_PLUGIN = {"name": str, "weight": int}
+_PLUGIN_SET = {"enabled": [_PLUGIN], "disabled": [_PLUGIN]}
+_EXTENSION_POINTS = (
+    "preEnqueue", "queueSort", "preFilter", "filter", "postFilter", "preScore", "score",
+    "reserve", "permit", "preBind", "bind", "postBind", "multiPoint",
+)
+_RESOURCE_SPEC = {"name": str, "weight": int}
+_PLUGIN_ARGS_SHAPES: dict[str, dict[str, Any]] = {
+    "NodeResourcesFit": {
+        "apiVersion": str,
+        "kind": str,
+        "ignoredResources": [str],
+        "ignoredResourceGroups": [str],
+        "scoringStrategy": {
+            "type": str,
+            "resources": [_RESOURCE_SPEC],
+            "requestedToCapacityRatio": {"shape": [{"utilization": int, "score": int}]},
+        },
+    },
+    "NodeResourcesBalancedAllocation": {"apiVersion": str, "kind": str, "resources": [_RESOURCE_SPEC]},
+}
+KUBE_SCHEDULER_CONFIGURATION_SHAPE: dict[str, Any] = {
+    "apiVersion": str,
+    "kind": str,
+    "parallelism": int,
+    "leaderElection": {
+        "leaderElect": bool,
+        "leaseDuration": DURATION,
+        "renewDeadline": DURATION,
+        "retryPeriod": DURATION,
+        "resourceLock": str,
+        "resourceName": str,
+        "resourceNamespace": str,
+    },
+    "clientConnection": {
+        "kubeconfig": str, "acceptContentTypes": str, "contentType": str, "qps": float, "burst": int,
+    },
+    "enableProfiling": bool,
+    "enableContentionProfiling": bool,
+    "percentageOfNodesToScore": int,
+    "podInitialBackoffSeconds": int,
+    "podMaxBackoffSeconds": int,
+    "profiles": [
+        {
+            "schedulerName": str,
+            "percentageOfNodesToScore": int,
+            "plugins": {point: _PLUGIN_SET for point in _EXTENSION_POINTS},
+            "pluginConfig": [{"name": str, "args": ANY}],
+        }
+    ],
+    "extenders": [
+        {
+            "urlPrefix": str,
+            "filterVerb": str,
+            "preemptVerb": str,
+            "prioritizeVerb": str,
+            "weight": int,
+            "bindVerb": str,
+            "enableHTTPS": bool,
+            "tlsConfig": {
+                "insecure": bool, "serverName": str, "certFile": str, "keyFile": str, "caFile": str,
+                "certData": str, "keyData": str, "caData": str,
+            },
+            "httpTimeout": DURATION,
+            "nodeCacheCapable": bool,
+            "managedResources": [{"name": str, "ignoredByScheduler": bool}],
+            "ignorable": bool,
+        }
+    ],
+    "delayCacheUntilActive": bool,
+}
+
+# NewInTreeRegistry's stable plugins (feature-gated newcomers left out on purpose: not for this profile).
+IN_TREE_PLUGINS = frozenset({
+    "PrioritySort", "SchedulingGates", "NodeUnschedulable", "NodeName", "TaintToleration", "NodeAffinity",
+    "NodePorts", "NodeResourcesFit", "VolumeRestrictions", "NodeVolumeLimits", "VolumeBinding", "VolumeZone",
+    "PodTopologySpread", "InterPodAffinity", "DefaultPreemption", "NodeResourcesBalancedAllocation",
+    "ImageLocality", "DefaultBinder", "DynamicResources",
+})
+
+_GO_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_GO_DURATION_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_go_duration(text: str) -> float:
+    """Seconds, as Go's time.ParseDuration reads "3s", "1m30s", "-5s", "0" (metav1.Duration uses it)."""
+    sign, body = (-1.0, text[1:]) if text[:1] == "-" else (1.0, text[1:] if text[:1] == "+" else text)
+    if body == "0":
+        return 0.0
+    total, pos = 0.0, 0
+    while pos < len(body):
+        part = _GO_DURATION_PART.match(body, pos)
+        if part is None:
+            raise ValueError(f'time: invalid duration "{text}"')
+        total += float(part[1]) * _GO_DURATION_UNIT[part[2]]
+        pos = part.end()
+    if pos == 0:
+        raise ValueError(f'time: invalid duration "{text}"')
+    return sign * total
+
+
+def shape_errors(value: Any, shape: Any, path: str) -> list[str]:
+    """Strict decoding: an unknown field, or a value of the wrong type, is an error."""
+    if shape is ANY:
+        return []
+    if shape is DURATION:
+        if not isinstance(value, str):
+            return [f"{path}: strict decoding error: a duration must be a string like \"3s\""]
+        try:
+            parse_go_duration(value)
+        except ValueError as error:
+            return [f"{path}: {error}"]
+        return []
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return [f"{path}: strict decoding error: expected an object"]
+        errors = []
+        for key, item in value.items():
+            child = f"{path}.{key}" if path else key
+            if key not in shape:
+                errors.append(f'{child}: strict decoding error: unknown field "{key}"')
+            else:
+                errors += shape_errors(item, shape[key], child)
+        return errors
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return [f"{path}: strict decoding error: expected a list"]
+        return [e for i, item in enumerate(value) for e in shape_errors(item, shape[0], f"{path}[{i}]")]
+    if shape is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif shape is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, shape)
+    return [] if ok else [f"{path}: strict decoding error: expected {shape.__name__}, got {value!r}"]
+
+
+# apimachinery/pkg/util/validation/validation.go
+_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*")
+_QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+
+
+def _length_and_format(value: str, max_length: int, pattern: re.Pattern[str], format_message: str) -> list[str]:
+    errors = [f"must be no more than {max_length} characters"] if len(value) > max_length else []
+    return errors if pattern.fullmatch(value) else [*errors, format_message]
+
+
+def is_dns1123_subdomain(value: str) -> list[str]:
+    return _length_and_format(value, 253, _DNS1123_SUBDOMAIN, "a lowercase RFC 1123 subdomain must consist of lower "
+                              "case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric "
+                              "character")
+
+
+def is_qualified_name(value: str) -> list[str]:
+    """IsQualifiedName: an optional DNS-subdomain prefix and '/', then a name of at most 63 characters."""
+    errors: list[str] = []
+    parts = value.split("/")
+    if len(parts) == 1:
+        name = parts[0]
+    elif len(parts) == 2:
+        prefix, name = parts
+        if not prefix:
+            errors.append("prefix part must be non-empty")
+        else:
+            errors += [f"prefix part {message}" for message in is_dns1123_subdomain(prefix)]
+    else:
+        return [("a qualified name must consist of alphanumeric characters, '-', '_' or '.', with an optional "
+                 "DNS subdomain prefix and '/'")]
+    if not name:
+        errors.append("name part must be non-empty")
+    return errors + [f"name part {message}" for message in _length_and_format(
+        name, 63, _QUALIFIED_NAME,
+        "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric "
+        "character")]
+
+
+def is_native_resource(name: str) -> bool:
+    # IsNativeResource: `!strings.Contains(string(name), "/") || IsPrefixedNativeResource(name)`, the latter
+    # being `strings.Contains(string(name), v1.ResourceDefaultNamespacePrefix)` ("kubernetes.io/").
+    return "/" not in name or "kubernetes.io/" in name
+
+
+def is_extended_resource_name(name: str) -> bool:
+    # IsExtendedResourceName: `if IsNativeResource(name) || strings.HasPrefix(string(name),
+    # v1.DefaultResourceRequestsPrefix) { return false }`; then "requests." + name must be a qualified name.
+    if is_native_resource(name) or name.startswith("requests."):
+        return False
+    return not is_qualified_name("requests." + name)
+
+
+def validate_extended_resource_name(path: str, name: str) -> list[str]:
+    # validateExtendedResourceName: `for _, msg := range validation.IsQualifiedName(string(name)) {...}` and,
+    # if that passed, `if !v1helper.IsExtendedResourceName(name) { ... "is an invalid extended resource name" }`.
+    errors = [f"{path}: Invalid value: {name!r}: {message}" for message in is_qualified_name(name)]
+    if errors:
+        return errors
+    if not is_extended_resource_name(name):
+        return [f"{path}: Invalid value: {name!r}: is an invalid extended resource name"]
+    return []
+
+
+# defaults.go: `defaultResourceSpec` is cpu and memory, weight 1 each.
+DEFAULT_RESOURCE_SPEC = [{"name": "cpu", "weight": 1}, {"name": "memory", "weight": 1}]
+
+
+def with_defaults(config: Doc) -> Doc:
+    """What SetDefaults_KubeSchedulerConfiguration (and the plugin-args defaulters) fill in before validation."""
+    config = copy.deepcopy(config)
+    config.setdefault("parallelism", 16)
+    # `if len(obj.Profiles) == 0 { obj.Profiles = append(obj.Profiles, configv1.KubeSchedulerProfile{}) }`
+    profiles = config.setdefault("profiles", []) or [{}]
+    config["profiles"] = profiles
+    # `if len(obj.Profiles) == 1 && obj.Profiles[0].SchedulerName == nil { ... v1.DefaultSchedulerName }`
+    if len(profiles) == 1 and "schedulerName" not in profiles[0]:
+        profiles[0]["schedulerName"] = "default-scheduler"
+    election = config.setdefault("leaderElection", {})
+    election.setdefault("leaderElect", True)  # RecommendedDefaultLeaderElectionConfiguration
+    election.setdefault("resourceLock", "leases")
+    election.setdefault("resourceNamespace", "kube-system")
+    election.setdefault("resourceName", "kube-scheduler")
+    election.setdefault("leaseDuration", "15s")
+    election.setdefault("renewDeadline", "10s")
+    election.setdefault("retryPeriod", "2s")
+    config.setdefault("podInitialBackoffSeconds", 1)
+    config.setdefault("podMaxBackoffSeconds", 10)
+    for profile in profiles:
+        for plugin_config in profile.get("pluginConfig", []):
+            args = plugin_config.get("args") or {}
+            if plugin_config.get("name") == "NodeResourcesFit":
+                # SetDefaults_NodeResourcesFitArgs: LeastAllocated over cpu and memory when no strategy is
+                # given, cpu and memory when no resources are, and "Weight == 0 → 1".
+                strategy = args.setdefault("scoringStrategy", {"type": "LeastAllocated"})
+                strategy["resources"] = strategy.get("resources") or copy.deepcopy(DEFAULT_RESOURCE_SPEC)
+                for resource in strategy["resources"]:
+                    if not resource.get("weight"):
+                        resource["weight"] = 1
+            if plugin_config.get("name") == "NodeResourcesBalancedAllocation":
+                # SetDefaults_NodeResourcesBalancedAllocationArgs: cpu and memory; weight 0 becomes 1.
+                args["resources"] = args.get("resources") or copy.deepcopy(DEFAULT_RESOURCE_SPEC)
+                for resource in args["resources"]:
+                    if not resource.get("weight"):
+                        resource["weight"] = 1
+            plugin_config["args"] = args
+    return config
+
+
+def plugin_set(profile: Doc, point: str) -> Doc:
+    return (profile.get("plugins") or {}).get(point) or {}
+
+
+def node_resources_fit_errors(path: str, args: Doc) -> list[str]:
+    errors = []
+    # ValidateNodeResourcesFitArgs: ignoredResources are label names; ignoredResourceGroups have no '/'.
+    for i, resource in enumerate(args.get("ignoredResources", [])):
+        errors += [f"{path}.ignoredResources[{i}]: {m}" for m in is_qualified_name(resource)]
+    for i, group in enumerate(args.get("ignoredResourceGroups", [])):
+        if "/" in group:
+            errors.append(f"{path}.ignoredResourceGroups[{i}]: resource group name can't contain '/'")
+    strategy = args.get("scoringStrategy")
+    if strategy is not None:
+        # `if !supportedScoringStrategyTypes.Has(string(args.ScoringStrategy.Type)) { field.NotSupported(...) }`
+        if strategy.get("type") not in {"LeastAllocated", "MostAllocated", "RequestedToCapacityRatio"}:
+            errors.append(f"{path}.scoringStrategy.type: Unsupported value: {strategy.get('type')!r}")
+        # validateResources: `if resource.Weight <= 0 || resource.Weight > 100 { "resource weight of %v not in
+        # valid range (0, 100]" }`
+        for i, resource in enumerate(strategy.get("resources", [])):
+            if not 0 < resource["weight"] <= 100:
+                errors.append(f"{path}.scoringStrategy.resources[{i}].weight: Invalid value: {resource['weight']}: "
+                              f"resource weight of {resource['name']} not in valid range (0, 100]")
+        # validateFunctionShape (RequestedToCapacityRatio): at least one point, utilization increasing.
+        ratio = strategy.get("requestedToCapacityRatio")
+        if ratio is not None:
+            shape = ratio.get("shape", [])
+            if not shape:
+                errors.append(f"{path}.scoringStrategy.shape: Required value: at least one point must be specified")
+            utilizations = [point["utilization"] for point in shape]
+            if utilizations != sorted(set(utilizations)):
+                errors.append(f"{path}.scoringStrategy.shape: values must be sorted in increasing order")
+    return errors
+
+
+def balanced_allocation_errors(path: str, args: Doc) -> list[str]:
+    # ValidateNodeResourcesBalancedAllocationArgs: no duplicate resource; `if resource.Weight != 1 { "must be 1" }`.
+    errors, seen = [], set()
+    for i, resource in enumerate(args.get("resources", [])):
+        if resource["name"] in seen:
+            errors.append(f"{path}.resources[{i}].name: Duplicate value: {resource['name']!r}")
+        seen.add(resource["name"])
+        if resource["weight"] != 1:
+            errors.append(f"{path}.resources[{i}].weight: Invalid value: {resource['weight']}: must be 1")
+    return errors
+
+
+def kube_scheduler_errors(raw: Doc) -> list[str]:
+    """The errors kube-scheduler would refuse to start with, for one KubeSchedulerConfiguration document."""
+    if raw.get("apiVersion") != "kubescheduler.config.k8s.io/v1" or raw.get("kind") != "KubeSchedulerConfiguration":
+        # The scheme registers v1 only (v1beta2 and v1beta3 are gone by 1.36).
+        return [f"no kind {raw.get('kind')!r} is registered for version {raw.get('apiVersion')!r}"]
+    # scheme.go: the codec factory is built with serializer.EnableStrict, so unknown fields fail loading.
+    errors = shape_errors(raw, KUBE_SCHEDULER_CONFIGURATION_SHAPE, "")
+    for p, profile in enumerate(raw.get("profiles") or []):
+        for c, plugin_config in enumerate(profile.get("pluginConfig") or []):
+            shape = _PLUGIN_ARGS_SHAPES.get(plugin_config.get("name"))
+            if shape is not None:
+                errors += shape_errors(plugin_config.get("args") or {}, shape, f"profiles[{p}].pluginConfig[{c}].args")
+    if errors:
+        return errors
+    config = with_defaults(raw)
+
+    # ValidateKubeSchedulerConfiguration
+    if config["parallelism"] <= 0:  # "should be an integer value greater than zero"
+        errors.append(f"parallelism: Invalid value: {config['parallelism']}: "
+                      "should be an integer value greater than zero")
+    # ValidateClientConnectionConfiguration: `if cc.Burst < 0 { "must be non-negative" }`
+    if config.get("clientConnection", {}).get("burst", 0) < 0:
+        errors.append("clientConnection.burst: Invalid value: must be non-negative")
+    election = config["leaderElection"]
+    if election["leaderElect"]:
+        # `if cc.LeaderElection.LeaderElect && cc.LeaderElection.ResourceLock != "leases" {
+        #     ... `resourceLock value must be "leases"` }`
+        if election["resourceLock"] != "leases":
+            errors.append(f'leaderElection.resourceLock: Invalid value: {election["resourceLock"]!r}: '
+                          'resourceLock value must be "leases"')
+        # ValidateLeaderElectionConfiguration: durations > 0, leaseDuration > renewDeadline, names required.
+        lease, renew, retry = (parse_go_duration(election[key])
+                               for key in ("leaseDuration", "renewDeadline", "retryPeriod"))
+        for key, seconds in (("leaseDuration", lease), ("renewDeadline", renew), ("retryPeriod", retry)):
+            if seconds <= 0:
+                errors.append(f"leaderElection.{key}: Invalid value: must be greater than zero")
+        if lease <= renew:
+            errors.append("leaderElection.leaseDuration: Invalid value: "
+                          "LeaseDuration must be greater than RenewDeadline")
+        for key in ("resourceLock", "resourceName", "resourceNamespace"):
+            if not election[key]:
+                errors.append(f"leaderElection.{key}: Invalid value: {key} is required")
+
+    # validatePercentageOfNodesToScore: `if *percentageOfNodesToScore < 0 || *percentageOfNodesToScore > 100 {
+    #     "not in valid range [0-100]" }`, for the global value and each profile's.
+    def percentage(path: str, value: int | None) -> None:
+        if value is not None and not 0 <= value <= 100:
+            errors.append(f"{path}: Invalid value: {value}: not in valid range [0-100]")
+
+    percentage("percentageOfNodesToScore", config.get("percentageOfNodesToScore"))
+    # `if cc.PodInitialBackoffSeconds <= 0 { "must be greater than 0" }`
+    if config["podInitialBackoffSeconds"] <= 0:
+        errors.append("podInitialBackoffSeconds: Invalid value: must be greater than 0")
+    # `if cc.PodMaxBackoffSeconds < cc.PodInitialBackoffSeconds { "must be greater than or equal to
+    #     PodInitialBackoffSeconds" }`
+    if config["podMaxBackoffSeconds"] < config["podInitialBackoffSeconds"]:
+        errors.append("podMaxBackoffSeconds: Invalid value: must be greater than or equal to PodInitialBackoffSeconds")
+
+    seen_names: dict[str, int] = {}
+    for p, profile in enumerate(config["profiles"]):
+        path = f"profiles[{p}]"
+        name = profile.get("schedulerName") or ""
+        # validateKubeSchedulerProfile: `if len(profile.SchedulerName) == 0 { field.Required(...) }`
+        if not name:
+            errors.append(f"{path}.schedulerName: Required value")
+        # `if idx, ok := existingProfiles[profile.SchedulerName]; ok { field.Duplicate(...) }`
+        elif name in seen_names:
+            errors.append(f"{path}.schedulerName: Duplicate value: {name!r}")
+        seen_names.setdefault(name, p)
+        percentage(f"{path}.percentageOfNodesToScore", profile.get("percentageOfNodesToScore"))
+        # runtime.NewFramework: an enabled plugin must be registered ("plugin %q does not exist").
+        for point in _EXTENSION_POINTS:
+            for i, plugin in enumerate(plugin_set(profile, point).get("enabled", [])):
+                if plugin["name"] not in IN_TREE_PLUGINS:
+                    errors.append(f"{path}.plugins.{point}.enabled[{i}]: plugin {plugin['name']!r} does not exist")
+        # validatePluginConfig: `if seenPluginConfig.Has(name) { field.Duplicate(pluginConfigPath, name) }`,
+        # then the known plugins' args validators.
+        seen_config: set[str] = set()
+        for c, plugin_config in enumerate(profile.get("pluginConfig", [])):
+            config_path = f"{path}.pluginConfig[{c}]"
+            if plugin_config["name"] in seen_config:
+                errors.append(f"{config_path}: Duplicate value: {plugin_config['name']!r}")
+            seen_config.add(plugin_config["name"])
+            if plugin_config["name"] == "NodeResourcesFit":  # validated by NewFit when the plugin is built
+                errors += node_resources_fit_errors(f"{config_path}.args", plugin_config["args"])
+            if plugin_config["name"] == "NodeResourcesBalancedAllocation":
+                errors += balanced_allocation_errors(f"{config_path}.args", plugin_config["args"])
+    # validateCommonQueueSort: "only one queue sort plugin can be enabled", and it "has to match for all profiles".
+    queue_sorts = [plugin_set(profile, "queueSort") for profile in config["profiles"]]
+    if len(queue_sorts[0].get("enabled", [])) > 1:
+        errors.append("profiles[0].plugins.queueSort.Enabled: Invalid value: only one queue sort plugin can be enabled")
+    for p, queue_sort in enumerate(queue_sorts[1:], start=1):
+        if queue_sort != queue_sorts[0]:
+            errors.append(f"profiles[{p}].plugins.queueSort: Invalid value: "
+                          "queueSort must be the same for all profiles")
+
+    # validateExtenders
+    binders = 0
+    managed: set[str] = set()
+    for i, extender in enumerate(config.get("extenders", [])):
+        path = f"extenders[{i}]"
+        # `if len(extender.PrioritizeVerb) > 0 && extender.Weight <= 0 {
+        #     field.Invalid(path.Child("weight"), extender.Weight, "must have a positive weight applied to it") }`
+        if extender.get("prioritizeVerb") and extender.get("weight", 0) <= 0:
+            errors.append(f"{path}.weight: Invalid value: {extender.get('weight', 0)}: "
+                          "must have a positive weight applied to it")
+        # `if extender.BindVerb != "" { binders++ }`
+        if extender.get("bindVerb"):
+            binders += 1
+        for j, resource in enumerate(extender.get("managedResources", [])):
+            resource_path = f"{path}.managedResources[{j}].name"
+            # `validationErrors := validateExtendedResourceName(managedResourcesPath.Child("name"), ...)`
+            errors += validate_extended_resource_name(resource_path, resource["name"])
+            # `if extenderManagedResources.Has(resource.Name) { ... "duplicate extender managed resource name" }`
+            if resource["name"] in managed:
+                errors.append(f"{resource_path}: Invalid value: {resource['name']!r}: "
+                              "duplicate extender managed resource name")
+            managed.add(resource["name"])
+    # `if binders > 1 { field.Invalid(fldPath, fmt.Sprintf("found %d extenders implementing bind", binders),
+    #     "only one extender can implement bind") }`
+    if binders > 1:
+        errors.append(f"extenders: Invalid value: found {binders} extenders implementing bind: "
+                      "only one extender can implement bind")
+    return errors
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# KubeSchedulerConfiguration: this project's rules (what makes the configuration right for *this* extender)
+# ---------------------------------------------------------------------------------------------------------------
+
+SERVICE_PORT = EXTENDER_SERVICE["spec"]["ports"][0]
+EXPECTED_URL = (
+    f"https://{EXTENDER_SERVICE['metadata']['name']}.{EXTENDER_SERVICE['metadata']['namespace']}.svc:"
+    f"{SERVICE_PORT['port']}"
+)
+SCHEDULER_TLS_DIR = volume_mount_for_secret(SCHEDULER, SCHEDULER_TLS_SECRET)
+RESOURCE_NAME = re.compile(r"cpu|memory|ephemeral-storage|hugepages-.+")
+
+
+def project_errors(config: Doc) -> list[str]:
+    errors: list[str] = []
+    extenders = config.get("extenders") or []
+    if len(extenders) != 1:
+        return [f"extenders: exactly one extender expected, found {len(extenders)}"]
+    (extender,) = extenders
+    # kube-scheduler reaches the extender through its Service, on HTTPS (README.md).
+    if extender.get("urlPrefix") != EXPECTED_URL:
+        errors.append(f"urlPrefix: {extender.get('urlPrefix')!r} is not the extender's Service {EXPECTED_URL!r}")
+    # The extender serves exactly these paths (DESIGN §7). preemptVerb is optional.
+    for key, verb in (("filterVerb", "filter"), ("prioritizeVerb", "prioritize"), ("bindVerb", "bind")):
+        if extender.get(key) != verb:
+            errors.append(f"{key}: must be {verb!r}, the extender's endpoint")
+    if extender.get("preemptVerb", "preempt") != "preempt":
+        errors.append("preemptVerb: must be 'preempt', the extender's endpoint, or absent")
+    if extender.get("nodeCacheCapable") is not True:
+        errors.append("nodeCacheCapable: must be true (the extender keeps its own Node cache and answers NodeNames)")
+    if extender.get("ignorable", False) is not False:
+        errors.append("ignorable: must be false (a GPU pod must never be placed without the extender)")
+    if extender.get("managedResources") != [{"name": GPU, "ignoredByScheduler": False}]:
+        errors.append(f"managedResources: must be exactly [{{name: {GPU}, ignoredByScheduler: false}}], so that only "
+                      "GPU pods reach the extender and kube-scheduler still counts GPUs")
+    # NewHTTPExtender: a zero httpTimeout becomes DefaultExtenderTimeout (5 s), and Go's http.Client treats a
+    # negative Timeout as no timeout at all: neither is a chosen value.
+    timeout = parse_go_duration(extender.get("httpTimeout", "0"))
+    if timeout <= 0:
+        errors.append("httpTimeout: must be set and positive (0 means the 5 s default; negative means none)")
+    tls = extender.get("tlsConfig") or {}
+    if not extender.get("enableHTTPS") or tls.get("insecure"):
+        errors.append("tlsConfig: HTTPS with the extender's certificate checked (enableHTTPS: true, insecure: false)")
+    for key in ("certData", "keyData", "caData"):
+        if key in tls:
+            errors.append(f"tlsConfig.{key}: key material does not belong in the configuration; use the files")
+    for key, secret_key in (("caFile", "ca.crt"), ("certFile", "tls.crt"), ("keyFile", "tls.key")):
+        if tls.get(key) != f"{SCHEDULER_TLS_DIR}/{secret_key}":
+            errors.append(f"tlsConfig.{key}: must be {SCHEDULER_TLS_DIR}/{secret_key}, the mounted Secret "
+                          f"{SCHEDULER_TLS_SECRET}")
+
+    profiles = [p for p in config.get("profiles") or [] if p.get("schedulerName") == GPU_PROFILE]
+    if len(profiles) != 1:
+        return errors + [f"profiles: one profile {GPU_PROFILE!r} expected"]
+    (profile,) = profiles
+    if profile.get("percentageOfNodesToScore") != 100:
+        errors.append("percentageOfNodesToScore: must be 100, so that the extender sees every feasible node")
+    disabled = [
+        plugin["name"]
+        for point in ("multiPoint", "score")
+        for plugin in plugin_set(profile, point).get("disabled", [])
+    ]
+    for name in disabled:
+        if name not in IN_TREE_PLUGINS and name != "*":
+            errors.append(f"plugins: disabled plugin {name!r} does not exist, so nothing is disabled")
+    if "NodeResourcesBalancedAllocation" not in disabled:
+        errors.append("plugins: NodeResourcesBalancedAllocation must be disabled (it leans towards emptier nodes)")
+    fit = [c for c in profile.get("pluginConfig", []) if c["name"] == "NodeResourcesFit"]
+    strategy = (fit[0].get("args") or {}).get("scoringStrategy", {}) if fit else {}
+    if strategy.get("type") != "MostAllocated":
+        errors.append("NodeResourcesFit: scoringStrategy.type must be MostAllocated (pack, do not spread)")
+    weights = {r["name"]: r.get("weight", 1) for r in strategy.get("resources", [])}
+    for name in weights:
+        if not (RESOURCE_NAME.fullmatch(name) or is_extended_resource_name(name)):
+            errors.append(f"NodeResourcesFit: {name!r} is not a resource name, so it scores nothing")
+    others = [weight for name, weight in weights.items() if name != GPU]
+    if GPU not in weights or any(weights[GPU] <= weight for weight in others):
+        errors.append(f"NodeResourcesFit: {GPU} must be scored, with the highest weight")
+    if any(c["name"] == "NodeResourcesBalancedAllocation" for c in profile.get("pluginConfig", [])):
+        errors.append("pluginConfig: NodeResourcesBalancedAllocation is disabled; its args would be dead configuration")
+    return errors
+
+
+@pytest.mark.parametrize("file", [SECONDARY_CONFIG, CONTROL_PLANE_CONFIG])
+def test_scheduler_config_passes_kube_schedulers_validation(file: str) -> None:
+    assert kube_scheduler_errors(scheduler_config(file)) == []
+
+
+@pytest.mark.parametrize("file", [SECONDARY_CONFIG, CONTROL_PLANE_CONFIG])
+def test_scheduler_config_follows_the_projects_rules(file: str) -> None:
+    assert project_errors(scheduler_config(file)) == []
+
+
+def test_both_scheduler_configs_share_the_extender_and_the_gpu_profile() -> None:
+    secondary, control_plane = scheduler_config(SECONDARY_CONFIG), scheduler_config(CONTROL_PLANE_CONFIG)
+    assert secondary["extenders"] == control_plane["extenders"]
+
+    def gpu_profile(config: Doc) -> Doc:
+        (profile,) = [p for p in config["profiles"] if p["schedulerName"] == GPU_PROFILE]
+        return profile
+
+    assert gpu_profile(secondary) == gpu_profile(control_plane)
+    # Option B runs only the GPU profile (a default-scheduler profile would compete with the control plane's);
+    # option A keeps default-scheduler untouched.
+    assert [p["schedulerName"] for p in secondary["profiles"]] == [GPU_PROFILE]
+    assert {"schedulerName": "default-scheduler"} in control_plane["profiles"]
+    # Option B's lease is its own, in its namespace.
+    assert secondary["leaderElection"]["resourceName"] == GPU_PROFILE
+    assert secondary["leaderElection"]["resourceNamespace"] == NAMESPACE
+
+
+def test_weight_and_timeout_are_the_documented_ones() -> None:
+    (extender,) = scheduler_config(SECONDARY_CONFIG)["extenders"]
+    # MaxNodeScore / MaxExtenderPriority = 100 / 10: the extender's 0–10 becomes 0–500, above the 0–200 that
+    # NodeResourcesFit and ImageLocality can swing together, below what makes them irrelevant (README.md).
+    assert extender["weight"] * 10 * (100 // 10) == 500
+    assert parse_go_duration(extender["httpTimeout"]) == 3.0
+
+
+def _mutate(config: Doc, change: Callable[[Doc], None]) -> Doc:
+    broken = copy.deepcopy(config)
+    change(broken)
+    return broken
+
+
+def _ext(config: Doc) -> Doc:
+    return config["extenders"][0]
+
+
+def _profile(config: Doc) -> Doc:
+    return config["profiles"][0]
+
+
+def _fit_strategy(config: Doc) -> Doc:
+    return _profile(config)["pluginConfig"][0]["args"]["scoringStrategy"]
+
+
+UPSTREAM_VIOLATIONS: dict[str, tuple[Callable[[Doc], None], str]] = {
+    "weight 0 with a prioritizeVerb": (lambda c: _ext(c).update(weight=0), "must have a positive weight"),
+    "no weight with a prioritizeVerb": (lambda c: _ext(c).pop("weight"), "must have a positive weight"),
+    "two extenders implement bind": (
+        lambda c: c["extenders"].append({"urlPrefix": "https://other:443", "bindVerb": "bind"}),
+        "only one extender can implement bind",
+    ),
+    "managed resource name with a bad character": (
+        lambda c: _ext(c)["managedResources"][0].update(name="nvidia.com/gpu!"), "name part must consist of",
+    ),
+    "managed resource name with two slashes": (
+        lambda c: _ext(c)["managedResources"][0].update(name="nvidia.com/gpu/a100"), "a qualified name",
+    ),
+    "managed resource without a domain (native)": (
+        lambda c: _ext(c)["managedResources"][0].update(name="gpu"), "is an invalid extended resource name",
+    ),
+    "managed resource in kubernetes.io": (
+        lambda c: _ext(c)["managedResources"][0].update(name="kubernetes.io/gpu"),
+        "is an invalid extended resource name",
+    ),
+    "managed resource with the quota prefix": (
+        lambda c: _ext(c)["managedResources"][0].update(name="requests.nvidia.com/gpu"),
+        "is an invalid extended resource name",
+    ),
+    "duplicate managed resource": (
+        lambda c: _ext(c)["managedResources"].append({"name": GPU}), "duplicate extender managed resource name",
+    ),
+    "unknown extender field (typo)": (
+        lambda c: _ext(c).update(nodeCachecapable=True), 'unknown field "nodeCachecapable"',
+    ),
+    "httpTimeout that Go cannot parse": (lambda c: _ext(c).update(httpTimeout="3 seconds"), "invalid duration"),
+    "httpTimeout as a bare number": (lambda c: _ext(c).update(httpTimeout=3), "a duration must be a string"),
+    "unsupported scoring strategy": (lambda c: _fit_strategy(c).update(type="MostRequested"), "Unsupported value"),
+    "scoring resource weight above 100": (
+        lambda c: _fit_strategy(c)["resources"][0].update(weight=101), "not in valid range (0, 100]",
+    ),
+    "negative scoring resource weight": (
+        lambda c: _fit_strategy(c)["resources"][0].update(weight=-1), "not in valid range (0, 100]",
+    ),
+    "balanced allocation weight other than 1": (
+        lambda c: _profile(c)["pluginConfig"].append(
+            {"name": "NodeResourcesBalancedAllocation", "args": {"resources": [{"name": "cpu", "weight": 2}]}}
+        ),
+        "must be 1",
+    ),
+    "plugin configured twice": (
+        lambda c: _profile(c)["pluginConfig"].append({"name": "NodeResourcesFit", "args": {}}), "Duplicate value",
+    ),
+    "enabled plugin that does not exist": (
+        lambda c: _profile(c)["plugins"].update(score={"enabled": [{"name": "GpuTopology"}]}), "does not exist",
+    ),
+    "two profiles with one name": (
+        lambda c: c["profiles"].append({"schedulerName": GPU_PROFILE}), "Duplicate value",
+    ),
+    "second profile without a name": (lambda c: c["profiles"].append({}), "schedulerName: Required value"),
+    "percentageOfNodesToScore above 100": (
+        lambda c: _profile(c).update(percentageOfNodesToScore=101), "not in valid range [0-100]",
+    ),
+    "queueSort differs between profiles": (
+        lambda c: c["profiles"].append(
+            {"schedulerName": "other", "plugins": {"queueSort": {"disabled": [{"name": "*"}]}}}
+        ),
+        "queueSort must be the same for all profiles",
+    ),
+    "leader election on endpoints": (
+        lambda c: c["leaderElection"].update(resourceLock="endpoints"), 'resourceLock value must be "leases"',
+    ),
+    "lease shorter than the renew deadline": (
+        lambda c: c["leaderElection"].update(leaseDuration="5s"), "LeaseDuration must be greater than RenewDeadline",
+    ),
+    "max backoff below the initial backoff": (
+        lambda c: c.update(podInitialBackoffSeconds=5, podMaxBackoffSeconds=2), "must be greater than or equal",
+    ),
+    "parallelism 0": (lambda c: c.update(parallelism=0), "greater than zero"),
+    "retired API version": (lambda c: c.update(apiVersion="kubescheduler.config.k8s.io/v1beta3"), "no kind"),
+}
+
+
+def test_upstream_defaults_are_applied_before_validation() -> None:
+    # A scoring weight of 0 is defaulted to 1 (SetDefaults_NodeResourcesFitArgs), so upstream accepts it.
+    zero = _mutate(scheduler_config(SECONDARY_CONFIG), lambda c: _fit_strategy(c)["resources"][0].update(weight=0))
+    assert kube_scheduler_errors(zero) == []
+    # An extender without a prioritizeVerb needs no weight.
+
+    def filter_only(config: Doc) -> None:
+        del _ext(config)["prioritizeVerb"], _ext(config)["weight"]
+
+    assert kube_scheduler_errors(_mutate(scheduler_config(SECONDARY_CONFIG), filter_only)) == []
+
+
+PROJECT_VIOLATIONS: dict[str, tuple[Callable[[Doc], None], str]] = {
+    "plain HTTP": (lambda c: _ext(c).update(urlPrefix=EXPECTED_URL.replace("https", "http")), "urlPrefix"),
+    "the container port instead of the Service port": (
+        lambda c: _ext(c).update(urlPrefix=EXPECTED_URL.replace(":443", ":8443")), "urlPrefix",
+    ),
+    "a verb the extender does not serve": (lambda c: _ext(c).update(filterVerb="predicates"), "filterVerb"),
+    "a preempt verb the extender does not serve": (lambda c: _ext(c).update(preemptVerb="preemption"), "preemptVerb"),
+    "no node cache": (lambda c: _ext(c).update(nodeCacheCapable=False), "nodeCacheCapable"),
+    "ignorable": (lambda c: _ext(c).update(ignorable=True), "ignorable"),
+    "GPUs ignored by kube-scheduler": (
+        lambda c: _ext(c)["managedResources"][0].update(ignoredByScheduler=True), "managedResources",
+    ),
+    "no managed resources (every pod would be sent)": (lambda c: _ext(c).pop("managedResources"), "managedResources"),
+    "no httpTimeout": (lambda c: _ext(c).pop("httpTimeout"), "httpTimeout"),
+    "negative httpTimeout": (lambda c: _ext(c).update(httpTimeout="-1s"), "httpTimeout"),
+    "certificate not checked": (lambda c: _ext(c)["tlsConfig"].update(insecure=True), "tlsConfig"),
+    "inline key": (lambda c: _ext(c)["tlsConfig"].update(keyData="c2VjcmV0"), "keyData"),
+    "CA file that is not mounted": (lambda c: _ext(c)["tlsConfig"].update(caFile="/etc/ssl/ca.crt"), "caFile"),
+    "spreading": (lambda c: _fit_strategy(c).update(type="LeastAllocated"), "MostAllocated"),
+    "GPU weighted below cpu": (lambda c: _fit_strategy(c)["resources"][0].update(weight=1), "highest weight"),
+    "misspelt GPU resource": (
+        lambda c: _fit_strategy(c)["resources"][0].update(name="nvidia.com/gpus"), "must be scored",
+    ),
+    "misspelt disabled plugin": (
+        lambda c: _profile(c)["plugins"]["multiPoint"]["disabled"][0].update(name="NodeResourceBalancedAllocation"),
+        "does not exist",
+    ),
+    "first feasible nodes only": (lambda c: _profile(c).pop("percentageOfNodesToScore"), "percentageOfNodesToScore"),
+}
+
+
+BROKEN_VARIANTS = [
+    *[(f"upstream: {name}", kube_scheduler_errors, *case) for name, case in UPSTREAM_VIOLATIONS.items()],
+    *[(f"project: {name}", project_errors, *case) for name, case in PROJECT_VIOLATIONS.items()],
+]
+
+
+@pytest.mark.parametrize(("checker", "change", "message"), [case[1:] for case in BROKEN_VARIANTS],
+                         ids=[case[0] for case in BROKEN_VARIANTS])
+def test_the_checkers_reject_a_broken_variant(
+    checker: Callable[[Doc], list[str]], change: Callable[[Doc], None], message: str
+) -> None:
+    errors = checker(_mutate(scheduler_config(SECONDARY_CONFIG), change))
+    assert any(message in error for error in errors), errors
+
+
+def test_the_resource_name_rules_match_upstream_examples() -> None:
+    # Consequences of the upstream rules quoted above, on names a reader would try.
+    assert is_extended_resource_name("nvidia.com/gpu")
+    assert is_extended_resource_name("example.com/dongle")
+    assert not is_extended_resource_name("cpu")
+    assert not is_extended_resource_name("kubernetes.io/gpu")
+    assert not is_extended_resource_name("requests.example.com/dongle")
+    assert not is_extended_resource_name("example.com/" + "a" * 64)
+    assert is_qualified_name("nvidia.com/gpu") == []
+    assert is_qualified_name("/gpu") and is_qualified_name("Nvidia.com/gpu")
+    assert parse_go_duration("1m30s") == 90.0 and parse_go_duration("250ms") == 0.25
+    assert parse_go_duration("0") == 0.0 and parse_go_duration("-5s") == -5.0
+    for bad in ("", "3", "3 s", "s", "1d"):
+        with pytest.raises(ValueError):
+            parse_go_duration(bad)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The Deployments and the Service
+# ---------------------------------------------------------------------------------------------------------------
+
+_QUANTITY = re.compile(r"([0-9.]+)(m|k|M|G|T|Ki|Mi|Gi|Ti)?")
+_QUANTITY_FACTOR = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+                    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def quantity(value: str | int) -> float:
+    match = _QUANTITY.fullmatch(str(value))
+    assert match, value
+    return float(match[1]) * _QUANTITY_FACTOR[match[2]]
+
+
+def probe_target(probe: Doc, tls_dir: str) -> tuple[str, int]:
+    """(path, port) a probe asks, for an httpGet probe or for the extender's in-container Python probe."""
+    if "httpGet" in probe:
+        return probe["httpGet"]["path"], probe["httpGet"]["port"]
+    command = probe["exec"]["command"]
+    assert command[:2] == ["python", "-c"], command
+    script, path = command[2], command[3]
+    (port,) = re.findall(r'HTTPSConnection\("127\.0\.0\.1", (\d+)', script)
+    # It presents the pod's own certificate and checks the server against the mounted CA.
+    assert set(re.findall(r'"(/[^"]+)"', script)) == {f"{tls_dir}/{key}" for key in TLS_KEYS}
+    return path, int(port)
+
+
+def assert_hardened(deployment: Doc) -> None:
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] > 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "hostNetwork" not in pod and "hostPID" not in pod
+    security = container(deployment)["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert "privileged" not in security
+    resources = container(deployment)["resources"]
+    for name in ("cpu", "memory"):
+        assert quantity(resources["requests"][name]) <= quantity(resources["limits"][name]), name
+    for volume in pod["volumes"]:
+        if "secret" in volume:
+            assert volume["secret"]["defaultMode"] == 0o440
+
+
+def test_extender_deployment_probes_health_and_readiness() -> None:
+    main = container(EXTENDER)
+    tls_dir = volume_mount_for_secret(EXTENDER, EXTENDER_TLS_SECRET)
+    (port,) = [p["containerPort"] for p in main["ports"] if p["name"] == "https"]
+    assert probe_target(main["livenessProbe"], tls_dir) == ("/healthz", port)
+    assert probe_target(main["readinessProbe"], tls_dir) == ("/readyz", port)
+
+
+def test_extender_deployment_is_hardened_and_sized() -> None:
+    assert_hardened(EXTENDER)
+
+
+def test_extender_runs_once_and_never_beside_another_copy() -> None:
+    assert EXTENDER["spec"]["replicas"] == 1
+    assert EXTENDER["spec"]["strategy"] == {"type": "Recreate"}
+    # A PodDisruptionBudget on one replica would only block drains (README.md).
+    assert not [doc for _, doc in _docs() if doc.get("kind") == "PodDisruptionBudget"]
+
+
+def test_extender_command_line_matches_the_manifests() -> None:
+    main = container(EXTENDER)
+    assert main["args"][0] == "serve"
+    flags = flag_values(main["args"][1:])
+    (port,) = [p["containerPort"] for p in main["ports"] if p["name"] == "https"]
+    assert "--in-cluster" in flags and flags["--host"] == "0.0.0.0"
+    assert int(flags["--port"]) == port == 8443
+    tls_dir = volume_mount_for_secret(EXTENDER, EXTENDER_TLS_SECRET)
+    assert flags["--tls-cert"] == f"{tls_dir}/tls.crt" and flags["--tls-key"] == f"{tls_dir}/tls.key"
+    assert flags["--client-ca"] == f"{tls_dir}/ca.crt"  # mTLS on
+    assert flags["--gpu-resource"] == GPU
+    assert flags["--annotation-prefix"] == "gpu-topology.io"
+    assert float(flags["--stale-after"]) > 0  # seconds
+    assert EXTENDER["spec"]["template"]["spec"]["serviceAccountName"] == obj(
+        "ServiceAccount", "gpu-topology-extender", NAMESPACE
+    )["metadata"]["name"]
+
+
+def test_service_reaches_the_extender_on_https() -> None:
+    spec = EXTENDER_SERVICE["spec"]
+    labels = EXTENDER["spec"]["template"]["metadata"]["labels"]
+    assert spec["selector"].items() <= labels.items()
+    assert EXTENDER["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (port,) = spec["ports"]
+    assert port["port"] == 443 and port["name"] == "https"
+    (target,) = [p for p in container(EXTENDER)["ports"] if p["name"] == port["targetPort"]]
+    assert target["containerPort"] == 8443
+
+
+def test_scheduler_deployment_is_hardened_and_probed() -> None:
+    assert_hardened(SCHEDULER)
+    main = container(SCHEDULER)
+    assert re.fullmatch(r"registry\.k8s\.io/kube-scheduler:v1\.36\.\d+", main["image"])
+    for probe, path in (("livenessProbe", "/livez"), ("readinessProbe", "/readyz")):
+        get = main[probe]["httpGet"]
+        assert (get["path"], get["port"], get["scheme"]) == (path, "https", "HTTPS")
+    (port,) = main["ports"]
+    assert port == {"name": "https", "containerPort": 10259, "protocol": "TCP"}
+    assert SCHEDULER["spec"]["template"]["spec"]["serviceAccountName"] == "gpu-topology-scheduler"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# RBAC: exactly the least privilege, nothing more
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def flatten_rules(rules: list[Doc]) -> set[tuple[str, str, str, tuple[str, ...]]]:
+    flat = set()
+    for rule in rules:
+        assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, rule  # no nonResourceURLs
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    flat.add((group, resource, verb, tuple(rule.get("resourceNames", ()))))
+    return flat
+
+
+def bindings_of(service_account: str) -> set[tuple[str, str | None, str, str]]:
+    """(binding kind, binding namespace, role kind, role name) for every binding that names the account."""
+    found = set()
+    for _, doc in _docs():
+        if doc.get("kind") in {"RoleBinding", "ClusterRoleBinding"}:
+            for subject in doc["subjects"]:
+                if (subject["kind"], subject["name"], subject.get("namespace")) == (
+                    "ServiceAccount", service_account, NAMESPACE
+                ):
+                    found.add((doc["kind"], doc["metadata"].get("namespace"), doc["roleRef"]["kind"],
+                               doc["roleRef"]["name"]))
+    return found
+
+
+def test_extender_rbac_is_exactly_least_privilege() -> None:
+    role = obj("ClusterRole", "gpu-topology-extender")
+    assert flatten_rules(role["rules"]) == {
+        ("", "nodes", "get", ()),
+        ("", "nodes", "list", ()),
+        ("", "nodes", "watch", ()),
+        ("", "pods", "get", ()),
+        ("", "pods", "list", ()),
+        ("", "pods", "watch", ()),
+        ("", "pods", "patch", ()),
+        ("", "pods/binding", "create", ()),
+        ("", "events", "create", ()),
+    }
+    assert bindings_of("gpu-topology-extender") == {
+        ("ClusterRoleBinding", None, "ClusterRole", "gpu-topology-extender")
+    }
+
+
+def test_scheduler_rbac_is_the_built_in_scheduler_roles_and_its_own_lease() -> None:
+    election = scheduler_config(SECONDARY_CONFIG)["leaderElection"]
+    assert bindings_of("gpu-topology-scheduler") == {
+        ("ClusterRoleBinding", None, "ClusterRole", "system:kube-scheduler"),
+        ("ClusterRoleBinding", None, "ClusterRole", "system:volume-scheduler"),
+        ("RoleBinding", election["resourceNamespace"], "Role", "gpu-topology-scheduler-lease"),
+        ("RoleBinding", "kube-system", "Role", "extension-apiserver-authentication-reader"),
+    }
+    lease = obj("Role", "gpu-topology-scheduler-lease", election["resourceNamespace"])
+    assert flatten_rules(lease["rules"]) == {
+        ("coordination.k8s.io", "leases", "get", (election["resourceName"],)),
+        ("coordination.k8s.io", "leases", "update", (election["resourceName"],)),
+    }
+    # Only these two roles are defined here; the rest are Kubernetes' built-in ones.
+    roles = {(doc["kind"], doc["metadata"]["name"]) for _, doc in _docs() if doc.get("kind") in {"Role", "ClusterRole"}}
+    assert roles == {("ClusterRole", "gpu-topology-extender"), ("Role", "gpu-topology-scheduler-lease")}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# cert-manager (structure only: kubernetes-validate has no schema for these CRDs)
+# ---------------------------------------------------------------------------------------------------------------
+
+CERT_MANAGER = [doc for _, doc in _docs(CERT_MANAGER_GROUP)]
+ISSUERS = {doc["metadata"]["name"]: doc for doc in CERT_MANAGER if doc["kind"] == "Issuer"}
+CERTIFICATES = {doc["spec"]["secretName"]: doc for doc in CERT_MANAGER if doc["kind"] == "Certificate"}
+# cert-manager.io/v1 fields, to catch typos; the CRD's own schema is not available here.
+_CERTIFICATE_SPEC_FIELDS = {
+    "secretName", "secretTemplate", "commonName", "dnsNames", "ipAddresses", "uris", "emailAddresses",
+    "duration", "renewBefore", "renewBeforePercentage", "subject", "literalSubject", "isCA", "usages",
+    "privateKey", "issuerRef", "keystores", "encodeUsagesInRequest", "revisionHistoryLimit",
+    "additionalOutputFormats", "nameConstraints", "otherNames", "signatureAlgorithm",
+}
+_KEY_USAGES = {
+    "signing", "digital signature", "content commitment", "key encipherment", "key agreement",
+    "data encipherment", "cert sign", "crl sign", "encipher only", "decipher only", "any", "server auth",
+    "client auth", "code signing", "email protection", "s/mime", "ipsec end system", "ipsec tunnel",
+    "ipsec user", "timestamping", "ocsp signing", "microsoft sgc", "netscape sgc",
+}
+
+
+def test_cert_manager_resources_are_well_formed() -> None:
+    for doc in CERT_MANAGER:
+        assert doc["apiVersion"] == "cert-manager.io/v1"
+        assert doc["kind"] in {"Issuer", "Certificate"}
+        assert set(doc) == {"apiVersion", "kind", "metadata", "spec"}
+        assert doc["metadata"]["namespace"] == NAMESPACE and doc["metadata"]["name"]
+    for issuer in ISSUERS.values():
+        (kind,) = issuer["spec"]  # exactly one issuer type
+        assert kind in {"selfSigned", "ca"}
+        if kind == "ca":
+            (ca,) = [c for c in CERTIFICATES.values() if c["spec"]["secretName"] == issuer["spec"]["ca"]["secretName"]]
+            assert ca["spec"]["isCA"] is True
+    for certificate in CERTIFICATES.values():
+        spec = certificate["spec"]
+        assert set(spec) <= _CERTIFICATE_SPEC_FIELDS, set(spec) - _CERTIFICATE_SPEC_FIELDS
+        assert spec["secretName"]
+        assert spec["issuerRef"] == {"group": "cert-manager.io", "kind": "Issuer", "name": spec["issuerRef"]["name"]}
+        assert spec["issuerRef"]["name"] in ISSUERS
+        assert set(spec.get("usages", [])) <= _KEY_USAGES
+        assert spec["privateKey"]["algorithm"] in {"RSA", "ECDSA", "Ed25519"}
+        if "renewBefore" in spec:
+            assert 0 < parse_go_duration(spec["renewBefore"]) < parse_go_duration(spec["duration"])
+
+
+def test_cert_manager_issues_the_secrets_the_deployments_mount() -> None:
+    extender = CERTIFICATES[EXTENDER_TLS_SECRET]["spec"]
+    host = EXPECTED_URL.removeprefix("https://").rsplit(":", 1)[0]
+    assert host in extender["dnsNames"]
+    # Serving, and client usage for the probes that call the extender's own mTLS port.
+    assert {"server auth", "client auth"} <= set(extender["usages"])
+    client = CERTIFICATES[SCHEDULER_TLS_SECRET]["spec"]
+    assert "client auth" in client["usages"] and "server auth" not in client["usages"]
+    # Both leaves come from the one CA that both sides trust (ca.crt in each Secret).
+    assert extender["issuerRef"]["name"] == client["issuerRef"]["name"]
+    assert "ca" in ISSUERS[extender["issuerRef"]["name"]]["spec"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The Dockerfile (read, not built: there is no Docker daemon here)
+# ---------------------------------------------------------------------------------------------------------------
+
+DOCKERFILE = ROOT / "Dockerfile"
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    logical, pending = [], ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        logical.append(pending + stripped)
+        pending = ""
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "") for line in logical]
+
+
+INSTRUCTIONS = dockerfile_instructions(DOCKERFILE.read_text())
+FINAL_STAGE = INSTRUCTIONS[max(i for i, (op, _) in enumerate(INSTRUCTIONS) if op == "FROM"):]
+
+
+def _final(op: str) -> list[str]:
+    return [arg for name, arg in FINAL_STAGE if name == op]
+
+
+def test_dockerfile_builds_from_python_311_slim_and_installs_the_package() -> None:
+    bases = [arg.split()[0] for op, arg in INSTRUCTIONS if op == "FROM"]
+    assert bases and all(base == "python:3.11-slim" for base in bases)
+    runs = [arg for op, arg in INSTRUCTIONS if op == "RUN"]
+    assert any(re.search(r"pip install(\s+-\S+)*\s+\.(\s|$)", run) for run in runs), runs
+
+
+def test_dockerfile_copies_everything_the_package_build_needs() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    copied = {PurePosixPath(src).as_posix() for op, arg in INSTRUCTIONS if op == "COPY" and "--from" not in arg
+              for src in arg.split()[:-1]}
+    packages = {package.split(".")[0] for package in pyproject["tool"]["setuptools"]["packages"]}
+    needed = {"pyproject.toml", pyproject["project"]["readme"], *packages}
+    assert needed <= copied, needed - copied
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert not needed & ignored
+    assert {".git", ".venv", "scheduler-config"} <= ignored
+
+
+def test_dockerfile_runs_as_a_numeric_non_root_user_on_8443() -> None:
+    (user,) = _final("USER")
+    uid = user.split(":")[0]
+    assert uid.isdigit() and int(uid) > 0
+    assert EXTENDER["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == int(uid)
+    assert _final("EXPOSE") == ["8443"]
+    (entrypoint,) = _final("ENTRYPOINT")
+    assert yaml.safe_load(entrypoint) == ["gpu-topology-extender"]  # exec form, a JSON list
+
+
+def test_dockerfile_entrypoint_is_the_packages_console_script() -> None:
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"].get("scripts", {})
+    if "gpu-topology-extender" not in scripts:
+        pytest.skip("pyproject.toml does not declare the gpu-topology-extender console script yet")
+    assert scripts["gpu-topology-extender"].split(":")[0].startswith("extender")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# make-certs.sh, and the mTLS design run for real on loopback
+# ---------------------------------------------------------------------------------------------------------------
+
+MAKE_CERTS = CONFIG / "make-certs.sh"
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    if shutil.which("openssl") is None or shutil.which("bash") is None:
+        pytest.skip("openssl and bash are needed to run make-certs.sh")
+    out = tmp_path_factory.mktemp("certs") / "out"
+    result = subprocess.run(
+        ["bash", str(MAKE_CERTS), str(out)], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return out, result.stdout
+
+
+def secret_files(printed: str, secret: str) -> dict[str, Path]:
+    """The key → file mapping of the `kubectl create secret` command that make-certs.sh printed for `secret`."""
+    command = re.search(rf"create secret generic {secret} .*?(?=\n\S|\Z)", printed, re.DOTALL)
+    assert command, printed
+    assert f"-n {NAMESPACE} create secret generic {secret} --type=kubernetes.io/tls" in printed
+    return {key: Path(path) for key, path in re.findall(r"--from-file=([\w.]+)=(\S+)", command[0])}
+
+
+def test_make_certs_prints_the_secrets_the_deployments_mount(certs: tuple[Path, str]) -> None:
+    out, printed = certs
+    for secret in (EXTENDER_TLS_SECRET, SCHEDULER_TLS_SECRET):
+        files = secret_files(printed, secret)
+        assert set(files) == TLS_KEYS
+        assert all(path.is_file() for path in files.values())
+    for key in out.glob("*.key"):
+        assert key.stat().st_mode & 0o077 == 0, key
+    verify = subprocess.run(
+        ["openssl", "verify", "-x509_strict", "-CAfile", str(out / "ca.crt"),
+         str(out / "extender.crt"), str(out / "scheduler-client.crt")],
+        check=False, capture_output=True, text=True, timeout=30,
+    )
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_make_certs_refuses_a_git_work_tree(tmp_path: Path) -> None:
+    if shutil.which("openssl") is None or shutil.which("git") is None:
+        pytest.skip("openssl and git are needed")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True, timeout=30)
+    result = subprocess.run(
+        ["bash", str(MAKE_CERTS), str(tmp_path / "certs")], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2 and "git work tree" in result.stderr
+    assert not list((tmp_path / "certs").glob("*"))
+
+
+class _Health(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        status = {"/healthz": 200, "/readyz": 503}.get(self.path, 404)
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def mtls_server(certs: tuple[Path, str]) -> Iterator[int]:
+    """A stand-in for the extender's HTTPS port with --client-ca: uvicorn's settings, ssl.CERT_REQUIRED."""
+    _, printed = certs
+    files = secret_files(printed, EXTENDER_TLS_SECRET)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(files["tls.crt"], files["tls.key"])
+    context.load_verify_locations(files["ca.crt"])
+    context.verify_mode = ssl.CERT_REQUIRED
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def _get(port: int, context: ssl.SSLContext, server_name: str, path: str) -> int:
+    """GET over TLS to 127.0.0.1, checking the certificate for `server_name` (the urlPrefix host)."""
+    connection = HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+    connection.sock = context.wrap_socket(raw, server_hostname=server_name)
+    try:
+        connection.request("GET", path)
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def test_kube_scheduler_reaches_the_extender_with_mtls(certs: tuple[Path, str], mtls_server: int) -> None:
+    _, printed = certs
+    files = secret_files(printed, SCHEDULER_TLS_SECRET)
+    (extender,) = scheduler_config(SECONDARY_CONFIG)["extenders"]
+    host = extender["urlPrefix"].removeprefix("https://").rsplit(":", 1)[0]
+    # As kube-scheduler does: verify the server against caFile for the urlPrefix host, present certFile/keyFile.
+    context = ssl.create_default_context(cafile=str(files["ca.crt"]))
+    context.verify_flags |= ssl.VERIFY_X509_STRICT
+    context.load_cert_chain(files["tls.crt"], files["tls.key"])
+    assert _get(mtls_server, context, host, "/healthz") == 200
+    # Without a client certificate the extender's port refuses the connection.
+    anonymous = ssl.create_default_context(cafile=str(files["ca.crt"]))
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        _get(mtls_server, anonymous, host, "/healthz")
+
+
+def test_the_extenders_probe_passes_mtls_and_reads_the_status(certs: tuple[Path, str], mtls_server: int) -> None:
+    _, printed = certs
+    files = secret_files(printed, EXTENDER_TLS_SECRET)
+    tls_dir = volume_mount_for_secret(EXTENDER, EXTENDER_TLS_SECRET)
+    command = container(EXTENDER)["livenessProbe"]["exec"]["command"]
+    script = command[2].replace('127.0.0.1", 8443', f'127.0.0.1", {mtls_server}')
+    for key, path in files.items():
+        script = script.replace(f'"{tls_dir}/{key}"', repr(str(path)))
+    run = [sys.executable, "-c", script]
+    assert subprocess.run([*run, "/healthz"], check=False, capture_output=True, timeout=60).returncode == 0
+    assert subprocess.run([*run, "/readyz"], check=False, capture_output=True, timeout=60).returncode == 1  # a 503
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_the_real_extender_runs_the_deployments_command_line_with_mtls(certs: tuple[Path, str]) -> None:
+    """The Deployment's own args, with --demo for --in-cluster, loopback for 0.0.0.0 and the files of
+    make-certs.sh for the Secret, start the real server; kube-scheduler's client and the probes get in."""
+    pytest.importorskip("extender.cli")
+    _, printed = certs
+    extender_files = secret_files(printed, EXTENDER_TLS_SECRET)
+    scheduler_files = secret_files(printed, SCHEDULER_TLS_SECRET)
+    tls_dir = volume_mount_for_secret(EXTENDER, EXTENDER_TLS_SECRET)
+    port = _free_port()
+    local = {"--in-cluster": "--demo", "--host=0.0.0.0": "--host=127.0.0.1", "--port=8443": f"--port={port}"}
+    args = []
+    for arg in container(EXTENDER)["args"]:
+        arg = local.get(arg, arg)
+        for key, path in extender_files.items():
+            arg = arg.replace(f"{tls_dir}/{key}", str(path))
+        args.append(arg)
+    assert "--demo" in args and f"--port={port}" in args and "--client-ca=" + str(extender_files["ca.crt"]) in args
+    server = subprocess.Popen([sys.executable, "-m", "extender.cli", "--log-level", "warning", *args], cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        (extender,) = scheduler_config(SECONDARY_CONFIG)["extenders"]
+        host = extender["urlPrefix"].removeprefix("https://").rsplit(":", 1)[0]
+        client = ssl.create_default_context(cafile=str(scheduler_files["ca.crt"]))
+        client.load_cert_chain(scheduler_files["tls.crt"], scheduler_files["tls.key"])
+        status = None
+        for _ in range(150):  # at most ~30 s for the server to come up
+            assert server.poll() is None, server.stderr.read().decode() if server.stderr else ""
+            try:
+                status = _get(port, client, host, "/readyz")
+                break
+            except (ConnectionError, ssl.SSLError, TimeoutError, OSError):
+                threading.Event().wait(0.2)
+        assert status == 200
+        anonymous = ssl.create_default_context(cafile=str(scheduler_files["ca.crt"]))
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            _get(port, anonymous, host, "/healthz")
+        command = container(EXTENDER)["livenessProbe"]["exec"]["command"]
+        script = command[2].replace('127.0.0.1", 8443', f'127.0.0.1", {port}')
+        for key, path in extender_files.items():
+            script = script.replace(f'"{tls_dir}/{key}"', repr(str(path)))
+        for health in ("/healthz", "/readyz"):
+            probe = subprocess.run([sys.executable, "-c", script, health], check=False, capture_output=True, timeout=60)
+            assert probe.returncode == 0, probe.stderr
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=10)
