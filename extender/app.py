@@ -73,30 +73,35 @@ def create_app(service: ExtenderService) -> FastAPI:
     return app
 
 
-def _guarded(service: ExtenderService, verb: str, answer: Answer,
-             on_error: Callable[[str], bytes]) -> Callable[[bytes], tuple[int, bytes]]:
+Respond = Callable[[bytes], tuple[int, bytes, float]]
+
+
+def _guarded(service: ExtenderService, verb: str, answer: Answer, on_error: Callable[[str], bytes]) -> Respond:
     """Time the verb and turn every failure into a status and an extender answer."""
     latency = service.metrics.request_seconds.labels(verb)
 
-    def respond(body: bytes) -> tuple[int, bytes]:
+    def respond(body: bytes) -> tuple[int, bytes, float]:
         started = time.perf_counter()
         try:
-            return 200, answer(body)
+            status, content = 200, answer(body)
         except NotJson as error:
-            return 400, binding_result(str(error))
+            status, content = 400, binding_result(str(error))
         except BadRequest as error:
-            return 200, on_error(str(error))
+            status, content = 200, on_error(str(error))
         except Exception:
             log.exception("%s failed", verb)
-            return 200, on_error(f"internal error in the GPU topology extender's {verb}; see its log")
-        finally:
-            latency.observe(time.perf_counter() - started)
+            status, content = 200, on_error(f"internal error in the GPU topology extender's {verb}; see its log")
+        elapsed = time.perf_counter() - started
+        latency.observe(elapsed)
+        return status, content, elapsed
     return respond
 
 
-def _route(respond: Callable[[bytes], tuple[int, bytes]], *, in_thread: bool) -> Callable[[Request], Awaitable[Response]]:
+def _route(respond: Respond, *, in_thread: bool) -> Callable[[Request], Awaitable[Response]]:
     async def handle(request: Request) -> Response:
         body = await request.body()
-        status, content = await run_in_threadpool(respond, body) if in_thread else respond(body)
-        return Response(content, status_code=status, media_type=JSON)
+        status, content, elapsed = await run_in_threadpool(respond, body) if in_thread else respond(body)
+        # Server-Timing (W3C) carries the time spent in the verb, without HTTP and parsing by the server.
+        return Response(content, status_code=status, media_type=JSON,
+                        headers={"Server-Timing": f"verb;dur={elapsed * 1000:.3f}"})
     return handle

@@ -200,3 +200,10 @@ def test_health_readiness_and_metrics() -> None:
     assert ClusterState().ready is False
     metrics = client.get("/metrics").text
     assert "gpu_topology_extender_nodes 1.0" in metrics and "gpu_topology_extender_ledger_pods 0.0" in metrics
+
+
+def test_server_timing_header_reports_the_verb_time() -> None:
+    _, _, service = _cluster()
+    response = TestClient(create_app(service)).post("/filter", content=b'{"Pod": {"metadata": {}}, "NodeNames": []}')
+    name, duration = response.headers["Server-Timing"].split(";dur=")
+    assert name == "verb" and 0 <= float(duration) < 1000
