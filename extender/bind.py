@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
+from extender.filter import STALE
 from extender.kube import Conflict, KubeApi, KubeError
 from extender.ledger import Assignment, Phase
 from extender.pod_request import PodRequest
@@ -78,7 +79,7 @@ def _reserve(state: ClusterState, selector: Selector, pod: PodRequest,
         if view is None or view.compiled is None:
             raise BindError(f"node {args.node}: {view.problem if view else 'no GPU topology reported'}")
         if state.is_stale(view, state.clock()):
-            raise BindError(f"node {args.node}: GPU state is stale")
+            raise BindError(f"node {args.node}: {STALE}")
         choice = selector.select(view.compiled, view.free, request)
         if not isinstance(choice, Choice) and not pod.required:
             choice = selector.select(view.compiled, view.free, Request(request.count))

@@ -19,7 +19,7 @@ from topology.compiled import CompiledTopology
 from topology.levels import Interconnect
 from topology.select import Choice, NoFit, NoFitReason, Selector
 
-STALE = "GPU state is stale"
+STALE = "no fresh GPU state from the node reporter"
 NO_TOPOLOGY = "no GPU topology reported"
 TOO_SMALL = "node has fewer healthy GPUs than the pod requests"
 NOT_ENOUGH_FREE = "not enough free GPUs"

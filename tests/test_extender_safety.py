@@ -144,9 +144,9 @@ def test_stale_node_is_refused_for_bind_and_filtered() -> None:
     now[0] += 61
     from extender.filter import filter_nodes
     outcome = filter_nodes(state, service.selector, request, ["n1", "unknown"])
-    assert outcome.failed == {"n1": "GPU state is stale"}
+    assert outcome.failed == {"n1": "no fresh GPU state from the node reporter"}
     assert outcome.unresolvable == {"unknown": "no GPU topology reported"}
-    assert service.bind(_args(pod, "n1")) == "node n1: GPU state is stale"
+    assert service.bind(_args(pod, "n1")) == "node n1: no fresh GPU state from the node reporter"
     cluster.refresh_all()
     assert service.bind(_args(pod, "n1")) == ""
 
