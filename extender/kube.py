@@ -227,7 +227,7 @@ class KubernetesApi:
     """`KubeApi` through the official client. `timeout` bounds each write and the connect of every call;
     `list_timeout` is the read timeout of a list; a watch's read timeout is its server-side
     `timeout_seconds` plus `timeout`, so a silent connection is noticed soon after the server should have
-    ended it."""
+    ended it. Build it with a factory: given a bare `ApiClient`, urllib3's default retries still apply."""
 
     def __init__(
         self,

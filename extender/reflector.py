@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 
 CHANGES = frozenset({"ADDED", "MODIFIED", "DELETED"})
 
-ListFn = Callable[[], "tuple[list[dict], str]"]
-WatchFn = Callable[[str, int], Iterable["tuple[str, dict]"]]
+ListFn = Callable[[], tuple[list[dict], str]]
+WatchFn = Callable[[str, int], Iterable[tuple[str, dict]]]
 
 
 class Sink(Protocol):

@@ -6,11 +6,22 @@ import threading
 import time
 from datetime import datetime
 
+import kubernetes
 import pytest
 from kube_api_server import NODES, PODS, FakeKubeApiServer, kube_server_fixture, make_node, make_pod, wait_until
 from kubernetes import client as k8s
 
-from extender.kube import ACTIVE_PODS, COMPONENT, Conflict, Gone, KubeError, KubernetesApi, Unreachable
+from extender.kube import (
+    ACTIVE_PODS,
+    COMPONENT,
+    MERGE_PATCH,
+    PATCH_CONTENT_TYPE,
+    Conflict,
+    Gone,
+    KubeError,
+    KubernetesApi,
+    Unreachable,
+)
 
 __all__ = ["kube_server_fixture"]  # the `kube_server` fixture
 
@@ -115,7 +126,7 @@ def test_watch_streams_each_change_after_the_version_in_order(kube_server, api):
     assert events[1][1]["metadata"]["annotations"] == {"gpu-topology.io/state": "x"}
     assert events[1][1]["kind"] == "Node"
     query = kube_server.requests[-1].query
-    assert query["watch"] == "true" and query["allowWatchBookmarks"] == "true"
+    assert query["watch"].lower() == "true" and query["allowWatchBookmarks"].lower() == "true"  # v31 sends True
     assert query["resourceVersion"] == version and query["timeoutSeconds"] == "30"
 
 
@@ -200,7 +211,8 @@ def test_patch_touches_only_annotations_and_none_deletes(kube_server, api):
     assert after["spec"] == before["spec"] and after["status"] == before["status"]
     assert int(after["metadata"]["resourceVersion"]) > int(before["metadata"]["resourceVersion"])
     patch = kube_server.patches[-1]
-    assert patch["content_type"] == "application/merge-patch+json"
+    assert patch["content_type"] == PATCH_CONTENT_TYPE
+    assert PATCH_CONTENT_TYPE == MERGE_PATCH or not kubernetes.__version__.startswith("37.")
     assert patch["patch"] == {"metadata": {"annotations": {"gpu-topology.io/gpus": "GPU-1,GPU-2", "drop": None}}}
 
 
