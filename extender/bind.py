@@ -51,6 +51,7 @@ def bind_pod(state: ClusterState, selector: Selector, kube: KubeApi, pod: PodReq
             state.record(replace(assignment, phase=Phase.BOUND))
             return Bound(gpus, choice.ring_gbps, repeated=True)
         state.release(args.pod_uid, freed=False)
+        _withdraw(kube, args, state)
         raise BindError(f"binding {pod.key} to {args.node} conflicted: {error}") from None
     except KubeError as error:
         state.release(args.pod_uid, freed=False)
@@ -60,6 +61,15 @@ def bind_pod(state: ClusterState, selector: Selector, kube: KubeApi, pod: PodReq
         raise
     state.record(replace(assignment, phase=Phase.BOUND))
     return Bound(gpus, choice.ring_gbps, repeated=False)
+
+
+def _withdraw(kube: KubeApi, args: BindingArgs, state: ClusterState) -> None:
+    """Take our GPU annotations back off a pod that someone else bound; best effort."""
+    try:
+        kube.patch_pod_annotations(args.pod_namespace, args.pod_name,
+                                   {state.keys.gpus: None, state.keys.ring_bandwidth: None})
+    except KubeError as error:
+        log.warning("could not withdraw the GPU annotations of %s/%s: %s", args.pod_namespace, args.pod_name, error)
 
 
 def _reserve(state: ClusterState, selector: Selector, pod: PodRequest,

@@ -145,8 +145,11 @@ class ClusterState:
 
     def record(self, assignment: Assignment) -> None:
         with self.ledger.lock:
+            previous = self.ledger.get(assignment.pod_uid)
             self.ledger.record(assignment)
             self.refresh(assignment.node)
+            if previous is not None and previous.node != assignment.node:
+                self.refresh(previous.node)
 
     def release(self, pod_uid: str, *, freed: bool) -> None:
         with self.ledger.lock:

@@ -1,0 +1,164 @@
+"""The extender on the Kubernetes side: the real `kubernetes` client against the in-process API server.
+
+Watches feed the state, bind patches the pod and creates the Binding, Events reach the pod, a restart
+rebuilds the ledger from the API, and an unreachable API server gives a clear Error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import kubernetes.client as k8s
+import orjson
+import pytest
+from fastapi.testclient import TestClient
+
+from extender.app import create_app
+from extender.demo_cluster import with_uuids
+from extender.kube import KubernetesApi
+from extender.reflector import Reflector
+from extender.service import ExtenderService
+from extender.state import ClusterState
+from kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node, make_pod, wait_until
+from topology.codec import NodeState, encode_state, encode_topology
+from topology.platforms import PLATFORMS
+
+__all__ = ["kube_server_fixture"]
+
+TOPOLOGY = with_uuids("gpu-1", PLATFORMS["rtx-a6000-pairs"].topology())
+
+
+@dataclass
+class Extender:
+    state: ClusterState
+    service: ExtenderService
+    client: TestClient
+    reflectors: list[Reflector]
+
+    def stop(self) -> None:
+        for reflector in self.reflectors:
+            reflector.stop()
+
+
+def _node_annotations(used: frozenset[str] = frozenset()) -> dict[str, str]:
+    state = NodeState(used, frozenset(), datetime.now(timezone.utc), 1)
+    return {"gpu-topology.io/topology": encode_topology(TOPOLOGY), "gpu-topology.io/state": encode_state(state)}
+
+
+def _start(server: FakeKubeApiServer, timeout: float = 5.0) -> Extender:
+    api = KubernetesApi.from_configuration(k8s.Configuration(host=server.url), timeout=timeout, instance="test")
+    state = ClusterState()
+    reflectors = [Reflector(api.list_nodes, api.watch_nodes, state.nodes, name="nodes", watch_timeout=5),
+                  Reflector(api.list_pods, api.watch_pods, state.pods, name="pods", watch_timeout=5)]
+    for reflector in reflectors:
+        reflector.start()
+    service = ExtenderService(state, api)
+    extender = Extender(state, service, TestClient(create_app(service)), reflectors)
+    wait_until(lambda: state.ready, what="the first Node and Pod lists")
+    return extender
+
+
+@pytest.fixture
+def cluster(kube_server: FakeKubeApiServer) -> Iterator[FakeKubeApiServer]:
+    kube_server.add_node(make_node("gpu-1", annotations=_node_annotations()))
+    yield kube_server
+
+
+@pytest.fixture
+def extender(cluster: FakeKubeApiServer) -> Iterator[Extender]:
+    running = _start(cluster)
+    yield running
+    running.stop()
+
+
+def _schedule(extender: Extender, server: FakeKubeApiServer, pod: dict) -> dict:
+    """filter, prioritize and bind, as kube-scheduler would; returns the bind answer."""
+    filtered = extender.client.post("/filter", content=orjson.dumps({"Pod": pod, "NodeNames": ["gpu-1"]})).json()
+    assert filtered["NodeNames"] == ["gpu-1"], filtered
+    assert extender.client.post("/prioritize", content=orjson.dumps({"Pod": pod, "NodeNames": ["gpu-1"]})).json()
+    return extender.client.post("/bind", content=orjson.dumps({
+        "PodName": pod["metadata"]["name"], "PodNamespace": pod["metadata"]["namespace"],
+        "PodUID": pod["metadata"]["uid"], "Node": "gpu-1"})).json()
+
+
+def test_bind_patches_the_pod_and_creates_the_binding(extender: Extender, cluster: FakeKubeApiServer) -> None:
+    pod = cluster.add_pod(make_pod("train", gpus=2, annotations={"gpu-topology.io/interconnect": "nvlink",
+                                                                  "gpu-topology.io/placement": "required"}))
+    assert _schedule(extender, cluster, pod) == {"Error": ""}
+    stored = cluster.pod("default", "train")
+    assert stored["spec"]["nodeName"] == "gpu-1"
+    assert stored["metadata"]["annotations"]["gpu-topology.io/gpus"] == ",".join(g.uuid for g in TOPOLOGY.gpus[:2])
+    assert stored["metadata"]["annotations"]["gpu-topology.io/ring-bandwidth"] == "56"
+    assert [b["target"]["name"] for b in cluster.bindings] == ["gpu-1"]
+    assert cluster.patches[0]["content_type"] == "application/merge-patch+json"
+    wait_until(lambda: extender.state.view("gpu-1").free.bit_count() == 6, what="the ledger to hold 2 GPUs")
+
+
+def test_pod_end_seen_by_the_watch_frees_its_gpus(extender: Extender, cluster: FakeKubeApiServer) -> None:
+    pod = cluster.add_pod(make_pod("short", gpus=4))
+    assert _schedule(extender, cluster, pod) == {"Error": ""}
+    wait_until(lambda: extender.state.view("gpu-1").free.bit_count() == 4, what="4 GPUs held")
+    cluster.delete_pod("default", "short")
+    wait_until(lambda: extender.state.view("gpu-1").free.bit_count() == 8, what="the GPUs back after the delete")
+
+
+def test_malformed_annotation_becomes_an_event_on_the_pod(extender: Extender, cluster: FakeKubeApiServer) -> None:
+    pod = cluster.add_pod(make_pod("bad", gpus=1, annotations={"gpu-topology.io/min-bandwidth": "fast"}))
+    answer = extender.client.post("/filter", content=orjson.dumps({"Pod": pod, "NodeNames": ["gpu-1"]})).json()
+    assert answer["FailedAndUnresolvableNodes"] == {
+        "gpu-1": "gpu-topology.io/min-bandwidth: 'fast' is not a positive number of GB/s"}
+    wait_until(lambda: cluster.events, what="the Warning Event")
+    event = cluster.events[0]
+    assert event["reason"] == "InvalidGPUTopologyRequest" and event["type"] == "Warning"
+    assert event["involvedObject"]["uid"] == pod["metadata"]["uid"] and "min-bandwidth" in event["message"]
+
+
+def test_restart_rebuilds_the_ledger_before_the_reporter_catches_up(cluster: FakeKubeApiServer) -> None:
+    first = _start(cluster)
+    pod = cluster.add_pod(make_pod("before-restart", gpus=6))
+    assert _schedule(first, cluster, pod) == {"Error": ""}
+    first.stop()
+    # The reporter still says nothing is used; only the pod's annotation tells the new process.
+    second = _start(cluster)
+    try:
+        wait_until(lambda: second.state.view("gpu-1").free.bit_count() == 2, what="the rebuilt ledger")
+        late = cluster.add_pod(make_pod("after-restart", gpus=4))
+        wait_until(lambda: second.state.pod(late["metadata"]["uid"]) is not None, what="the new pod in the watch")
+        answer = second.client.post("/filter", content=orjson.dumps({"Pod": late, "NodeNames": ["gpu-1"]})).json()
+        assert answer["FailedNodes"] == {"gpu-1": "not enough free GPUs"}
+    finally:
+        second.stop()
+
+
+def test_bind_of_a_pod_bound_elsewhere_rolls_back(extender: Extender, cluster: FakeKubeApiServer) -> None:
+    pod = cluster.add_pod(make_pod("raced", gpus=2))
+    extender.service.pod_request(pod)
+    cluster.update_pod({**cluster.pod("default", "raced"), "spec": {**pod["spec"], "nodeName": "other-node"}})
+    def seen_elsewhere() -> bool:
+        record = extender.state.pod(pod["metadata"]["uid"])
+        return record is not None and record.node == "other-node"
+    wait_until(seen_elsewhere, what="the watch to show the pod bound elsewhere")
+    answer = extender.client.post("/bind", content=orjson.dumps({
+        "PodName": "raced", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": "gpu-1"})).json()
+    assert answer["Error"].startswith("binding default/raced to gpu-1 conflicted")
+    assert "gpu-topology.io/gpus" not in cluster.pod("default", "raced")["metadata"]["annotations"]
+    wait_until(lambda: extender.state.ledger.get(pod["metadata"]["uid"]) is None, what="no ledger entry")
+    wait_until(lambda: extender.state.view("gpu-1").free.bit_count() == 8, what="gpu-1 whole again")
+
+
+def test_unreachable_api_server_is_a_clear_bind_error(cluster: FakeKubeApiServer) -> None:
+    extender = _start(cluster, timeout=1.0)
+    try:
+        pod = cluster.add_pod(make_pod("stranded", gpus=1))
+        extender.service.pod_request(pod)
+        cluster.hang("PATCH", None, times=5)
+        answer = extender.client.post("/bind", content=orjson.dumps({
+            "PodName": "stranded", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"],
+            "Node": "gpu-1"})).json()
+        cluster.release_hangs()
+        assert answer["Error"].startswith("binding default/stranded to gpu-1 failed")
+        assert extender.state.ledger.get(pod["metadata"]["uid"]) is None
+    finally:
+        extender.stop()
