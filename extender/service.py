@@ -37,7 +37,7 @@ class ExtenderService:
         self.metrics = Metrics(state)
         self._pods: OrderedDict[str, tuple[str, PodRequest]] = OrderedDict()  # uid -> (resourceVersion, request)
         self._pods_lock = threading.Lock()
-        self._warned: set[tuple[str, str]] = set()
+        self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._events: queue.Queue[tuple[str, str, str, str, str]] = queue.Queue(_EVENT_QUEUE_SIZE)
         threading.Thread(target=self._send_events, name="pod-events", daemon=True).start()
 
@@ -106,9 +106,12 @@ class ExtenderService:
     def _warn(self, pod: PodRequest) -> None:
         """One Event per pod and problem, sent off the hot path; a full queue drops it."""
         key = (pod.uid, pod.problem or "")
-        if key in self._warned or not pod.uid:
-            return
-        self._warned.add(key)
+        with self._pods_lock:
+            if key in self._warned or not pod.uid:
+                return
+            self._warned[key] = None
+            if len(self._warned) > _POD_CACHE_SIZE:
+                self._warned.popitem(last=False)
         try:
             self._events.put_nowait((pod.namespace, pod.name, pod.uid, "InvalidGPUTopologyRequest", pod.problem or ""))
         except queue.Full:

@@ -246,14 +246,14 @@ class ClusterState:
         metadata = pod.get("metadata") or {}
         uid = str(metadata.get("uid") or "")
         phase = (pod.get("status") or {}).get("phase")
-        if kind == "DELETED" or phase in FINISHED_PHASES or metadata.get("deletionTimestamp") and not (
-                pod.get("spec") or {}).get("nodeName"):
+        node = (pod.get("spec") or {}).get("nodeName")
+        # A terminating pod still holds its GPUs until it is gone, unless it never reached a node.
+        if kind == "DELETED" or phase in FINISHED_PHASES or (metadata.get("deletionTimestamp") and not node):
             self._forget_pod(uid)
             return
         request = parse_pod(pod, self.keys, self.resource)
         if request.gpus == 0:
             return
-        node = (pod.get("spec") or {}).get("nodeName")
         self._pods[uid] = PodRecord(request, node)
         held = (metadata.get("annotations") or {}).get(self.keys.gpus)
         if node and isinstance(held, str) and held:
