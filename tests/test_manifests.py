@@ -31,73 +31,35 @@ import kubernetes_validate
 import pytest
 import yaml
 from kubernetes_validate.utils import all_versions
+from manifest_checks import (
+    API_OBJECTS,
+    CERT_MANAGER_GROUP,
+    CONFIG,
+    DOCS,
+    KUBERNETES_VERSION,
+    KUSTOMIZE_GROUP,
+    ROOT,
+    SCHEDULER_CONFIG_GROUP,
+    Doc,
+    container,
+    flag_values,
+    flatten_rules,
+    obj,
+    quantity,
+)
+from manifest_checks import api_group as _group
+from manifest_checks import documents as _docs
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "scheduler-config"
-# The schemas every manifest is validated against: Kubernetes 1.36, the minor of the real kube-scheduler the
-# extender contract was captured on (shared/kube-scheduler/INDEX.md). kubernetes-validate silently falls back to
-# the newest version it has below the one asked for, so the test below insists that this one is shipped.
-KUBERNETES_VERSION = "1.36.0"
 NAMESPACE = "gpu-topology-system"
 GPU = "nvidia.com/gpu"
 GPU_PROFILE = "gpu-topology-scheduler"
 SECONDARY_CONFIG = "kube-scheduler-config.yaml"
 CONTROL_PLANE_CONFIG = "kube-scheduler-config.control-plane.yaml"
 
-Doc = dict[str, Any]
-
-
-def _load(path: Path) -> list[Doc]:
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
-
-
-DOCS: dict[str, list[Doc]] = {path.name: _load(path) for path in sorted(CONFIG.glob("*.yaml"))}
-
-# Documents that are not Kubernetes API objects, by API group.
-SCHEDULER_CONFIG_GROUP = "kubescheduler.config.k8s.io"
-KUSTOMIZE_GROUP = "kustomize.config.k8s.io"
-CERT_MANAGER_GROUP = "cert-manager.io"
-
-
-def _group(doc: Doc) -> str:
-    api_version = doc["apiVersion"]
-    return api_version.split("/")[0] if "/" in api_version else ""
-
-
-def _docs(group: str | None = None) -> Iterator[tuple[str, Doc]]:
-    for name, docs in DOCS.items():
-        for doc in docs:
-            if group is None or _group(doc) == group:
-                yield name, doc
-
-
-API_OBJECTS = [
-    (name, doc)
-    for name, doc in _docs()
-    if _group(doc) not in {SCHEDULER_CONFIG_GROUP, KUSTOMIZE_GROUP, CERT_MANAGER_GROUP}
-]
-
-
-def obj(kind: str, name: str, namespace: str | None = None) -> Doc:
-    found = [
-        doc
-        for _, doc in _docs()
-        if doc.get("kind") == kind
-        and doc.get("metadata", {}).get("name") == name
-        and (namespace is None or doc["metadata"].get("namespace") == namespace)
-    ]
-    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
-    return found[0]
-
 
 def scheduler_config(file: str) -> Doc:
     (doc,) = DOCS[file]
     return doc
-
-
-def container(deployment: Doc) -> Doc:
-    (only,) = deployment["spec"]["template"]["spec"]["containers"]
-    return only
 
 
 EXTENDER = obj("Deployment", "gpu-topology-extender", NAMESPACE)
@@ -122,25 +84,6 @@ def secret_of_volume(deployment: Doc, volume: str) -> str:
 EXTENDER_TLS_SECRET = secret_of_volume(EXTENDER, "tls")
 SCHEDULER_TLS_SECRET = secret_of_volume(SCHEDULER, "extender-client-tls")
 TLS_KEYS = {"tls.crt", "tls.key", "ca.crt"}  # the keys of a kubernetes.io/tls Secret made by cert-manager's CA issuer
-
-
-def flag_values(args: list[str]) -> dict[str, str]:
-    """--name=value and --name value pairs of a command line; flags without a value map to ''."""
-    flags: dict[str, str] = {}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg.startswith("--"):
-            if "=" in arg:
-                key, value = arg.split("=", 1)
-            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
-                key, value = arg, args[i + 1]
-                i += 1
-            else:
-                key, value = arg, ""
-            flags[key] = value
-        i += 1
-    return flags
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -978,17 +921,6 @@ def test_the_resource_name_rules_match_upstream_examples() -> None:
 # The Deployments and the Service
 # ---------------------------------------------------------------------------------------------------------------
 
-_QUANTITY = re.compile(r"([0-9.]+)(m|k|M|G|T|Ki|Mi|Gi|Ti)?")
-_QUANTITY_FACTOR = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
-                    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-
-
-def quantity(value: str | int) -> float:
-    match = _QUANTITY.fullmatch(str(value))
-    assert match, value
-    return float(match[1]) * _QUANTITY_FACTOR[match[2]]
-
-
 def probe_target(probe: Doc, tls_dir: str) -> tuple[str, int]:
     """(path, port) a probe asks, for an httpGet probe or for the extender's in-container Python probe."""
     if "httpGet" in probe:
@@ -1087,17 +1019,6 @@ def test_scheduler_deployment_is_hardened_and_probed() -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def flatten_rules(rules: list[Doc]) -> set[tuple[str, str, str, tuple[str, ...]]]:
-    flat = set()
-    for rule in rules:
-        assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, rule  # no nonResourceURLs
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                for verb in rule["verbs"]:
-                    flat.add((group, resource, verb, tuple(rule.get("resourceNames", ()))))
-    return flat
-
-
 def bindings_of(service_account: str) -> set[tuple[str, str | None, str, str]]:
     """(binding kind, binding namespace, role kind, role name) for every binding that names the account."""
     found = set()
@@ -1143,9 +1064,14 @@ def test_scheduler_rbac_is_the_built_in_scheduler_roles_and_its_own_lease() -> N
         ("coordination.k8s.io", "leases", "get", (election["resourceName"],)),
         ("coordination.k8s.io", "leases", "update", (election["resourceName"],)),
     }
-    # Only these two roles are defined here; the rest are Kubernetes' built-in ones.
+    # Only these three roles are defined here (the reporter's: tests/test_reporter_manifests.py); the rest are
+    # Kubernetes' built-in ones.
     roles = {(doc["kind"], doc["metadata"]["name"]) for _, doc in _docs() if doc.get("kind") in {"Role", "ClusterRole"}}
-    assert roles == {("ClusterRole", "gpu-topology-extender"), ("Role", "gpu-topology-scheduler-lease")}
+    assert roles == {
+        ("ClusterRole", "gpu-topology-extender"),
+        ("Role", "gpu-topology-scheduler-lease"),
+        ("ClusterRole", "gpu-topology-reporter"),
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
