@@ -63,9 +63,7 @@ class PreemptionArgs:
 
 def parse_extender_args(body: bytes) -> ExtenderArgs:
     document = _object(body)
-    pod = document.get("pod")
-    if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
-        raise BadRequest("request has no Pod object")
+    pod = _pod(document)
     names = document.get("nodenames")
     nodes = document.get("nodes")
     if names is not None:
@@ -94,9 +92,7 @@ def parse_binding_args(body: bytes) -> BindingArgs:
 
 def parse_preemption_args(body: bytes) -> PreemptionArgs:
     document = _object(body)
-    pod = document.get("pod")
-    if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
-        raise BadRequest("request has no Pod object")
+    pod = _pod(document)
     meta = document.get("nodenametometavictims")
     full = document.get("nodenametovictims")
     source = meta if meta is not None else full
@@ -187,6 +183,13 @@ def _object(body: bytes) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise BadRequest("body is not a JSON object")
     return {key.lower(): value for key, value in document.items()}
+
+
+def _pod(document: Mapping[str, Any]) -> dict[str, Any]:
+    pod = document.get("pod")
+    if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
+        raise BadRequest("request has no Pod object")
+    return pod
 
 
 def _victim_uid(item: Any, meta: bool) -> str:
