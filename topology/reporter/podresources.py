@@ -1,0 +1,106 @@
+"""The kubelet pod-resources API v1 over its unix socket: the edge that imports gRPC.
+
+`List` gives the devices assigned to each container, by resource; `GetAllocatableResources` gives the
+devices the kubelet can allocate (its healthy ones). The kubelet serves both on
+/var/lib/kubelet/pod-resources/kubelet.sock to root on the node.
+
+Every failure is a `PodResourcesUnavailable` with a one-line reason; the reporter then marks the state
+unknown and retries with backoff. After a failure the channel is dropped and the next read dials anew, so a
+socket that comes back (a kubelet restart) is used at once, not after gRPC's own reconnect backoff (up to
+two minutes). A kubelet without GetAllocatableResources (before 1.23 without its feature gate) answers
+UNIMPLEMENTED: the reporter then does without it, and says so once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import grpc
+
+from topology.reporter import podresources_v1 as api
+from topology.reporter.devices import DEFAULT_SOCKET, ContainerDevices, DevicesUnavailable, KubeletDevices
+
+log = logging.getLogger(__name__)
+
+# The kubelet's own client allows 16 MiB answers; a List of a busy node can pass gRPC's 4 MiB default.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+class PodResourcesUnavailable(DevicesUnavailable):
+    """The pod-resources API cannot be read now; the message is one line."""
+
+
+class PodResourcesClient:
+    def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout: float = 5.0) -> None:
+        self.socket_path = socket_path
+        self.timeout = timeout
+        self._channel: grpc.Channel | None = None
+        self._allocatable_supported = True
+
+    def read(self) -> KubeletDevices:
+        if not os.path.exists(self.socket_path):
+            self.close()
+            raise PodResourcesUnavailable(f"the pod-resources socket {self.socket_path} does not exist "
+                                          "(is the kubelet running, and its pod-resources directory mounted?)")
+        listed = self._call(api.LIST, api.ListPodResourcesRequest, api.ListPodResourcesResponse)
+        assigned = tuple(
+            ContainerDevices(pod.namespace, pod.name, container.name, devices.resource_name, tuple(devices.device_ids))
+            for pod in listed.pod_resources for container in pod.containers for devices in container.devices)
+        return KubeletDevices(assigned, self._allocatable())
+
+    def _allocatable(self) -> dict[str, tuple[str, ...]] | None:
+        if not self._allocatable_supported:
+            return None
+        try:
+            answer = self._call(api.GET_ALLOCATABLE_RESOURCES, api.AllocatableResourcesRequest,
+                                api.AllocatableResourcesResponse)
+        except _Unimplemented:
+            self._allocatable_supported = False
+            log.warning("the kubelet does not serve GetAllocatableResources; GPUs the device plugin marks "
+                        "unhealthy are not seen (NVML health still is)")
+            return None
+        except PodResourcesUnavailable as error:
+            log.warning("%s; allocatable devices are not used this round", error)
+            return None
+        allocatable: dict[str, list[str]] = {}
+        for devices in answer.devices:
+            allocatable.setdefault(devices.resource_name, []).extend(devices.device_ids)
+        return {resource: tuple(ids) for resource, ids in allocatable.items()}
+
+    def _call(self, method: str, request: Any, response: Any) -> Any:
+        stub = self._connect().unary_unary(method, request_serializer=request.SerializeToString,
+                                           response_deserializer=response.FromString)
+        try:
+            return stub(request(), timeout=self.timeout)
+        except grpc.RpcError as error:
+            code = error.code() if hasattr(error, "code") else None
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                raise _Unimplemented(method) from None
+            self.close()
+            details = error.details() if hasattr(error, "details") else str(error)
+            name = code.name if code is not None else "error"
+            raise PodResourcesUnavailable(f"pod-resources {method.rsplit('/', 1)[-1]} on {self.socket_path} "
+                                          f"failed: {name}: {_one_line(details)}") from None
+
+    def _connect(self) -> grpc.Channel:
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(
+                "unix://" + os.path.abspath(self.socket_path),
+                options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                         ("grpc.enable_retries", 0)])
+        return self._channel
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+
+class _Unimplemented(Exception):
+    pass
+
+
+def _one_line(text: str | None) -> str:
+    return " ".join((text or "").split())[:300]
