@@ -12,7 +12,8 @@ from kube_api_server import PODS, FakeKubeApiServer, kube_server_fixture, make_p
 from kubernetes import client as k8s
 
 from extender.kube import KubernetesApi
-from extender.reflector import Backoff, Reflector
+from extender.reflector import Reflector
+from topology.backoff import Backoff
 
 __all__ = ["kube_server_fixture"]  # the `kube_server` fixture
 
@@ -269,7 +270,7 @@ def test_a_watch_that_ends_at_once_never_spins():
         watches.append(version)
         return iter(())
 
-    reflector = Reflector(lambda: ([], "7"), watch, RecordingSink(), sleep=sleep, backoff=Backoff(rand=lambda: 0.5))
+    reflector = Reflector(lambda: ([], "7"), watch, RecordingSink(), sleep=sleep, backoff=Backoff(initial=0.2, rand=lambda: 0.5))
     reflector.start()
     assert enough.wait(20)
     reflector.stop(timeout=0)

@@ -12,7 +12,7 @@ import pytest
 from topology.annotations import AnnotationKeys
 from topology.codec import STATE_MAX_BYTES, NodeState, decode_state, encode_state, encode_topology
 from topology.platforms import PLATFORMS
-from topology.reporter.backoff import Backoff
+from topology.backoff import Backoff
 from topology.reporter.devices import MIG, ContainerDevices, GpuIds, KubeletDevices, Observation, Unknown, observe
 from topology.reporter.plan import NodeAnnotations, plan
 
@@ -275,7 +275,7 @@ def test_backoff_refuses_settings_that_could_spin(bad):
 
 def test_the_core_imports_neither_kubernetes_nor_grpc():
     code = ("import sys; import topology.reporter.loop, topology.reporter.plan, topology.reporter.devices, "
-            "topology.reporter.health, topology.reporter.backoff, topology.reporter.cli; "
+            "topology.reporter.health, topology.backoff, topology.reporter.cli; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'grpc', 'pynvml', 'extender')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

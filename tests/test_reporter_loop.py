@@ -21,7 +21,7 @@ from topology.annotations import AnnotationKeys
 from topology.codec import decode_state, decode_topology
 from topology.model import Topology
 from topology.platforms import PLATFORMS
-from topology.reporter.backoff import Backoff
+from topology.backoff import Backoff
 from topology.reporter.health import NvmlHealth
 from topology.reporter.kube import NodeApi
 from topology.reporter.loop import Reporter

@@ -31,7 +31,7 @@ import orjson
 from topology.annotations import AnnotationKeys
 from topology.codec import encode_topology
 from topology.model import Topology
-from topology.reporter.backoff import Backoff
+from topology.backoff import Backoff
 from topology.reporter.devices import DevicesUnavailable, GpuIds, KubeletDevices, Observation, Unknown, observe
 from topology.reporter.plan import NodeAnnotations, plan
 

@@ -1,4 +1,5 @@
-"""Jittered exponential backoff with a cap: the only way the reporter waits after a failure, so it never spins."""
+"""Jittered exponential backoff with a cap: how the reporter and the extender's watches wait after a failure, so
+neither ever spins."""
 
 from __future__ import annotations
 
