@@ -19,5 +19,8 @@ test: $(BIN)/activate
 bench: $(BIN)/activate
 	$(BIN)/python loadtests/bench_select.py
 
+loadtest: $(BIN)/activate
+	$(BIN)/python loadtests/load_extender.py --write BENCHMARKS.md
+
 clean:
 	rm -rf $(VENV) build *.egg-info

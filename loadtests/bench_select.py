@@ -351,15 +351,21 @@ def ring_table(rings: dict[str, RingComparison]) -> str:
     return "\n".join(rows)
 
 
-def header(argv: Sequence[str] | None, args: argparse.Namespace, elapsed: float) -> str:
-    command = "python loadtests/bench_select.py " + " ".join(sys.argv[1:] if argv is None else argv)
+def run_header(title: str, script: str, argv: Sequence[str] | None, elapsed: float,
+               machine_more: str = "") -> list[str]:
+    """A section's title, then its date, machine and command lines."""
+    command = f"python loadtests/{script} " + " ".join(sys.argv[1:] if argv is None else argv)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return "\n".join([
-        "## Selection (`loadtests/bench_select.py`)", "",
+    return [
+        f"## {title} (`loadtests/{script}`)", "",
         f"- Date: {now}; run time {elapsed:.0f} s.",
         f"- Machine: {os.cpu_count()} CPUs (nproc), {platform.machine()}, {platform.system()} {platform.release()}; "
-        f"Python {platform.python_version()} ({platform.python_implementation()}).",
-        f"- Command: `{command.strip()}`",
+        f"Python {platform.python_version()} ({platform.python_implementation()}){machine_more}.",
+        f"- Command: `{command.strip()}`"]
+
+
+def header(argv: Sequence[str] | None, args: argparse.Namespace, elapsed: float) -> str:
+    return "\n".join(run_header("Selection", "bench_select.py", argv, elapsed) + [
         f"- Queries: per k, the all-free mask and up to {args.masks} (8 GPUs) / {args.masks16} (16 GPUs) random free "
         f"masks (a free count uniform in k..n, then the GPUs uniformly), seed {args.seed}; {args.repeat} timed runs per query (one for a baseline search over 50 ms); "
         f"baseline budget {args.budget:g} s per query. Times from `time.perf_counter_ns`, with the garbage "
@@ -372,13 +378,14 @@ def header(argv: Sequence[str] | None, args: argparse.Namespace, elapsed: float)
         "model; elsewhere NODE within a NUMA node, SYS across."])
 
 
-def write_section(path: Path, content: str) -> None:
-    block = f"{BEGIN}\n{content}\n{END}"
+def write_section(path: Path, content: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the section between the markers `begin` and `end`, or append it; other sections stay."""
+    block = f"{begin}\n{content}\n{end}"
     if path.exists():
         text = path.read_text(encoding="utf-8")
-        if BEGIN in text and END in text:
-            before, rest = text.split(BEGIN, 1)
-            after = rest.split(END, 1)[1]
+        if begin in text and end in text:
+            before, rest = text.split(begin, 1)
+            after = rest.split(end, 1)[1]
             text = before + block + after
         else:
             text = text.rstrip("\n") + "\n\n" + block + "\n"

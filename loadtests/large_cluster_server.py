@@ -1,0 +1,360 @@
+"""The real extender server on a large in-memory cluster, for `loadtests/load_extender.py`.
+
+It builds a DemoCluster of N nodes (the ten real platforms of `extender.demo_cluster.DEMO_NODES`, repeated with
+a numeric suffix), occupies a share of the GPUs by binding 1-, 2- and 4-GPU pods through `ExtenderService.bind`
+on random nodes (so free masks vary from node to node), creates the first pending pods the load generator will
+schedule, then serves `extender.app.create_app(service)` with uvicorn: one process, one worker, no access log,
+127.0.0.1 only. It prints one line `READY {json}` with the port and the cluster's figures.
+
+The cluster stays in a steady state while the load runs. After every bind of a load pod a background thread
+plays users and kubelets: it creates the next pending pod (the generator's pods `load-{i}` stay a window ahead)
+and ends the oldest running pod, so the number of running pods stays what the initial fill left. Both arrive
+as the watch events a real API server would send, off the request path, in this process.
+
+`load_pod(i)` is the pending pod `load-{i}` exactly as the API server holds it, so the generator rebuilds the
+same JSON kube-scheduler would send. The pod is shaped like the pod kube-scheduler v1.36.2 sent in
+`shared/kube-scheduler/annotated-nvlink--filter.json`.
+
+Added to the product app, under /loadtest/ only, for the generator's report: `GET /loadtest/stats` (time spent
+in the in-process API server, churn counts, garbage-collector pauses) and `POST /loadtest/profile/start|stop`
+(cProfile of the event-loop thread).
+
+    python loadtests/large_cluster_server.py --nodes 5000 [--fill 0.45] [--window 2000] [--port 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import hashlib
+import importlib.util
+import itertools
+import json
+import pstats
+import queue
+import random
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi.responses import JSONResponse
+
+from extender.app import create_app
+from extender.demo_cluster import DEMO_NODES, DemoCluster
+from extender.service import ExtenderService
+from extender.state import ClusterState, NodeKey
+from extender.wire import BindingArgs
+from topology.annotations import AnnotationKeys
+
+KEYS = AnnotationKeys()
+LOAD_NAMESPACE = "ml-team"
+# The load pods' GPU counts and topology wishes, repeating: one in eight prefers NVLink, one in eight requires it.
+LOAD_SIZES = (1, 2, 1, 4, 2, 1, 4, 2)
+FILL_SIZES = (1, 1, 2, 2, 4)
+# Nodes never go stale during a run: the reporters' heartbeats are not simulated (node updates come from binds
+# and pod ends only), so the staleness bound is set past any run's length.
+STALE_AFTER_SECONDS = 24 * 3600.0
+
+
+def node_names(count: int) -> list[str]:
+    """`count` names: DEMO_NODES' ten names with a replica suffix, replica by replica, so any run of ten
+    consecutive names holds every platform."""
+    names = (f"{name}-{replica:04d}" for replica in itertools.count() for name, _ in DEMO_NODES)
+    return list(itertools.islice(names, count))
+
+
+def cluster_nodes(count: int) -> tuple[tuple[str, str], ...]:
+    platforms = itertools.cycle(platform for _, platform in DEMO_NODES)
+    return tuple(zip(node_names(count), platforms))
+
+
+def load_pod_uid(index: int) -> str:
+    return str(uuid.UUID(bytes=hashlib.sha256(f"load/{index}".encode()).digest()[:16]))
+
+
+def load_pod(index: int) -> dict[str, Any]:
+    """The pending pod `load-{index}` as the API server holds it (and kube-scheduler sends it)."""
+    gpus = LOAD_SIZES[index % len(LOAD_SIZES)]
+    annotations = {}
+    if index % 8 == 6:
+        annotations[KEYS.interconnect] = "nvlink"
+    elif index % 8 == 7:
+        annotations.update({KEYS.interconnect: "nvlink", KEYS.placement: "required"})
+    count = str(gpus)
+    return {
+        "metadata": {"name": f"load-{index}", "namespace": LOAD_NAMESPACE, "uid": load_pod_uid(index),
+                     "resourceVersion": "1", "generation": 1, "creationTimestamp": "2026-11-21T19:02:33Z",
+                     "labels": {"app": "llm-finetune", "team": "nlp"}, "annotations": annotations},
+        "spec": {
+            "containers": [{
+                "name": "trainer", "image": "registry.invalid/llm-finetune:1.0",
+                "command": ["torchrun", f"--nproc-per-node={gpus}", "train.py"],
+                "env": [{"name": "NCCL_P2P_LEVEL", "value": "NVL"}],
+                "resources": {"limits": {"memory": "32Gi", "nvidia.com/gpu": count},
+                              "requests": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": count}},
+                "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
+                "imagePullPolicy": "IfNotPresent"}],
+            "restartPolicy": "Never", "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "default", "serviceAccount": "default", "automountServiceAccountToken": False,
+            "securityContext": {}, "schedulerName": "default-scheduler",
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+                 "tolerationSeconds": 300},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+                 "tolerationSeconds": 300}],
+            "priority": 0, "enableServiceLinks": True, "preemptionPolicy": "PreemptLowerPriority"},
+        "status": {"phase": "Pending", "qosClass": "Burstable"},
+    }
+
+
+def load_index(name: str) -> int | None:
+    prefix, _, number = name.rpartition("-")
+    return int(number) if prefix == "load" and number.isdigit() else None
+
+
+class LoadCluster(DemoCluster):
+    """DemoCluster with indexes, so that the in-process API server costs the same at 10,000 pods as at 10.
+
+    DemoCluster finds a pod by scanning every pod, and builds a node's state from every pod; here a pod is
+    found by (namespace, name) and a node's state is built from the pods bound to it. Time spent inside the
+    API calls the extender makes (patch and Binding, including the watch events they apply to the extender's
+    state synchronously) is added up for the report.
+    """
+
+    def __init__(self, state: ClusterState, nodes: Sequence[tuple[str, str]]) -> None:
+        self._uid_of: dict[tuple[str, str], str] = {}
+        self._on_node: dict[str, set[str]] = {}
+        self.api_calls = 0
+        self.api_seconds = 0.0
+        self.on_bound = lambda uid, name: None
+        super().__init__(state, nodes)
+
+    def add_pod(self, pod: Mapping[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            stored = super().add_pod(pod)
+            self._uid_of[(stored["metadata"]["namespace"], stored["metadata"]["name"])] = stored["metadata"]["uid"]
+            return stored
+
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
+        started = time.perf_counter()
+        try:
+            super().patch_pod_annotations(namespace, name, annotations)
+        finally:
+            self._count(started)
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        started = time.perf_counter()
+        try:
+            with self._lock:
+                members = self._on_node.setdefault(node, set())
+                fresh = uid not in members
+                members.add(uid)  # before the bind, which republishes the node's state from its members
+                try:
+                    super().bind(namespace, name, uid, node)
+                except Exception:
+                    if fresh:
+                        members.discard(uid)
+                    raise
+        finally:
+            self._count(started)
+        self.on_bound(uid, name)
+
+    def finish_pod(self, uid: str) -> None:
+        with self._lock:
+            pod = self.pods.get(uid)
+            if pod is not None:
+                self._uid_of.pop((pod["metadata"]["namespace"], pod["metadata"]["name"]), None)
+                self._on_node.get(pod["spec"].get("nodeName") or "", set()).discard(uid)
+            super().finish_pod(uid)
+
+    def _find(self, namespace: str, name: str) -> dict[str, Any]:
+        pod = self.pods.get(self._uid_of.get((namespace, name), ""))
+        return pod if pod is not None else super()._find(namespace, name)
+
+    def _node(self, name: str) -> dict[str, Any]:
+        """DemoCluster's node object, built from the pods on this node only."""
+        with self._lock:
+            everything = self.pods
+            members = self._on_node.get(name, ())
+            self.pods = {uid: everything[uid] for uid in members if uid in everything}
+            try:
+                return super()._node(name)
+            finally:
+                self.pods = everything
+
+    def _count(self, started: float) -> None:
+        self.api_seconds += time.perf_counter() - started
+        self.api_calls += 1
+
+
+class Churn:
+    """Users and kubelets: after each bind of a load pod, pending pods are created up to `window` ahead of it,
+    and the oldest running pods end until `running` remain. Runs on its own thread, off the request path."""
+
+    def __init__(self, cluster: LoadCluster, running: deque[str], window: int) -> None:
+        self.cluster = cluster
+        self.running = running
+        self.limit = len(running)
+        self.window = window
+        self.next_pending = 0
+        self.created = 0
+        self.ended = 0
+        self._bound: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="churn", daemon=True)
+
+    def create_up_to(self, last: int) -> None:
+        while self.next_pending <= last:
+            self.cluster.add_pod(load_pod(self.next_pending))
+            self.next_pending += 1
+            self.created += 1
+
+    def bound(self, uid: str, name: str) -> None:
+        self._bound.put((uid, name))
+
+    def _run(self) -> None:
+        while True:
+            uid, name = self._bound.get()
+            index = load_index(name)
+            if index is not None:
+                self.create_up_to(index + self.window)
+            self.running.append(uid)
+            while len(self.running) > self.limit:
+                self.cluster.finish_pod(self.running.popleft())
+                self.ended += 1
+
+
+class GcPauses:
+    """Count and time the collector's runs per generation, through gc.callbacks."""
+
+    def __init__(self) -> None:
+        self.runs = [[0, 0.0, 0.0] for _ in range(3)]  # count, total seconds, longest seconds
+        self._started = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: Mapping[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        took = time.perf_counter() - self._started
+        run = self.runs[info["generation"]]
+        run[0] += 1
+        run[1] += took
+        run[2] = max(run[2], took)
+
+
+def build(nodes: int, fill: float, window: int, seed: int) -> tuple[ExtenderService, LoadCluster, Churn, dict]:
+    started = time.perf_counter()
+    state = ClusterState(stale_after=STALE_AFTER_SECONDS)
+    cluster = LoadCluster(state, cluster_nodes(nodes))
+    service = ExtenderService(state, cluster)
+    names = list(cluster.topologies)
+    total = sum(topology.size for topology in cluster.topologies.values())
+    rng = random.Random(seed)
+    running: deque[str] = deque()
+    used = 0
+    refused = 0
+    for number in itertools.count():
+        if used >= fill * total:
+            break
+        gpus = FILL_SIZES[number % len(FILL_SIZES)]
+        pod = cluster.create_pod(f"fill-{number}", gpus, namespace="default")
+        uid = pod["metadata"]["uid"]
+        for _ in range(20):
+            error = service.bind(BindingArgs(f"fill-{number}", "default", uid, rng.choice(names)))
+            if not error:
+                running.append(uid)
+                used += gpus
+                break
+            refused += 1
+        else:
+            cluster.finish_pod(uid)
+    churn = Churn(cluster, running, window)
+    churn.create_up_to(window - 1)
+    cluster.on_bound = churn.bound
+    keys = {key for key in state.keys_for(names) if isinstance(key, NodeKey)}
+    facts = {"nodes": len(names), "gpus": total, "used_gpus": used, "fill_pods": len(running),
+             "fill_refused_binds": refused, "pending_pods": churn.created, "distinct_node_keys": len(keys),
+             "boards": len({key.compiled.fingerprint for key in keys}),
+             "setup_seconds": round(time.perf_counter() - started, 2)}
+    return service, cluster, churn, facts
+
+
+def serve(service: ExtenderService, cluster: LoadCluster, churn: Churn, facts: dict, port: int) -> None:
+    app = create_app(service)
+    pauses = GcPauses()
+
+    @app.get("/loadtest/stats")
+    async def stats() -> JSONResponse:
+        return JSONResponse({"api_calls": cluster.api_calls, "api_seconds": cluster.api_seconds,
+                             "pending_created": churn.created, "pods_ended": churn.ended,
+                             "running": len(churn.running),
+                             "gc": [{"runs": n, "seconds": total, "longest": longest}
+                                    for n, total, longest in pauses.runs],
+                             "gc_threshold": gc.get_threshold()})
+
+    profiler = cProfile.Profile()
+
+    # Both run on the event-loop thread, so the profile covers that thread: filter, prioritize, all HTTP handling.
+    @app.post("/loadtest/profile/start")
+    async def profile_start() -> JSONResponse:
+        profiler.enable()
+        return JSONResponse({})
+
+    @app.post("/loadtest/profile/stop")
+    async def profile_stop() -> JSONResponse:
+        profiler.disable()
+        rows = [{"function": _function_name(where), "calls": calls, "own": own, "cumulative": cumulative}
+                for where, (_, calls, own, cumulative, _) in pstats.Stats(profiler).stats.items()]
+        return JSONResponse({"rows": rows})
+
+    # IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted connections only then, as on the sockets uvicorn binds
+    # itself; without it a response's headers and body, written apart, wait on delayed ACKs.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    churn.thread.start()
+    print("READY " + json.dumps({**facts, "port": sock.getsockname()[1], "http": _http_impl()}), flush=True)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def _function_name(where: tuple[str, int, str]) -> str:
+    filename, line, function = where
+    if filename == "~":  # a builtin
+        return function
+    path = Path(filename)
+    return f"{path.parent.name}/{path.name}:{line} {function}"
+
+
+def _http_impl() -> str:
+    """What uvicorn's "auto" picks here: httptools and uvloop when installed, else h11 and asyncio."""
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    return f"uvicorn {uvicorn.__version__}, {http}, {loop}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=5000, help="number of nodes (default 5000)")
+    parser.add_argument("--fill", type=float, default=0.45,
+                        help="share of the GPUs taken by running pods before the load starts (default 0.45)")
+    parser.add_argument("--window", type=int, default=2000,
+                        help="pending load pods kept ahead of the last one bound (default 2000)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the initial fill (default 1)")
+    parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free port)")
+    args = parser.parse_args(argv)
+    service, cluster, churn, facts = build(args.nodes, args.fill, args.window, args.seed)
+    serve(service, cluster, churn, facts, args.port)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

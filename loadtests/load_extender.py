@@ -1,0 +1,655 @@
+"""Load test: filter, prioritize and bind over HTTP against the real extender server on a large cluster, with
+a bare FastAPI echo server as the floor, in one run (DESIGN.md §9).
+
+Three processes besides this one, all on 127.0.0.1:
+- the extender: `loadtests/large_cluster_server.py` (`extender.app.create_app` on a DemoCluster of N nodes
+  with a share of its GPUs taken, uvicorn, one worker);
+- the floor: `loadtests/floor_server.py` (FastAPI, uvicorn, orjson: parses the same body, echoes the names);
+- the load generator: this script's `client` command, in its own interpreter, playing kube-scheduler: one
+  keep-alive connection per server with TCP_NODELAY (as Go's net/http has), one request at a time.
+
+Phases, every one bounded in count and in time:
+1. latency, for each size (100, 1,000, 5,000 candidate names): warm-up cycles, then cycles of filter,
+   prioritize (on the names that passed) and bind (on the first top-scored node), each followed by the same
+   filter and prioritize bodies sent to the floor. Per request: the HTTP time seen by the client (send to last
+   byte read) and, for the extender, the verb's own time from its `Server-Timing` header. Below 5,000, the
+   candidate names are a window moved along the cluster's names from one cycle to the next.
+2. sustained: full cycles back to back, for a fixed time, with 5,000 and with 100 names; cycles/s, and the
+   CPU time each process and the rest of the machine used meanwhile (from /proc);
+3. profile: a few more seconds of 5,000-name cycles with cProfile on the extender's event-loop thread, to show
+   where its time goes (after the measured phases, which it would slow down).
+
+    python loadtests/load_extender.py [--write BENCHMARKS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import http.client
+import json
+import os
+import queue
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from operator import itemgetter
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_select import percentile, run_header, write_section  # noqa: E402
+from large_cluster_server import LOAD_NAMESPACE, load_pod, node_names  # noqa: E402
+
+BEGIN, END = "<!-- load_extender:begin -->", "<!-- load_extender:end -->"
+VERBS = ("filter", "prioritize", "bind")
+HEADERS = {"Content-Type": "application/json"}
+SERVER_P99_TARGET_MS = 2.0
+FLOOR_RATIO_TARGET = 1.5
+CYCLES_TARGET = 300.0
+TARGET_NAMES = 5000
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# ---- the load generator (the `client` command, in its own process) ----
+
+@dataclass
+class Samples:
+    """Per verb: HTTP times in ns, and the extender's own times in ms where it reported them."""
+
+    http_ns: dict[str, list[int]] = field(default_factory=lambda: {verb: [] for verb in VERBS})
+    server_ms: dict[str, list[float]] = field(default_factory=lambda: {verb: [] for verb in VERBS})
+    floor_ns: dict[str, list[int]] = field(default_factory=lambda: {verb: [] for verb in VERBS[:2]})
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"http_ns": self.http_ns, "server_ms": self.server_ms, "floor_ns": self.floor_ns}
+
+
+@dataclass
+class Cycle:
+    filter_body: bytes
+    prioritize_body: bytes | None = None
+    outcome: str = "bound"  # bound | unschedulable | bind-error
+
+
+class Client:
+    def __init__(self, port: int, floor_port: int, nodes: int) -> None:
+        self.ours = _connect(port)
+        self.floor = _connect(floor_port)
+        self.names = node_names(nodes)
+        self.next_pod = 0
+        self.windows: dict[int, list[tuple[list[str], bytes]]] = {}
+        self.bind_errors: list[str] = []
+
+    def window(self, size: int, number: int) -> tuple[list[str], bytes]:
+        """The number-th window of `size` consecutive names, wrapping around, with its JSON."""
+        if size not in self.windows:
+            count = max(1, len(self.names) // size)
+            self.windows[size] = [(names, orjson.dumps(names)) for names in
+                                  (self.names[i * size:(i + 1) * size] for i in range(count))]
+        windows = self.windows[size]
+        return windows[number % len(windows)]
+
+    def cycle(self, names: list[str], names_json: bytes, samples: Samples | None) -> Cycle:
+        """One scheduling cycle of kube-scheduler for the next pending pod."""
+        index = self.next_pod
+        self.next_pod += 1
+        pod = load_pod(index)
+        pod_json = orjson.dumps(pod)
+        cycle = Cycle(b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + names_json + b"}")
+        answer = orjson.loads(_post(self.ours, "/filter", cycle.filter_body, samples, "filter"))
+        passed = answer["NodeNames"]
+        if not passed:
+            cycle.outcome = "unschedulable"
+            return cycle
+        passed_json = names_json if len(passed) == len(names) else orjson.dumps(passed)
+        cycle.prioritize_body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + passed_json + b"}"
+        scores = orjson.loads(_post(self.ours, "/prioritize", cycle.prioritize_body, samples, "prioritize"))
+        node = max(scores, key=itemgetter("Score"))["Host"]
+        binding = orjson.dumps({"PodName": pod["metadata"]["name"], "PodNamespace": LOAD_NAMESPACE,
+                                "PodUID": pod["metadata"]["uid"], "Node": node})
+        error = orjson.loads(_post(self.ours, "/bind", binding, samples, "bind"))["Error"]
+        if error:
+            cycle.outcome = "bind-error"
+            if len(self.bind_errors) < 5:
+                self.bind_errors.append(error)
+        return cycle
+
+    def floor_echo(self, cycle: Cycle, samples: Samples) -> None:
+        _post(self.floor, "/filter", cycle.filter_body, samples, "filter", floor=True)
+        if cycle.prioritize_body is not None:
+            _post(self.floor, "/prioritize", cycle.prioritize_body, samples, "prioritize", floor=True)
+
+    def stats(self) -> dict[str, Any]:
+        self.ours.request("GET", "/loadtest/stats")
+        return json.loads(self.ours.getresponse().read())
+
+
+def _connect(port: int) -> http.client.HTTPConnection:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.connect()
+    # http.client writes headers and body in two sends; without this, Nagle's algorithm holds a small body
+    # back until the server's delayed ACK, 40 ms later.
+    connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return connection
+
+
+def _post(connection: http.client.HTTPConnection, path: str, body: bytes, samples: Samples | None, verb: str,
+          floor: bool = False) -> bytes:
+    started = time.perf_counter_ns()
+    connection.request("POST", path, body, HEADERS)
+    response = connection.getresponse()
+    data = response.read()
+    took = time.perf_counter_ns() - started
+    if response.status != 200:
+        raise RuntimeError(f"{path} answered HTTP {response.status}: {data[:200]!r}")
+    if samples is not None:
+        if floor:
+            samples.floor_ns[verb].append(took)
+        else:
+            samples.http_ns[verb].append(took)
+            timing = response.getheader("Server-Timing") or ""
+            samples.server_ms[verb].append(float(timing.rpartition("dur=")[2]))
+    return data
+
+
+def run_client(args: argparse.Namespace) -> dict[str, Any]:
+    client = Client(args.port, args.floor_port, args.nodes)
+    pids = {"extender": args.server_pid, "floor": args.floor_pid}
+    result: dict[str, Any] = {"latency": {}, "sustained": {}}
+    gc.disable()  # no collector pause inside the client's timed loops; collected between phases
+    for size in args.sizes:
+        for number in range(args.warmup):
+            client.cycle(*client.window(size, number), None)
+        samples = Samples()
+        outcomes: dict[str, int] = {}
+        before = _usage(pids)
+        started = time.perf_counter()
+        for number in range(args.samples):
+            if time.perf_counter() - started > args.point_seconds:
+                break
+            cycle = client.cycle(*client.window(size, args.warmup + number), samples)
+            client.floor_echo(cycle, samples)
+            outcomes[cycle.outcome] = outcomes.get(cycle.outcome, 0) + 1
+        result["latency"][size] = {**samples.as_dict(), "outcomes": outcomes,
+                                   "seconds": time.perf_counter() - started, "usage": [before, _usage(pids)]}
+        gc.collect()
+    for size in args.sustain_sizes:
+        samples = Samples()
+        outcomes = {}
+        before = _usage(pids), client.stats()
+        started = time.perf_counter()
+        for number in range(args.max_cycles):
+            if time.perf_counter() - started >= args.sustain_seconds:
+                break
+            cycle = client.cycle(*client.window(size, number), samples)
+            outcomes[cycle.outcome] = outcomes.get(cycle.outcome, 0) + 1
+        elapsed = time.perf_counter() - started
+        after = _usage(pids), client.stats()
+        result["sustained"][size] = {**samples.as_dict(), "outcomes": outcomes, "seconds": elapsed,
+                                     "usage": [before[0], after[0]], "stats": [before[1], after[1]]}
+        gc.collect()
+    if args.profile_seconds > 0:
+        size = max(args.sustain_sizes or args.sizes)
+        orjson.loads(_post(client.ours, "/loadtest/profile/start", b"", None, ""))
+        started = time.perf_counter()
+        cycles = 0
+        for number in range(args.max_cycles):
+            if time.perf_counter() - started >= args.profile_seconds:
+                break
+            client.cycle(*client.window(size, number), None)
+            cycles += 1
+        rows = orjson.loads(_post(client.ours, "/loadtest/profile/stop", b"", None, ""))["rows"]
+        result["profile"] = {"size": size, "cycles": cycles, "rows": rows}
+    result["bind_errors"] = client.bind_errors
+    result["pods_used"] = client.next_pod
+    return result
+
+
+def _usage(pids: dict[str, int]) -> dict[str, Any]:
+    """CPU seconds so far: per process (and the extender's event-loop thread), this client, and the whole machine."""
+    usage: dict[str, Any] = {}
+    for role, pid in pids.items():
+        usage[role] = _cpu_seconds(f"/proc/{pid}/stat")
+    # The interpreter's main thread (its id is the process id) runs the event loop.
+    usage["extender_loop"] = _cpu_seconds(f"/proc/{pids['extender']}/task/{pids['extender']}/stat")
+    times = os.times()
+    usage["client"] = times.user + times.system
+    usage["machine_busy"], usage["machine_steal"] = _machine_cpu()
+    return usage
+
+
+def _machine_cpu() -> tuple[float, float]:
+    """CPU seconds the whole machine spent busy (user, nice, system, irq, softirq), and stolen from it."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, stat.readline().split()[1:9])
+    return (user + nice + system + irq + softirq) / TICKS, steal / TICKS
+
+
+def _cpu_seconds(path: str) -> float:
+    with open(path, encoding="ascii") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+
+# ---- the orchestrator ----
+
+class Server:
+    """A server subprocess that prints `READY {json}` when its socket is bound."""
+
+    def __init__(self, command: list[str], log: Path) -> None:
+        self.log = log
+        self._log_file = log.open("w", encoding="utf-8")
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self._log_file, text=True)
+        lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+        threading.Thread(target=lambda: lines.put(self.process.stdout.readline()), daemon=True).start()
+        try:
+            line = lines.get(timeout=180)
+        except queue.Empty:
+            line = ""
+        if not line.startswith("READY "):
+            self.stop()
+            raise RuntimeError(f"{command[1]} did not start: {line!r}; see {log}")
+        self.facts = json.loads(line[len("READY "):])
+        self.port = int(self.facts["port"])
+
+    def wait_ready(self, path: str, seconds: float = 60) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                connection.request("GET", path)
+                if connection.getresponse().status == 200:
+                    connection.close()
+                    return
+            except OSError:
+                pass
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"server on port {self.port} not ready at {path}; see {self.log}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self._log_file.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command")
+    client = commands.add_parser("client", help="(internal) the load generator")
+    for target in (parser, client):
+        target.add_argument("--nodes", type=int, default=5000, help="cluster nodes (default 5000)")
+        target.add_argument("--sizes", type=_sizes, default=[100, 1000, 5000],
+                            help="candidate names per request in the latency phase (default 100,1000,5000)")
+        target.add_argument("--samples", type=int, default=500, help="measured cycles per size (default 500)")
+        target.add_argument("--warmup", type=int, default=50, help="unmeasured cycles per size first (default 50)")
+        target.add_argument("--point-seconds", type=float, default=60.0,
+                            help="time bound of the measured cycles of one size (default 60)")
+        target.add_argument("--sustain-sizes", type=_sizes, default=[5000, 100],
+                            help="candidate names in the sustained phase (default 5000,100)")
+        target.add_argument("--sustain-seconds", type=float, default=15.0,
+                            help="length of each sustained run (default 15)")
+        target.add_argument("--max-cycles", type=int, default=20000, help="bound on each sustained run (default 20000)")
+        target.add_argument("--profile-seconds", type=float, default=5.0,
+                            help="then cycles with the extender's event loop under cProfile (default 5; 0: none)")
+    client.add_argument("--port", type=int, required=True)
+    client.add_argument("--floor-port", type=int, required=True)
+    client.add_argument("--server-pid", type=int, required=True)
+    client.add_argument("--floor-pid", type=int, required=True)
+    parser.add_argument("--fill", type=float, default=0.45, help="share of GPUs taken before the load (default 0.45)")
+    parser.add_argument("--wait-idle", type=float, default=0.0, metavar="SECONDS",
+                        help="first wait up to this long for the machine to be idle (default 0: start at once)")
+    parser.add_argument("--write", metavar="PATH", help="rewrite the load_extender section of this Markdown file")
+    args = parser.parse_args(argv)
+    if args.command == "client":
+        print(json.dumps(run_client(args)))
+        return 0
+    return orchestrate(args, argv)
+
+
+def _sizes(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part]
+
+
+def orchestrate(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    if max(args.sizes + args.sustain_sizes, default=0) > args.nodes:
+        raise SystemExit("a size exceeds --nodes")
+    started = time.perf_counter()
+    args.idle_note = wait_for_idle(args.wait_idle)
+    loadavg_before = _loadavg()
+    logs = Path(tempfile.mkdtemp(prefix="load_extender-"))
+    servers: list[Server] = []
+    try:
+        extender = Server([sys.executable, str(HERE / "large_cluster_server.py"), "--nodes", str(args.nodes),
+                           "--fill", str(args.fill)],
+                          logs / "extender.log")
+        servers.append(extender)
+        floor = Server([sys.executable, str(HERE / "floor_server.py")], logs / "floor.log")
+        servers.append(floor)
+        extender.wait_ready("/readyz")
+        floor.wait_ready("/healthz")
+        bound = (len(args.sizes) * (args.point_seconds + 60) + len(args.sustain_sizes) * (args.sustain_seconds + 30)
+                 + 120)
+        command = [sys.executable, str(Path(__file__).resolve()), "client", "--port", str(extender.port),
+                   "--floor-port", str(floor.port), "--server-pid", str(extender.process.pid),
+                   "--floor-pid", str(floor.process.pid), "--nodes", str(args.nodes),
+                   "--sizes", ",".join(map(str, args.sizes)), "--samples", str(args.samples),
+                   "--warmup", str(args.warmup), "--point-seconds", str(args.point_seconds),
+                   "--sustain-sizes", ",".join(map(str, args.sustain_sizes)),
+                   "--sustain-seconds", str(args.sustain_seconds), "--max-cycles", str(args.max_cycles),
+                   "--profile-seconds", str(args.profile_seconds)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=bound)
+        if done.returncode != 0:
+            raise RuntimeError(f"load generator failed:\n{done.stderr[-3000:]}")
+        result = json.loads(done.stdout)
+    finally:
+        for server in servers:
+            server.stop()
+    loadavg_after = _loadavg()
+    elapsed = time.perf_counter() - started
+    report = Report(args, result, extender.facts)
+    body = report.render()
+    print(body)
+    if any(log.stat().st_size for log in logs.iterdir()):
+        print(f"\n(run took {elapsed:.0f} s; the servers wrote to {logs})")
+    else:
+        shutil.rmtree(logs)
+        print(f"\n(run took {elapsed:.0f} s)")
+    if args.write:
+        write_section(Path(args.write), header(argv, args, elapsed, extender.facts, loadavg_before,
+                                               loadavg_after) + "\n\n" + body, BEGIN, END)
+    return 0
+
+
+def wait_for_idle(seconds: float, busy_below: float = 0.25, window: float = 2.0) -> str:
+    """Wait up to `seconds` for a window in which the machine keeps fewer than `busy_below` CPUs busy."""
+    if seconds <= 0:
+        return ""
+    deadline = time.monotonic() + seconds
+    waited = time.monotonic()
+    while True:
+        before = _machine_cpu()[0]
+        time.sleep(window)
+        busy = (_machine_cpu()[0] - before) / window
+        if busy < busy_below or time.monotonic() >= deadline:
+            verdict = "idle" if busy < busy_below else "still busy, started anyway"
+            return (f"waited {time.monotonic() - waited:.0f} s for an idle machine ({verdict}: "
+                    f"{busy:.2f} CPUs busy over the last {window:g} s)")
+
+
+def _loadavg() -> str:
+    with open("/proc/loadavg", encoding="ascii") as stat:
+        return " ".join(stat.read().split()[:3])
+
+
+# ---- reporting ----
+
+def _ms(value: float) -> str:
+    return f"{value:.3f}"
+
+
+def _by(value: float, limit: float) -> str:
+    """Met, or missed by how much."""
+    if value <= limit:
+        return "**met**"
+    return f"**missed** by {value - limit:.3g} ({(value / limit - 1) * 100:.0f}% over)"
+
+
+class Report:
+    def __init__(self, args: argparse.Namespace, result: dict[str, Any], facts: dict[str, Any]) -> None:
+        self.args = args
+        self.result = result
+        self.facts = facts
+        self.latency = {int(size): point for size, point in result["latency"].items()}
+        self.sustained = {int(size): point for size, point in result["sustained"].items()}
+
+    def figures(self, point: dict[str, Any], verb: str) -> dict[str, float]:
+        http = [ns / 1e6 for ns in point["http_ns"][verb]]
+        server = point["server_ms"][verb]
+        out = {"n": len(http)}
+        for name, values in (("server", server), ("http", http)):
+            if values:
+                out.update({f"{name}_p50": percentile(values, 0.5), f"{name}_p99": percentile(values, 0.99),
+                            f"{name}_max": max(values)})
+        floor = [ns / 1e6 for ns in point["floor_ns"].get(verb, [])]
+        if floor:
+            out.update({"floor_n": len(floor), "floor_p50": percentile(floor, 0.5),
+                        "floor_p99": percentile(floor, 0.99), "floor_max": max(floor)})
+        return out
+
+    def render(self) -> str:
+        parts = [self.targets(), self.why(), self.latency_table(), self.sustained_table(), self.server_notes()]
+        if self.result.get("profile"):
+            parts.append(self.profile_table())
+        return "\n\n".join(part for part in parts if part)
+
+    def why(self) -> str:
+        """Where the time of a 5,000-name cycle goes, from this run's own figures."""
+        point, run = self.latency.get(TARGET_NAMES), self.sustained.get(TARGET_NAMES)
+        if point is None or run is None:
+            return ""
+        f, p, b = (self.figures(point, verb) for verb in VERBS)
+        if not (f["n"] and p["n"] and b["n"] and "floor_p50" in f and "floor_p50" in p):
+            return ""
+        cycles = max(1, sum(run["outcomes"].values()))
+        wall = run["seconds"] * 1000 / cycles
+        http = sum(map(sum, run["http_ns"].values())) / 1e6 / cycles
+        verbs = sum(map(sum, run["server_ms"].values())) / cycles
+        cpu = self.cpu(run)
+        between = wall - http
+        # The same cycle with verbs that cost nothing: the floor's filter and prioritize, bind without its work.
+        bare = f["floor_p50"] + p["floor_p50"] + (b["http_p50"] - b["server_p50"]) + between
+        lines = ["### Where the time goes (5,000 names, this run's medians)", ""]
+        for name, v in (("filter", f), ("prioritize", p)):
+            lines.append(
+                f"- {name}: HTTP {_ms(v['http_p50'])} ms = the verb's own {_ms(v['server_p50'])} ms + "
+                f"{_ms(v['http_p50'] - v['server_p50'])} ms of HTTP, framework and transport, against the floor's "
+                f"{_ms(v['floor_p50'])} ms in all (whose own work is parsing the body and echoing the names). "
+                f"Within {FLOOR_RATIO_TARGET:g}x of the floor the verb would have "
+                f"{_ms(max(0.0, FLOOR_RATIO_TARGET * v['floor_p50'] - (v['http_p50'] - v['server_p50'])))} ms; "
+                f"its server-side p99 is {v['server_p99'] / v['server_p50']:.1f}x its median.")
+        lines.append(
+            f"- A sustained cycle: {wall:.2f} ms of wall time = {http:.2f} ms in its three requests (of which "
+            f"{verbs:.2f} ms the verbs' own work) + {between:.2f} ms of the load generator between requests "
+            f"(parsing 5,000-entry answers, building the next bodies). The extender process used "
+            f"{cpu['extender_ms']:.2f} ms of CPU per cycle: with a core of its own it would sustain about "
+            f"{1000 / cpu['extender_ms']:.0f} cycles/s; {CYCLES_TARGET:g} cycles/s leaves it "
+            f"{1000 / CYCLES_TARGET:.2f} ms. With verbs that cost nothing (the floor's filter and prioritize, "
+            f"bind's HTTP without its work) this loop would still take about {bare:.2f} ms a cycle "
+            f"({1000 / bare:.0f} cycles/s) on this machine, with client and servers sharing its CPUs.")
+        return "\n".join(lines)
+
+    def targets(self) -> str:
+        rows = ["### Targets (DESIGN.md §9), with 5,000 candidate names", "",
+                "| target | measured | verdict |", "|---|---:|---|"]
+        point = self.latency.get(TARGET_NAMES)
+        if point is not None:
+            for verb in VERBS:
+                figures = self.figures(point, verb)
+                if "server_p99" in figures:
+                    p99 = figures["server_p99"]
+                    rows.append(f"| {verb}: server-side p99 <= {SERVER_P99_TARGET_MS:g} ms | {_ms(p99)} ms | "
+                                f"{_by(p99, SERVER_P99_TARGET_MS)} |")
+            for verb in VERBS[:2]:
+                figures = self.figures(point, verb)
+                if "floor_p99" in figures and "http_p99" in figures:
+                    ratio = figures["http_p99"] / figures["floor_p99"]
+                    rows.append(f"| {verb}: HTTP p99 <= {FLOOR_RATIO_TARGET:g}x the floor's | {ratio:.2f}x "
+                                f"({_ms(figures['http_p99'])} / {_ms(figures['floor_p99'])} ms; at p50 "
+                                f"{figures['http_p50'] / figures['floor_p50']:.2f}x) | "
+                                f"{_by(ratio, FLOOR_RATIO_TARGET)} |")
+        run = self.sustained.get(TARGET_NAMES)
+        if run is not None:
+            rate = sum(run["outcomes"].values()) / run["seconds"]
+            verdict = "**met**" if rate >= CYCLES_TARGET else (
+                f"**missed** by {CYCLES_TARGET - rate:.0f} cycles/s ({(1 - rate / CYCLES_TARGET) * 100:.0f}% under)")
+            cpu = self.cpu(run)
+            rows.append(f"| >= {CYCLES_TARGET:g} cycles/s (filter + prioritize + bind), sustained | "
+                        f"{rate:.0f} cycles/s | {verdict} |")
+            rows.append(f"| the same, per CPU-second of the extender process (one core of its own) | "
+                        f"{1000 / cpu['extender_ms']:.0f} cycles/s | "
+                        f"{'**met**' if 1000 / cpu['extender_ms'] >= CYCLES_TARGET else '**missed**'} |")
+        return "\n".join(rows)
+
+    def latency_table(self) -> str:
+        rows = ["### Latency per verb and size (ms)", "",
+                "Server: the verb's own time (`Server-Timing`). HTTP: the client's send-to-last-byte time on a "
+                "keep-alive connection. Floor: the same bodies to the bare echo server. Ratio: ours / floor, HTTP.",
+                "",
+                "| verb | names | samples | server p50 | server p99 | server max | HTTP p50 | HTTP p99 | HTTP max "
+                "| floor p50 | floor p99 | floor max | ratio p50 | ratio p99 |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for verb in VERBS:
+            for size, point in sorted(self.latency.items()):
+                f = self.figures(point, verb)
+                if not f["n"]:
+                    continue
+                cells = [verb, f"{size:,}", str(f["n"]), _ms(f["server_p50"]), _ms(f["server_p99"]),
+                         _ms(f["server_max"]), _ms(f["http_p50"]), _ms(f["http_p99"]), _ms(f["http_max"])]
+                if "floor_p50" in f:
+                    cells += [_ms(f["floor_p50"]), _ms(f["floor_p99"]), _ms(f["floor_max"]),
+                              f"{f['http_p50'] / f['floor_p50']:.2f}x", f"{f['http_p99'] / f['floor_p99']:.2f}x"]
+                else:
+                    cells += ["-"] * 5
+                rows.append("| " + " | ".join(cells) + " |")
+        outcomes = "; ".join(f"{size:,} names: " + ", ".join(f"{n} {kind}" for kind, n in sorted(p["outcomes"].items()))
+                             for size, p in sorted(self.latency.items()))
+        others = ", ".join(f"{size:,} names {self.cpu(p)['others']:.2f}" for size, p in sorted(self.latency.items()))
+        rows += ["", f"Cycles measured: {outcomes}. CPUs kept busy by other processes on the machine meanwhile: "
+                 f"{others}."]
+        return "\n".join(rows)
+
+    @staticmethod
+    def cpu(run: dict[str, Any]) -> dict[str, float]:
+        """CPU ms per cycle of each process, and the CPUs every other process on the machine kept busy."""
+        before, after = run["usage"]
+        cycles = max(1, sum(run["outcomes"].values()))
+        spent = {role: after[role] - before[role] for role in ("extender", "extender_loop", "floor", "client",
+                                                               "machine_busy")}
+        other = spent["machine_busy"] - spent["extender"] - spent["floor"] - spent["client"]
+        return {"extender_ms": spent["extender"] * 1000 / cycles, "loop_ms": spent["extender_loop"] * 1000 / cycles,
+                "client_ms": spent["client"] * 1000 / cycles, "floor_ms": spent["floor"] * 1000 / cycles,
+                "others": max(0.0, other) / run["seconds"],
+                "steal": (after["machine_steal"] - before["machine_steal"]) / run["seconds"]}
+
+    def sustained_table(self) -> str:
+        rows = ["### Sustained scheduling cycles", "",
+                "Full cycles back to back (filter, prioritize on the passing names, bind on the top-scored node), "
+                "one at a time, as kube-scheduler's scheduling loop sends them. Per cycle, means: wall time; the "
+                "HTTP time of its three requests; of that, the verbs' own time (`Server-Timing`); CPU time from "
+                "/proc of the extender process (in parentheses its event-loop thread, which runs filter, "
+                "prioritize and all HTTP handling; bind runs on a worker thread) and of the load generator; and "
+                "the CPUs that every other process on the machine kept busy meanwhile.",
+                "",
+                "| names | seconds | cycles (bound / unschedulable / bind error) | cycles/s | wall ms | HTTP ms "
+                "| verbs' own ms | filter server p50 / p99 | prioritize server p50 / p99 | bind server p50 / p99 "
+                "| extender CPU ms | client CPU ms | other processes |",
+                "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for size, run in sorted(self.sustained.items(), reverse=True):
+            outcomes = run["outcomes"]
+            cycles = max(1, sum(outcomes.values()))
+            http = sum(map(sum, run["http_ns"].values())) / 1e6 / cycles
+            verbs = sum(map(sum, run["server_ms"].values())) / cycles
+            cpu = self.cpu(run)
+            cells = [f"{size:,}", f"{run['seconds']:.1f}",
+                     f"{cycles} ({outcomes.get('bound', 0)} / {outcomes.get('unschedulable', 0)} / "
+                     f"{outcomes.get('bind-error', 0)})", f"{cycles / run['seconds']:.0f}",
+                     f"{run['seconds'] * 1000 / cycles:.2f}", f"{http:.2f}", f"{verbs:.2f}"]
+            for verb in VERBS:
+                f = self.figures(run, verb)
+                cells.append(f"{_ms(f['server_p50'])} / {_ms(f['server_p99'])}" if f["n"] else "-")
+            cells += [f"{cpu['extender_ms']:.2f} ({cpu['loop_ms']:.2f})", f"{cpu['client_ms']:.2f}",
+                      f"{cpu['others']:.2f} CPUs" + (f" (+{cpu['steal']:.2f} stolen)" if cpu["steal"] >= 0.01 else "")]
+            rows.append("| " + " | ".join(cells) + " |")
+        return "\n".join(rows)
+
+    def server_notes(self) -> str:
+        lines = ["### Inside the extender process during the sustained runs", ""]
+        for size, run in sorted(self.sustained.items(), reverse=True):
+            before, after = run["stats"]
+            calls = after["api_calls"] - before["api_calls"]
+            api = (after["api_seconds"] - before["api_seconds"]) * 1000
+            binds = run["outcomes"].get("bound", 0) + run["outcomes"].get("bind-error", 0)
+            pauses = []
+            for generation, (old, new) in enumerate(zip(before["gc"], after["gc"])):
+                runs = new["runs"] - old["runs"]
+                if runs:
+                    pauses.append(f"gen{generation} {runs} runs, {1000 * (new['seconds'] - old['seconds']):.1f} ms "
+                                  f"in all, longest {1000 * new['longest']:.2f} ms (over the process's life)")
+            lines.append(f"- {size:,} names: the in-process API server (patch + Binding, with the watch events "
+                         f"they apply to the extender's state) took {api / max(binds, 1):.3f} ms per bind "
+                         f"({calls} calls); pods created {after['pending_created'] - before['pending_created']}, "
+                         f"ended {after['pods_ended'] - before['pods_ended']}; garbage collector: "
+                         f"{'; '.join(pauses) or 'no runs'}.")
+        errors = self.result.get("bind_errors") or []
+        if errors:
+            lines.append(f"- First bind errors: {'; '.join(errors)}")
+        return "\n".join(lines)
+
+
+    def profile_table(self, top: int = 15) -> str:
+        profile = self.result["profile"]
+        cycles = max(1, profile["cycles"])
+        rows = [row for row in profile["rows"] if "select.epoll" not in row["function"]]  # the loop's idle wait
+        ours = sorted((row for row in rows if row["function"].split("/")[0] in ("extender", "scoring", "topology")),
+                      key=lambda row: -row["cumulative"])[:8]
+        lines = [f"### Where the extender's event loop spends a {profile['size']:,}-name cycle (cProfile)", "",
+                 f"{profile['cycles']} more full cycles, after the measured ones, with cProfile on the event-loop "
+                 "thread (filter, prioritize and all HTTP handling; bind's own work is on a worker thread). cProfile "
+                 "slows Python-level calls far more than C builtins, so read the shares, not the absolute times. "
+                 "The functions with the most own time:", "",
+                 "| function | calls per cycle | own ms per cycle | cumulative ms per cycle |", "|---|---:|---:|---:|"]
+        for row in sorted(rows, key=lambda row: -row["own"])[:top]:
+            lines.append(f"| `{row['function']}` | {row['calls'] / cycles:.3g} | {row['own'] * 1000 / cycles:.3f} | "
+                         f"{row['cumulative'] * 1000 / cycles:.3f} |")
+        lines += ["", "The extender's own functions with the most cumulative time, ms per cycle: "
+                  + "; ".join(f"`{row['function']}` {row['cumulative'] * 1000 / cycles:.3f}" for row in ours) + "."]
+        return "\n".join(lines)
+
+
+def header(argv: Sequence[str] | None, args: argparse.Namespace, elapsed: float, facts: dict[str, Any],
+           loadavg_before: str, loadavg_after: str) -> str:
+    machine = (f"; {facts['http']}. The extender, the floor and the load generator are three processes sharing "
+               f"these CPUs. Load average (1, 5, 15 min) before the run {loadavg_before}, after it {loadavg_after}"
+               + (f"; {args.idle_note}" if args.idle_note else ""))
+    return "\n".join(run_header("Extender over HTTP", "load_extender.py", argv, elapsed, machine) + [
+        f"- Cluster: {facts['nodes']:,} nodes, the ten platforms of `extender.demo_cluster.DEMO_NODES` repeated "
+        f"({facts['boards']} distinct boards), {facts['gpus']:,} GPUs; {facts['fill_pods']:,} running 1-, 2- and "
+        f"4-GPU pods bound through the extender to random nodes first hold {facts['used_gpus']:,} GPUs "
+        f"({100 * facts['used_gpus'] / facts['gpus']:.0f}%), giving {facts['distinct_node_keys']} distinct "
+        "(board, free GPUs) node states. While the load runs, every bind of a load pod is followed, on a "
+        "thread of the extender process, by a new pending pod and the end of the oldest running pod (watch "
+        "events, as a real API server would send), so the number of running pods stays where it started. Nodes are not "
+        "republished on a heartbeat during the run (no stale nodes).",
+        "- Pods: `load-{i}` shaped like the pod kube-scheduler v1.36.2 sent in the captured "
+        "`annotated-nvlink` scenario; GPUs 1, 2, 1, 4, 2, 1, 4, 2 in turn, the seventh of every eight "
+        "preferring NVLink, the eighth requiring it (those fail filter on the PCIe-only L40S nodes).",
+        f"- Latency phase: per size, {args.warmup} warm-up cycles, then up to {args.samples} measured cycles "
+        f"(bounded at {args.point_seconds:g} s). Sustained phase: {args.sustain_seconds:g} s per size. "
+        "Percentiles are nearest-rank; the client runs with its garbage collector off in its loops, the servers "
+        "with theirs as shipped.",
+        "- In-process API server: the extender's bind patches the pod and posts the Binding to a DemoCluster in "
+        "the same process (with name and node indexes, `LoadCluster`), which also applies the resulting watch "
+        "events to the extender's state before returning; so bind's server time includes work that a real API "
+        "server and the watch thread would do, and excludes the network round trips a real API server costs."])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
