@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from extender.service import ExtenderService
-from extender.wire import (BadRequest, NotJson, binding_result, filter_error, filter_result, parse_binding_args,
+from extender.wire import (BadRequest, ExtenderArgs, NotJson, binding_result, filter_error, filter_result, parse_binding_args,
                            parse_extender_args, parse_preemption_args, preemption_result, PrioritizeEncoder)
 
 log = logging.getLogger(__name__)
@@ -28,15 +28,27 @@ Answer = Callable[[bytes], bytes]
 def create_app(service: ExtenderService) -> FastAPI:
     app = FastAPI(title="gpu-topology-extender", docs_url=None, redoc_url=None, openapi_url=None)
 
-    def do_filter(body: bytes) -> bytes:
+    last: list[tuple[bytes, ExtenderArgs]] = []
+    prioritize_encoder = PrioritizeEncoder()
+
+    def parsed(body: bytes) -> ExtenderArgs:
+        """kube-scheduler sends prioritize the filter's body unchanged when every node passed: parse it once.
+
+        Only the event-loop thread runs filter and prioritize, so one remembered body needs no lock.
+        """
+        if last and last[0][0] == body:
+            return last[0][1]
         args = parse_extender_args(body)
+        last[:] = [(body, args)]
+        return args
+
+    def do_filter(body: bytes) -> bytes:
+        args = parsed(body)
         outcome = service.filter(args)
         return filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable)
 
-    prioritize_encoder = PrioritizeEncoder()
-
     def do_prioritize(body: bytes) -> bytes:
-        return prioritize_encoder.encode(*service.prioritize(parse_extender_args(body)))
+        return prioritize_encoder.encode(*service.prioritize(parsed(body)))
 
     def do_bind(body: bytes) -> bytes:
         return binding_result(service.bind(parse_binding_args(body)))

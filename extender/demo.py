@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import random
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -91,6 +92,9 @@ def run_demo(out=print) -> None:
 
 def _drive_extender(cluster: DemoCluster, pods: list[DemoPod], port: int, out) -> Tally:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.connect()
+    # http.client writes headers and body separately; without NODELAY each request waits on a delayed ACK.
+    connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     tally = Tally()
     live: dict[str, tuple[DemoPod, str]] = {}
     for pod in pods:

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 from itertools import compress
-from operator import is_
+from operator import eq
 from dataclasses import dataclass, field
 
+from extender.memo import ShapeMemo
 from extender.pod_request import PodRequest
 from extender.state import ClusterState, Key
 from topology.compiled import CompiledTopology
@@ -44,8 +45,10 @@ class FilterOutcome:
 Verdict = tuple[str, bool] | None
 
 
-def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: Sequence[str]) -> FilterOutcome:
-    """One verdict per distinct node key; every pass over the names runs in C builtins, not Python loops."""
+def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: Sequence[str],
+                 memo: ShapeMemo[Verdict] | None = None) -> FilterOutcome:
+    """One verdict per distinct node key (remembered across requests in `memo`); every pass over the names
+    runs in C builtins, not Python loops."""
     if pod.problem is not None:
         return FilterOutcome([], {}, dict.fromkeys(names, pod.problem))
     if pod.request is None:
@@ -54,17 +57,21 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
     stale = state.stale_names()
     if stale:
         keys = [STALE if name in stale else key for name, key in zip(names, keys, strict=True)]
-    same: dict[Verdict, Verdict] = {}
-    verdicts = {key: same.setdefault(verdict, verdict) for key in set(keys)
-                for verdict in (_verdict(selector, pod, key),)}
-    per_name = list(map(verdicts.__getitem__, keys))
-    outcome = FilterOutcome(list(compress(names, map(partial(is_, None), per_name))), {}, {})
+    known = (memo or ShapeMemo()).for_shape((pod.request, pod.required))
+    missing = set(keys) - known.keys()
+    known.update((key, _verdict(selector, pod, key)) for key in missing)
+    if memo is not None:
+        memo.added(len(missing))
+    # Number the distinct verdicts (0 = pass) so that each pass over the names compares small ints.
+    numbers: dict[Verdict, int] = {None: 0}
+    number_of = {key: numbers.setdefault(known[key], len(numbers)) for key in set(keys)}
+    per_name = list(map(number_of.__getitem__, keys))
+    outcome = FilterOutcome(list(compress(names, map(partial(eq, 0), per_name))), {}, {})
     if len(outcome.passed) < len(names):
-        for verdict in same:
-            if verdict is None:
-                continue
-            target = outcome.failed if verdict[1] else outcome.unresolvable
-            target.update(dict.fromkeys(compress(names, map(partial(is_, verdict), per_name)), verdict[0]))
+        for verdict, number in numbers.items():
+            if verdict is not None:
+                target = outcome.failed if verdict[1] else outcome.unresolvable
+                target.update(dict.fromkeys(compress(names, map(partial(eq, number), per_name)), verdict[0]))
     return outcome
 
 

@@ -13,12 +13,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from extender.bind import BindError, Bound, bind_pod
-from extender.filter import FilterOutcome, filter_nodes
+from extender.filter import FilterOutcome, Verdict, filter_nodes
 from extender.kube import KubeApi
 from extender.metrics import Metrics
 from extender.pod_request import PodRequest, parse_pod
 from extender.preempt import preempt_nodes
-from extender.scoring import prioritize_nodes
+from extender.memo import ShapeMemo
+from extender.scoring import Offer, prioritize_nodes
 from extender.state import ClusterState
 from extender.wire import BindingArgs, ExtenderArgs, PreemptionArgs, Victims
 from topology.select import Selector
@@ -35,6 +36,8 @@ class ExtenderService:
         self.kube = kube
         self.selector = selector or Selector()
         self.metrics = Metrics(state)
+        self._verdicts: ShapeMemo[Verdict] = ShapeMemo()
+        self._offers: ShapeMemo[Offer | None] = ShapeMemo()
         self._pods: OrderedDict[str, tuple[str, PodRequest]] = OrderedDict()  # uid -> (resourceVersion, request)
         self._pods_lock = threading.Lock()
         self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
@@ -43,7 +46,7 @@ class ExtenderService:
 
     def filter(self, args: ExtenderArgs) -> FilterOutcome:
         pod = self.pod_request(args.pod)
-        outcome = filter_nodes(self.state, self.selector, pod, args.candidates())
+        outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._verdicts)
         self.metrics.decisions.labels("filter", "pass").inc(len(outcome.passed))
         self.metrics.decisions.labels("filter", "fail").inc(len(outcome.failed))
         self.metrics.decisions.labels("filter", "unresolvable").inc(len(outcome.unresolvable))
@@ -51,7 +54,7 @@ class ExtenderService:
 
     def prioritize(self, args: ExtenderArgs) -> tuple[list[str], list[int]]:
         names = args.candidates()
-        return names, prioritize_nodes(self.state, self.selector, self.pod_request(args.pod), names)
+        return names, prioritize_nodes(self.state, self.selector, self.pod_request(args.pod), names, self._offers)
 
     def preempt(self, args: PreemptionArgs) -> dict[str, Victims]:
         kept = preempt_nodes(self.state, self.selector, self.pod_request(args.pod), args.victims)

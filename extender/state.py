@@ -18,7 +18,6 @@ from extender.pod_request import DEFAULT_GPU_RESOURCE, PodRequest, parse_pod
 from topology.annotations import AnnotationKeys
 from topology.codec import CodecError, decode_state, decode_topology
 from topology.compiled import CompiledTopology, compile_topology
-from topology.model import Topology
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +27,6 @@ FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 @dataclass(frozen=True, slots=True)
 class NodeView:
     name: str
-    topology: Topology | None = None
     compiled: CompiledTopology | None = None
     ids: tuple[str, ...] = ()  # GPU id per index: the UUID, or GPU<index> when the topology has none
     index_of: Mapping[str, int] = field(default_factory=dict)
@@ -88,7 +86,7 @@ class ClusterState:
         self._keys: dict[str, Key] = {}
         self._interned: dict[tuple[CompiledTopology, int, int], NodeKey] = {}
         self._observed: dict[str, float] = {}
-        self._stale: tuple[float, frozenset[str]] = (float("-inf"), frozenset())
+        self._stale: tuple[float, frozenset[str]] = (float("-inf"), frozenset())  # (when checked, stale names)
         self._pods: dict[str, PodRecord] = {}
         self._synced: set[str] = set()
         self.nodes = _Sink(self, "nodes", self._replace_nodes, self._apply_node)
@@ -128,6 +126,12 @@ class ClusterState:
             stale = frozenset(name for name, seen in observed.items() if seen < oldest)
         self._stale = (now, stale)
         return stale
+
+    def _restale(self, name: str, *, stale: bool) -> None:
+        """Keep the cached stale set right for one node that changed, instead of rescanning every node."""
+        checked, names = self._stale
+        if (name in names) != stale:
+            self._stale = (checked, names | {name} if stale else names - {name})
 
     def stale_count(self) -> int:
         return len(self.stale_names())
@@ -174,11 +178,11 @@ class ClusterState:
                 self._keys.pop(name, None)
                 self._observed.pop(name, None)
                 self.ledger.forget_node(name)
-                self._stale = (float("-inf"), frozenset())
+                self._restale(name, stale=False)
                 return name
             view = self._decode_node(name, metadata.get("annotations") or {})
             self._store(view)
-            self._stale = (float("-inf"), frozenset())
+            self._restale(name, stale=view.compiled is not None and self.is_stale(view, self.clock()))
             if view.observed is not None:
                 self.ledger.reporter_observed(name, view.observed)
             self.refresh(name)
@@ -208,17 +212,19 @@ class ClusterState:
         if raw is None:
             return NodeView(name, problem="no GPU topology reported")
         previous = self._views.get(name)
-        if previous is not None and previous.raw_topology == raw and previous.topology is not None:
-            topology = previous.topology
+        if previous is not None and previous.raw_topology == raw and previous.compiled is not None:
+            # Heartbeats leave the topology as it was: keep what was decoded, only the state is new.
+            view = NodeView(name, previous.compiled, previous.ids, previous.index_of, raw_topology=previous.raw_topology)
         else:
             try:
                 topology = decode_topology(str(raw))
             except CodecError as error:
                 log.warning("node %s: %s", name, error)
                 return NodeView(name, problem="GPU topology annotation is invalid", raw_topology=str(raw))
-        ids = tuple(gpu.uuid or f"GPU{gpu.index}" for gpu in topology.gpus)
-        view = NodeView(name, topology, compile_topology(topology), ids, {gpu: i for i, gpu in enumerate(ids)},
-                        raw_topology=str(raw))
+            # Only the compiled board (shared by identical nodes) and the GPU ids are kept per node.
+            ids = tuple(gpu.uuid or f"GPU{gpu.index}" for gpu in topology.gpus)
+            view = NodeView(name, compile_topology(topology), ids, {gpu: i for i, gpu in enumerate(ids)},
+                            raw_topology=str(raw))
         raw_state = annotations.get(self.keys.state)
         if raw_state is None:
             return view

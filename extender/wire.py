@@ -151,21 +151,26 @@ class PrioritizeEncoder:
         self._tails = [b"%d}," % score for score in range(11)]
 
     def encode(self, hosts: Sequence[str], scores: Sequence[int]) -> bytes:
-        heads = self._heads
-        missing = set(hosts) - heads.keys()
-        if missing:
-            if len(heads) + len(missing) > self._MAX_HOSTS:
-                heads.clear()
-                missing = set(hosts)
-            heads.update((host, b'{"Host":' + orjson.dumps(host) + b',"Score":') for host in missing)
-        if any(not 0 <= score <= 10 for score in set(scores)):
-            raise ValueError("extender scores run from 0 to 10")
         if not hosts:
             return b"[]"
+        if min(scores) < 0 or max(scores) > 10:
+            raise ValueError("extender scores run from 0 to 10")
         pieces: list[bytes] = [b""] * (2 * len(hosts))
-        pieces[0::2] = map(heads.__getitem__, hosts)
+        try:
+            pieces[0::2] = map(self._heads.__getitem__, hosts)
+        except KeyError:
+            self._learn(hosts)
+            pieces[0::2] = map(self._heads.__getitem__, hosts)
         pieces[1::2] = map(self._tails.__getitem__, scores)
         return b"[" + b"".join(pieces)[:-1] + b"]"
+
+    def _learn(self, hosts: Sequence[str]) -> None:
+        heads = self._heads
+        missing = set(hosts) - heads.keys()
+        if len(heads) + len(missing) > self._MAX_HOSTS:
+            heads.clear()
+            missing = set(hosts)
+        heads.update((host, b'{"Host":' + orjson.dumps(host) + b',"Score":') for host in missing)
 
 
 def binding_result(error: str = "") -> bytes:

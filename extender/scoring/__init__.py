@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from extender.memo import ShapeMemo
 from extender.pod_request import PodRequest
 from extender.scoring.bandwidth import bandwidth_score
 from extender.scoring.fragmentation import fragmentation_score
@@ -28,8 +29,10 @@ class Offer:
     meets_preferences: bool
 
 
-def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: Sequence[str]) -> list[int]:
-    """A score per name. Scores depend only on the node key, so each distinct key is scored once."""
+def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: Sequence[str],
+                     memo: ShapeMemo[Offer | None] | None = None) -> list[int]:
+    """A score per name. Scores depend only on the node key, so each distinct key is scored once; what each
+    node key offers the pod is remembered across requests in `memo`."""
     if pod.request is None:
         return [0] * len(names)
     keys = state.keys_for(names)
@@ -37,7 +40,12 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
     if stale:
         keys = [None if name in stale else key for name, key in zip(names, keys, strict=True)]
     distinct = set(keys)
-    offers = {key: _offer(selector, pod.request, key) for key in distinct if isinstance(key, NodeKey)}
+    known = (memo or ShapeMemo()).for_shape(pod.request)
+    missing = [key for key in distinct - known.keys() if isinstance(key, NodeKey)]
+    known.update((key, _offer(selector, pod.request, key)) for key in missing)
+    if memo is not None:
+        memo.added(len(missing))
+    offers = {key: known[key] for key in distinct if isinstance(key, NodeKey)}
     live = [offer for offer in offers.values() if offer is not None]
     best_ring = max((offer.choice.ring_gbps or 0.0 for offer in live if offer.meets_preferences), default=0.0)
     most_cut = max((offer.choice.cut_gbps for offer in live), default=0.0)

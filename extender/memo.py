@@ -1,0 +1,30 @@
+"""Answers per (request shape, node key), kept across requests.
+
+A node's key changes only when its free or unhealthy GPUs do, and most pods ask for one of a few shapes (count
+and constraints), so filter verdicts and prioritize offers repeat from one scheduling cycle to the next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+V = TypeVar("V")
+
+
+class ShapeMemo(Generic[V]):
+    """One dictionary per request shape, keyed by node key; emptied whole when it holds too much."""
+
+    def __init__(self, max_entries: int = 1 << 18) -> None:
+        self._max_entries = max_entries
+        self._shapes: dict[Hashable, dict[Hashable, V]] = {}
+        self._entries = 0
+
+    def for_shape(self, shape: Hashable) -> dict[Hashable, V]:
+        if self._entries > self._max_entries:
+            self._shapes.clear()
+            self._entries = 0
+        return self._shapes.setdefault(shape, {})
+
+    def added(self, count: int) -> None:
+        self._entries += count
