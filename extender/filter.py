@@ -36,9 +36,16 @@ _RING_NAMES: dict[Interconnect, str] = {
 
 @dataclass(slots=True)
 class FilterOutcome:
+    """Passing names, and the failing ones grouped by reason (reason -> names): a few groups, written whole."""
+
     passed: list[str] = field(default_factory=list)
-    failed: dict[str, str] = field(default_factory=dict)
-    unresolvable: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, list[str]] = field(default_factory=dict)
+    unresolvable: dict[str, list[str]] = field(default_factory=dict)
+
+    def reasons(self) -> tuple[dict[str, str], dict[str, str]]:
+        """(FailedNodes, FailedAndUnresolvableNodes) as node -> reason, for people and tests."""
+        return ({name: reason for reason, names in self.failed.items() for name in names},
+                {name: reason for reason, names in self.unresolvable.items() for name in names})
 
 
 # (reason, resolvable) for a node that fails; None for one that passes.
@@ -50,7 +57,7 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
     """One verdict per distinct node key (remembered across requests in `memo`); every pass over the names
     runs in C builtins, not Python loops."""
     if pod.problem is not None:
-        return FilterOutcome([], {}, dict.fromkeys(names, pod.problem))
+        return FilterOutcome([], {}, {pod.problem: list(names)})
     if pod.request is None:
         return FilterOutcome(list(names), {}, {})
     keys = state.keys_for(names)
@@ -71,7 +78,7 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
         for verdict, number in numbers.items():
             if verdict is not None:
                 target = outcome.failed if verdict[1] else outcome.unresolvable
-                target.update(dict.fromkeys(compress(names, map(partial(eq, number), per_name)), verdict[0]))
+                target.setdefault(verdict[0], []).extend(compress(names, map(partial(eq, number), per_name)))
     return outcome
 
 

@@ -48,8 +48,8 @@ class ExtenderService:
         pod = self.pod_request(args.pod)
         outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._verdicts)
         self.metrics.decisions.labels("filter", "pass").inc(len(outcome.passed))
-        self.metrics.decisions.labels("filter", "fail").inc(len(outcome.failed))
-        self.metrics.decisions.labels("filter", "unresolvable").inc(len(outcome.unresolvable))
+        self.metrics.decisions.labels("filter", "fail").inc(sum(map(len, outcome.failed.values())))
+        self.metrics.decisions.labels("filter", "unresolvable").inc(sum(map(len, outcome.unresolvable.values())))
         return outcome
 
     def prioritize(self, args: ExtenderArgs) -> tuple[list[str], list[int]]:

@@ -119,17 +119,35 @@ def preemption_result(victims: Mapping[str, Victims]) -> bytes:
         for node, entry in victims.items()}})
 
 
-def filter_result(args: ExtenderArgs, passed: Sequence[str], failed: Mapping[str, str],
-                  unresolvable: Mapping[str, str], error: str = "") -> bytes:
-    """Answer in the form the request came in: NodeNames for nodeCacheCapable, else the passing Nodes."""
+def filter_result(args: ExtenderArgs, passed: Sequence[str], failed: Mapping[str, Sequence[str]],
+                  unresolvable: Mapping[str, Sequence[str]]) -> bytes:
+    """Answer in the form the request came in: NodeNames for nodeCacheCapable, else the passing Nodes.
+
+    Failing nodes arrive grouped by reason (reason -> names) and are written as the `node: reason` objects
+    kube-scheduler reads, one group at a time at C speed.
+    """
+    tail = (b',"FailedNodes":' + _reason_object(failed) + b',"FailedAndUnresolvableNodes":'
+            + _reason_object(unresolvable) + b',"Error":""}')
     if args.node_names is not None:
-        return orjson.dumps({"NodeNames": list(passed), "FailedNodes": failed,
-                             "FailedAndUnresolvableNodes": unresolvable, "Error": error})
+        return b'{"NodeNames":' + orjson.dumps(list(passed)) + tail
     keep = set(passed)
     nodes = dict(args.nodes or {})
     nodes["items"] = [item for item in (args.nodes or {}).get("items") or () if _node_name(item) in keep]
-    return orjson.dumps({"Nodes": nodes, "NodeNames": None, "FailedNodes": failed,
-                         "FailedAndUnresolvableNodes": unresolvable, "Error": error})
+    return b'{"Nodes":' + orjson.dumps(nodes) + b',"NodeNames":null' + tail
+
+
+def _reason_object(groups: Mapping[str, Sequence[str]]) -> bytes:
+    """`{"a":"r1","b":"r1","c":"r2"}` from {"r1": ["a", "b"], "r2": ["c"]}.
+
+    orjson writes a group's names as a JSON array; joining its elements with `:"reason",` turns it into the
+    entries. A `","` occurs only between elements, because orjson escapes every quote inside a name.
+    """
+    parts = []
+    for reason, names in groups.items():
+        if names:
+            value = b":" + orjson.dumps(reason)
+            parts.append(orjson.dumps(list(names))[1:-1].replace(b'","', b'"' + value + b',"') + value)
+    return b"{" + b",".join(parts) + b"}"
 
 
 def filter_error(message: str) -> bytes:

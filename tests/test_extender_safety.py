@@ -144,8 +144,8 @@ def test_stale_node_is_refused_for_bind_and_filtered() -> None:
     now[0] += 61
     from extender.filter import filter_nodes
     outcome = filter_nodes(state, service.selector, request, ["n1", "unknown"])
-    assert outcome.failed == {"n1": "no fresh GPU state from the node reporter"}
-    assert outcome.unresolvable == {"unknown": "no GPU topology reported"}
+    assert outcome.reasons() == ({"n1": "no fresh GPU state from the node reporter"},
+                                 {"unknown": "no GPU topology reported"})
     assert service.bind(_args(pod, "n1")) == "node n1: no fresh GPU state from the node reporter"
     cluster.refresh_all()
     assert service.bind(_args(pod, "n1")) == ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from extender.wire import BadRequest, PrioritizeEncoder, parse_binding_args, parse_extender_args
+from extender.wire import BadRequest, PrioritizeEncoder, filter_result, parse_binding_args, parse_extender_args
 
 
 @pytest.mark.parametrize(("hosts", "scores"), [
@@ -35,3 +35,16 @@ def test_keys_are_read_case_insensitively_as_go_does() -> None:
 def test_nodes_without_names_are_refused() -> None:
     with pytest.raises(BadRequest, match="metadata.name"):
         parse_extender_args(b'{"Pod": {"metadata": {}}, "Nodes": {"items": [{"metadata": {}}]}}')
+
+
+@pytest.mark.parametrize("groups", [
+    {},
+    {"not enough free GPUs": ["a", "b"], "no GPU topology reported": ["c"]},
+    {'odd "reason"': ['we"ird', "com,ma", '","', 'x","y'], "empty group": []},
+])
+def test_filter_result_writes_reason_groups_as_node_objects(groups: dict[str, list[str]]) -> None:
+    names = [name for members in groups.values() for name in members]
+    args = parse_extender_args(orjson.dumps({"Pod": {"metadata": {}}, "NodeNames": names + ["ok"]}))
+    answer = orjson.loads(filter_result(args, ["ok"], groups, {"unresolvable": ["u"]}))
+    assert answer == {"NodeNames": ["ok"], "Error": "", "FailedAndUnresolvableNodes": {"u": "unresolvable"},
+                      "FailedNodes": {name: reason for reason, members in groups.items() for name in members}}
