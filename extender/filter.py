@@ -8,10 +8,10 @@ topology, or a node that could not serve the pod even with every healthy GPU fre
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from itertools import compress
 from operator import eq
-from dataclasses import dataclass, field
 
 from extender.memo import ShapeMemo
 from extender.pod_request import PodRequest
@@ -64,14 +64,12 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
     stale = state.stale_names()
     if stale:
         keys = [STALE if name in stale else key for name, key in zip(names, keys, strict=True)]
-    known = (memo or ShapeMemo()).for_shape((pod.request, pod.required))
-    missing = set(keys) - known.keys()
-    known.update((key, _verdict(selector, pod, key)) for key in missing)
-    if memo is not None:
-        memo.added(len(missing))
+    distinct = set(keys)
+    known = (memo or ShapeMemo()).answers((pod.request, pod.required), distinct,
+                                          partial(_verdict, selector, pod))
     # Number the distinct verdicts (0 = pass) so that each pass over the names compares small ints.
     numbers: dict[Verdict, int] = {None: 0}
-    number_of = {key: numbers.setdefault(known[key], len(numbers)) for key in set(keys)}
+    number_of = {key: numbers.setdefault(known[key], len(numbers)) for key in distinct}
     per_name = list(map(number_of.__getitem__, keys))
     outcome = FilterOutcome(list(compress(names, map(partial(eq, 0), per_name))), {}, {})
     if len(outcome.passed) < len(names):

@@ -33,6 +33,8 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+from topology.api_status import status_message
+
 log = logging.getLogger(__name__)
 
 COMPONENT = "gpu-topology-extender"
@@ -88,21 +90,6 @@ class KubeApi(Protocol):
     ) -> None: ...
 
 
-def _status_message(body: Any) -> str:
-    """The `message` of a Kubernetes Status body, or the body's first line."""
-    if isinstance(body, (bytes, bytearray)):
-        body = body.decode("utf-8", "replace")
-    if not body:
-        return ""
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return body.strip().splitlines()[0][:200]
-    if isinstance(parsed, dict):
-        return str(parsed.get("message") or parsed.get("reason") or "")
-    return ""
-
-
 def _error(status: int | None, message: str) -> KubeError:
     if status == 409:
         return Conflict(message, status)
@@ -116,7 +103,7 @@ def _translate(exc: BaseException, what: str) -> KubeError:
     if isinstance(exc, ApiException):
         if not exc.status:  # the client's own failures (TLS, content type) carry status 0
             return KubeError(f"{what}: {exc.reason}", None)
-        detail = _status_message(exc.body) or exc.reason or "error"
+        detail = status_message(exc.body) or exc.reason or "error"
         return _error(exc.status, f"{what}: {exc.status} {detail}")
     if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
         exc = exc.reason

@@ -6,9 +6,10 @@ and constraints), so filter verdicts and prioritize offers repeat from one sched
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Generic, TypeVar
 
+K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
@@ -20,11 +21,13 @@ class ShapeMemo(Generic[V]):
         self._shapes: dict[Hashable, dict[Hashable, V]] = {}
         self._entries = 0
 
-    def for_shape(self, shape: Hashable) -> dict[Hashable, V]:
+    def answers(self, shape: Hashable, keys: Iterable[K], compute: Callable[[K], V]) -> dict[Hashable, V]:
+        """The shape's answers, with those for `keys` computed where not yet known."""
         if self._entries > self._max_entries:
             self._shapes.clear()
             self._entries = 0
-        return self._shapes.setdefault(shape, {})
-
-    def added(self, count: int) -> None:
-        self._entries += count
+        known = self._shapes.setdefault(shape, {})
+        missing = [key for key in keys if key not in known]
+        known.update((key, compute(key)) for key in missing)
+        self._entries += len(missing)
+        return known

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable, Iterable

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from extender.memo import ShapeMemo
 from extender.pod_request import PodRequest
@@ -40,12 +41,9 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
     if stale:
         keys = [None if name in stale else key for name, key in zip(names, keys, strict=True)]
     distinct = set(keys)
-    known = (memo or ShapeMemo()).for_shape(pod.request)
-    missing = [key for key in distinct - known.keys() if isinstance(key, NodeKey)]
-    known.update((key, _offer(selector, pod.request, key)) for key in missing)
-    if memo is not None:
-        memo.added(len(missing))
-    offers = {key: known[key] for key in distinct if isinstance(key, NodeKey)}
+    boards = [key for key in distinct if isinstance(key, NodeKey)]
+    known = (memo or ShapeMemo()).answers(pod.request, boards, partial(_offer, selector, pod.request))
+    offers = {key: known[key] for key in boards}
     live = [offer for offer in offers.values() if offer is not None]
     best_ring = max((offer.choice.ring_gbps or 0.0 for offer in live if offer.meets_preferences), default=0.0)
     most_cut = max((offer.choice.cut_gbps for offer in live), default=0.0)

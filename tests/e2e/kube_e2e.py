@@ -774,7 +774,7 @@ def create_gpu_nodes(kube: Kube, topologies: Mapping[str, Topology], nodes: Mapp
         kube.patch_node(name, {"spec": {"taints": None}})
 
     def settled() -> bool:
-        for name, platform in nodes.items():
+        for name in nodes:
             current = kube.get_node(name)
             allocatable = (current.get("status") or {}).get("allocatable") or {}
             if (current.get("spec") or {}).get("taints") or allocatable.get(DEFAULT_GPU_RESOURCE) != str(

@@ -24,6 +24,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+from topology.api_status import status_message
 from topology.reporter.loop import NodeError
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -103,7 +104,7 @@ class NodeApi:
     def _api_error(self, what: str, error: ApiException) -> NodeApiError:
         if not error.status:  # the client's own failures (TLS, content type) carry status 0
             return NodeApiError(f"{what}: {error.reason}")
-        message = f"{what}: {error.status} {_status_message(error.body) or error.reason or 'error'}"
+        message = f"{what}: {error.status} {status_message(error.body) or error.reason or 'error'}"
         if error.status == 404:
             message += " (is NODE_NAME this node's name?)"
         elif error.status in (401, 403):
@@ -116,16 +117,3 @@ def _annotations(node: Any) -> dict[str, str]:
         raise NodeApiError("the answer is not a Node object")
     annotations = (node.get("metadata") or {}).get("annotations") or {}
     return {str(key): str(value) for key, value in annotations.items()}
-
-
-def _status_message(body: Any) -> str:
-    """The `message` of a Kubernetes Status body, or the body's first line."""
-    if isinstance(body, (bytes, bytearray)):
-        body = body.decode("utf-8", "replace")
-    if not body:
-        return ""
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return body.strip().splitlines()[0][:200]
-    return str(parsed.get("message") or parsed.get("reason") or "") if isinstance(parsed, dict) else ""
