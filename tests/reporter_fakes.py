@@ -23,7 +23,7 @@ import pytest
 
 from topology.model import Topology
 from topology.platforms import PLATFORMS, Platform
-from topology.reporter import podresources_v1 as api
+from topology.agent import podresources_v1 as api
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "topologies"
 PARTIAL_CAPTURE = "dgx2-v100-partial.txt"

@@ -1,4 +1,4 @@
-"""`gpu-topology-reporter` end to end: the fake NVML driven by every shared capture, `--from-topo` against
+"""`gpu-topology-agent` end to end: the fake NVML driven by every shared capture, `--from-topo` against
 `gputopo parse`, the partial capture, exit codes, the API server through a kubeconfig, and SIGTERM."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from topology.annotations import AnnotationKeys
 from topology.codec import decode_state, decode_topology
 from topology.discover import discover
 from topology.nvidia_smi import parse_topo_matrix
-from topology.reporter import cli
+from topology.agent import cli
 
 __all__ = ["kube_server_fixture", "kubelet_fixture", "socket_dir_fixture"]  # fixtures
 
@@ -45,8 +45,8 @@ def lines(text: str) -> list[dict]:
 
 def reporter_command() -> list[str]:
     """The installed console script where there is one, else the module."""
-    script = Path(sys.executable).with_name("gpu-topology-reporter")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "topology.reporter.cli"]
+    script = Path(sys.executable).with_name("gpu-topology-agent")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "topology.agent.cli"]
 
 
 # -- NVML discovery, driven by every capture --------------------------------------------------------------
@@ -85,7 +85,7 @@ def test_nvml_missing_is_a_clear_error_and_exit_1(tmp_path, capsys):
     fake = make_fake_nvml(parse_topo_matrix(CAPTURES[0][1].read_text()), name, library_missing=True)
     assert cli.main(["--once", "--dry-run"], nvml=fake, sysfs=tmp_path) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("gpu-topology-reporter: error: NVML is not available:")
+    assert err[-1].startswith("gpu-topology-agent: error: NVML is not available:")
     assert not any("Traceback" in line for line in err)
 
 
@@ -94,7 +94,7 @@ def test_nvml_missing_is_a_clear_error_and_exit_1(tmp_path, capsys):
 
 @pytest.mark.parametrize(("name", "path", "platform"), CAPTURES, ids=[c[0] for c in CAPTURES])
 def test_from_topo_prints_what_gputopo_parse_prints(name, path, platform, socket_dir, capsys):
-    """The acceptance: `gpu-topology-reporter --once --dry-run --from-topo F` for every shared capture."""
+    """The acceptance: `gpu-topology-agent --once --dry-run --from-topo F` for every shared capture."""
     result = subprocess.run([*reporter_command(), "--once", "--dry-run", "--from-topo", str(path),
                              "--socket", str(socket_dir / "absent.sock")],
                             capture_output=True, text=True, timeout=60, check=False)
@@ -131,7 +131,7 @@ def test_the_partial_dgx2_capture_is_one_line_and_exit_2(socket_dir):
     assert result.returncode == 2
     assert result.stdout == ""
     (line,) = result.stderr.strip().splitlines()
-    assert line.startswith(f"gpu-topology-reporter: error: {SHARED / PARTIAL_CAPTURE}: row GPU4:")
+    assert line.startswith(f"gpu-topology-agent: error: {SHARED / PARTIAL_CAPTURE}: row GPU4:")
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -144,7 +144,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, monkeypatch):
     monkeypatch.delenv("NODE_NAME", raising=False)
     assert cli.main(argv) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith("gpu-topology-reporter: error:") and message in line
+    assert line.startswith("gpu-topology-agent: error:") and message in line
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "soon"])
@@ -242,8 +242,8 @@ def test_the_daemon_follows_pod_resources_and_ends_on_sigterm(kube_server, kubel
     assert code == 0 and took < 5.0, err
 
 
-@pytest.mark.skipif(shutil.which("gpu-topology-reporter") is None and
-                    not Path(sys.executable).with_name("gpu-topology-reporter").exists(),
+@pytest.mark.skipif(shutil.which("gpu-topology-agent") is None and
+                    not Path(sys.executable).with_name("gpu-topology-agent").exists(),
                     reason="the console script is not installed")
 def test_the_console_script_is_installed():
     result = subprocess.run([*reporter_command(), "--help"], capture_output=True, text=True, timeout=60, check=False)
@@ -262,7 +262,7 @@ def test_nvml_failing_while_running_is_a_clear_error_and_exit_1(kubelet, tmp_pat
                     sysfs=write_sysfs(captured, tmp_path / "sys"))
     assert code == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == \
-        "gpu-topology-reporter: error: NVML query failed: Driver Not Loaded"
+        "gpu-topology-agent: error: NVML query failed: Driver Not Loaded"
     assert fake.calls.inits == fake.calls.shutdowns
 
 
@@ -270,7 +270,7 @@ def test_a_topology_over_its_budget_is_refused():
     from topology.codec import TOPOLOGY_MAX_BYTES, CodecError
     from topology.levels import Level
     from topology.model import Gpu, Topology
-    from topology.reporter.loop import PrintingNode, Reporter
+    from topology.agent.loop import PrintingNode, Reporter
     n = 48
     gpus = tuple(Gpu(i, "M" * 250, uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000") for i in range(n))
     pcie = tuple(tuple(None if i == j else Level.SYS for j in range(n)) for i in range(n))

@@ -13,8 +13,8 @@ from topology.annotations import AnnotationKeys
 from topology.codec import STATE_MAX_BYTES, NodeState, decode_state, encode_state, encode_topology
 from topology.platforms import PLATFORMS
 from topology.backoff import Backoff
-from topology.reporter.devices import MIG, ContainerDevices, GpuIds, KubeletDevices, Observation, Unknown, observe
-from topology.reporter.plan import NodeAnnotations, plan
+from topology.agent.devices import MIG, ContainerDevices, GpuIds, KubeletDevices, Observation, Unknown, observe
+from topology.agent.plan import NodeAnnotations, plan
 
 KEYS = AnnotationKeys()
 T0 = datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC)
@@ -274,8 +274,8 @@ def test_backoff_refuses_settings_that_could_spin(bad):
 
 
 def test_the_core_imports_neither_kubernetes_nor_grpc():
-    code = ("import sys; import topology.reporter.loop, topology.reporter.plan, topology.reporter.devices, "
-            "topology.reporter.health, topology.backoff, topology.reporter.cli; "
+    code = ("import sys; import topology.agent.loop, topology.agent.plan, topology.agent.devices, "
+            "topology.agent.health, topology.backoff, topology.agent.cli; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'grpc', 'pynvml', 'extender')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

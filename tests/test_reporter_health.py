@@ -8,7 +8,7 @@ from reporter_fakes import add_health
 
 from topology.discover import NvmlUnavailable
 from topology.platforms import PLATFORMS
-from topology.reporter.health import NvmlHealth
+from topology.agent.health import NvmlHealth
 
 NAME = "dgx-a100"
 

@@ -8,8 +8,8 @@ import pytest
 from kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node
 from kubernetes import client as k8s
 
-from topology.reporter.kube import MERGE_PATCH, NodeApi, NodeApiError
-from topology.reporter.loop import NodeError
+from topology.agent.kube import MERGE_PATCH, NodeApi, NodeApiError
+from topology.agent.loop import NodeError
 
 __all__ = ["kube_server_fixture"]  # the `kube_server` fixture
 

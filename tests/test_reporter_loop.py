@@ -22,10 +22,10 @@ from topology.codec import decode_state, decode_topology
 from topology.model import Topology
 from topology.platforms import PLATFORMS
 from topology.backoff import Backoff
-from topology.reporter.health import NvmlHealth
-from topology.reporter.kube import NodeApi
-from topology.reporter.loop import Reporter
-from topology.reporter.podresources import PodResourcesClient
+from topology.agent.health import NvmlHealth
+from topology.agent.kube import NodeApi
+from topology.agent.loop import Reporter
+from topology.agent.podresources import PodResourcesClient
 
 __all__ = ["kube_server_fixture", "kubelet_fixture", "socket_dir_fixture"]  # fixtures
 

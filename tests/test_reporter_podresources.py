@@ -10,9 +10,9 @@ import grpc
 import pytest
 from reporter_fakes import PodResourcesServer, kubelet_fixture, socket_dir_fixture
 
-from topology.reporter import podresources_v1 as api
-from topology.reporter.devices import ContainerDevices, DevicesUnavailable
-from topology.reporter.podresources import DEFAULT_SOCKET, PodResourcesClient, PodResourcesUnavailable
+from topology.agent import podresources_v1 as api
+from topology.agent.devices import ContainerDevices, DevicesUnavailable
+from topology.agent.podresources import DEFAULT_SOCKET, PodResourcesClient, PodResourcesUnavailable
 
 __all__ = ["kubelet_fixture", "socket_dir_fixture"]  # fixtures
 
@@ -177,4 +177,4 @@ def test_the_committed_descriptor_is_api_proto_compiled():
     finally:
         sys.path.pop(0)
     assert (Path(api.__file__).parent / "descriptor.py").read_text() == render(), \
-        "descriptor.py is stale: run python topology/reporter/podresources_v1/regenerate.py"
+        "descriptor.py is stale: run python topology/agent/podresources_v1/regenerate.py"

@@ -25,7 +25,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from topology.api_status import status_message
-from topology.reporter.loop import NodeError
+from topology.agent.loop import NodeError
 
 MERGE_PATCH = "application/merge-patch+json"
 # Clients before the OpenAPI-generator rewrite cannot choose a patch type; they send a dict as a strategic

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from topology.reporter.podresources_v1.descriptor import FILE_DESCRIPTOR
+from topology.agent.podresources_v1.descriptor import FILE_DESCRIPTOR
 
 SERVICE = "v1.PodResourcesLister"
 LIST = f"/{SERVICE}/List"

@@ -1,4 +1,4 @@
-"""`gpu-topology-reporter`: publishes this node's GPU topology and GPU state as node annotations (DESIGN §2, §6).
+"""`gpu-topology-agent`: publishes this node's GPU topology and GPU state as node annotations (DESIGN §2, §6).
 
 One job per module. The pure core imports neither Kubernetes nor gRPC:
 

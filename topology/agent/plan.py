@@ -22,7 +22,7 @@ from datetime import datetime
 
 from topology.annotations import AnnotationKeys
 from topology.codec import STATE_MAX_BYTES, CodecError, NodeState, decode_state, encode_state
-from topology.reporter.devices import Observation, Unknown
+from topology.agent.devices import Observation, Unknown
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""`gpu-topology-reporter`: publish this node's GPU topology and GPU state as node annotations (DESIGN §6).
+"""`gpu-topology-agent`: publish this node's GPU topology and GPU state as node annotations (DESIGN §6).
 
 Exit codes: 0 after SIGTERM/SIGINT, or after a successful `--once`; 1 when NVML or the Kubernetes API cannot
 be used (the DaemonSet restarts it); 2 for bad arguments or a capture it cannot read (one line, no traceback).
@@ -22,10 +22,10 @@ from topology.cli import CliError, load_topology
 from topology.codec import CodecError
 from topology.discover import SYSFS_ROOT, NvmlUnavailable, discover
 from topology.nvidia_smi import TopoParseError
-from topology.reporter.devices import DEFAULT_SOCKET
-from topology.reporter.loop import DEFAULT_RESOURCE, Node, NodeError, PrintingNode, Reporter
+from topology.agent.devices import DEFAULT_SOCKET
+from topology.agent.loop import DEFAULT_RESOURCE, Node, NodeError, PrintingNode, Reporter
 
-PROG = "gpu-topology-reporter"
+PROG = "gpu-topology-agent"
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
@@ -112,12 +112,12 @@ def _build(args: argparse.Namespace, nvml: ModuleType | None, sysfs: Path, stop:
         health = None
     else:
         topology = discover(nvml, sysfs)
-        from topology.reporter.health import NvmlHealth
+        from topology.agent.health import NvmlHealth
 
         health = NvmlHealth(nvml).open()
         closers.append(health.close)
     node = PrintingNode() if args.dry_run else _node(args)
-    from topology.reporter.podresources import PodResourcesClient
+    from topology.agent.podresources import PodResourcesClient
 
     devices = PodResourcesClient(args.socket)
     closers.append(devices.close)
@@ -128,7 +128,7 @@ def _build(args: argparse.Namespace, nvml: ModuleType | None, sysfs: Path, stop:
 
 
 def _node(args: argparse.Namespace) -> Node:
-    from topology.reporter.kube import NodeApi
+    from topology.agent.kube import NodeApi
 
     if args.kubeconfig:
         return NodeApi.from_kubeconfig(args.kubeconfig, args.node_name)

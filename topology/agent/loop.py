@@ -32,10 +32,10 @@ from topology.annotations import AnnotationKeys
 from topology.codec import encode_topology
 from topology.model import Topology
 from topology.backoff import Backoff
-from topology.reporter.devices import DevicesUnavailable, GpuIds, KubeletDevices, Observation, Unknown, observe
-from topology.reporter.plan import NodeAnnotations, plan
+from topology.agent.devices import DevicesUnavailable, GpuIds, KubeletDevices, Observation, Unknown, observe
+from topology.agent.plan import NodeAnnotations, plan
 
-log = logging.getLogger("gpu-topology-reporter")
+log = logging.getLogger("gpu-topology-agent")
 
 DEFAULT_RESOURCE = "nvidia.com/gpu"
 

@@ -1,4 +1,4 @@
-"""Regenerate `descriptor.py` from `api.proto`: `python topology/reporter/podresources_v1/regenerate.py`.
+"""Regenerate `descriptor.py` from `api.proto`: `python topology/agent/podresources_v1/regenerate.py`.
 
 Needs grpcio-tools (it bundles protoc). Only the serialized FileDescriptorProto is committed, not protoc's
 `_pb2` modules: those check the protobuf and grpcio versions they were generated with and refuse older

@@ -19,8 +19,8 @@ from typing import Any
 
 import grpc
 
-from topology.reporter import podresources_v1 as api
-from topology.reporter.devices import DEFAULT_SOCKET, ContainerDevices, DevicesUnavailable, KubeletDevices
+from topology.agent import podresources_v1 as api
+from topology.agent.devices import DEFAULT_SOCKET, ContainerDevices, DevicesUnavailable, KubeletDevices
 
 log = logging.getLogger(__name__)
 
