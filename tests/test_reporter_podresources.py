@@ -169,12 +169,8 @@ def test_fields_the_reporter_does_not_model_are_skipped():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("grpc_tools") is None, reason="grpcio-tools is not installed")
-def test_the_committed_descriptor_is_api_proto_compiled():
-    import sys
-    sys.path.insert(0, str(Path(api.__file__).parent))
-    try:
-        from regenerate import render
-    finally:
-        sys.path.pop(0)
-    assert (Path(api.__file__).parent / "descriptor.py").read_text() == render(), \
-        "descriptor.py is stale: run python topology/agent/podresources_v1/regenerate.py"
+@pytest.mark.parametrize("package", ["podresources_v1", "deviceplugin_v1beta1"])
+def test_the_committed_descriptor_is_api_proto_compiled(package: str):
+    from topology.agent.regenerate import HERE, render
+    assert (HERE / package / "descriptor.py").read_text() == render(package), \
+        f"{package}/descriptor.py is stale: run python topology/agent/regenerate.py"
