@@ -14,6 +14,7 @@ from typing import Any
 from topology.annotations import AnnotationKeys
 from topology.levels import Interconnect
 from topology.select import Request
+from topology.split import device_request, parse_count
 
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -58,37 +59,18 @@ def effective_gpu_request(spec: Mapping[str, Any], resource: str) -> int:
     Restartable init containers (sidecars) keep running, so they add to everything started after them,
     as in the scheduler's computePodResourceRequest; pod overhead is added on top.
     """
-    total = sum(_quantity(container, resource) for container in spec.get("containers") or ())
+    total = sum(device_request(container, resource) for container in spec.get("containers") or ())
     sidecars = 0
     peak = 0
     for container in spec.get("initContainers") or ():
-        amount = _quantity(container, resource)
+        amount = device_request(container, resource)
         if container.get("restartPolicy") == "Always":
             sidecars += amount
             peak = max(peak, sidecars)
         else:
             peak = max(peak, sidecars + amount)
-    overhead = _parse_count((spec.get("overhead") or {}).get(resource, 0))
+    overhead = parse_count((spec.get("overhead") or {}).get(resource, 0))
     return max(total + sidecars, peak) + overhead
-
-
-def _quantity(container: Mapping[str, Any], resource: str) -> int:
-    resources = container.get("resources") or {}
-    requests = resources.get("requests") or {}
-    limits = resources.get("limits") or {}
-    # The apiserver defaults an extended resource's request from its limit; older objects may lack it.
-    value = requests.get(resource, limits.get(resource, 0))
-    return _parse_count(value)
-
-
-def _parse_count(value: Any) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a whole number of devices")
-    if isinstance(value, int) and value >= 0:
-        return value
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip())
-    raise ValueError(f"{value!r} is not a whole number of devices")
 
 
 def _constraints(annotations: Mapping[str, Any], keys: AnnotationKeys, gpus: int) -> tuple[Request | None, bool]:

@@ -39,6 +39,8 @@ class AnnotationKeys:
     interconnect = _Key("interconnect")
     placement = _Key("placement")
     min_bandwidth = _Key("min-bandwidth")
-    # On pods, written by the extender at bind.
-    gpus = _Key("gpus")
+    # On pods, written by the extender at bind (in the Binding, so in the same write that sets the node).
+    gpus = _Key("gpus")  # every GPU of the pod, comma-separated
+    containers = _Key("containers")  # each container's GPUs (topology/assignment.py); the agent delivers these
     ring_bandwidth = _Key("ring-bandwidth")
+    seal = _Key("seal")  # the extender's MAC over the pod's UID, node and assignment (extender/seal.py)
