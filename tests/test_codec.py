@@ -65,17 +65,29 @@ def test_garbage_topologies_are_refused(text: str) -> None:
 
 def test_state_round_trip_and_refusals() -> None:
     state = NodeState(frozenset({"GPU-a", "GPU-b"}), frozenset({"GPU-c"}),
-                      datetime(2026, 11, 21, 19, 0, tzinfo=timezone.utc), 7)
+                      datetime(2026, 11, 21, 19, 0, tzinfo=timezone.utc), 7, {"ml/train-0": frozenset({"GPU-b"})})
     text = encode_state(state)
-    assert orjson.loads(text) == {"v": 1, "used": ["GPU-a", "GPU-b"], "unhealthy": ["GPU-c"],
-                                  "observed": "2026-11-21T19:00:00Z", "generation": 7}
+    assert orjson.loads(text) == {"v": 2, "used": ["GPU-a", "GPU-b"], "unhealthy": ["GPU-c"],
+                                  "pods": {"ml/train-0": ["GPU-b"]}, "observed": "2026-11-21T19:00:00Z",
+                                  "generation": 7}
     assert decode_state(text) == state
+    v1 = '{"v":1,"used":["GPU-a"],"unhealthy":[],"observed":"2026-11-21T19:00:00Z","generation":1}'
+    assert decode_state(v1).pods == {} and decode_state(v1).used == {"GPU-a"}
     for bad, message in [
         ('{"v":1,"used":[],"unhealthy":[],"observed":"yesterday","generation":1}', "not an RFC 3339 time"),
         ('{"v":1,"used":[],"unhealthy":[],"observed":"2026-11-21T19:00:00","generation":1}', "no time zone"),
         ('{"v":1,"used":[1],"unhealthy":[],"observed":"2026-11-21T19:00:00Z","generation":1}', "non-empty string"),
         ('{"v":1,"used":[],"unhealthy":[],"observed":"2026-11-21T19:00:00Z","generation":-1}', ">= 0"),
         ('{"v":1,"used":[],"unhealthy":[],"observed":"2026-11-21T19:00:00Z"}', "missing generation"),
+        ('{"v":1,"used":[],"unhealthy":[],"pods":{},"observed":"2026-11-21T19:00:00Z","generation":1}',
+         "unknown field pods"),
+        ('{"v":2,"used":[],"unhealthy":[],"observed":"2026-11-21T19:00:00Z","generation":1}', "missing pods"),
+        ('{"v":2,"used":["GPU-a"],"unhealthy":[],"pods":{"a/b":["GPU-z"]},"observed":"2026-11-21T19:00:00Z",'
+         '"generation":1}', "that state.used does not"),
+        ('{"v":2,"used":["GPU-a"],"unhealthy":[],"pods":{"nobody":["GPU-a"]},"observed":"2026-11-21T19:00:00Z",'
+         '"generation":1}', "not a namespace/name"),
+        ('{"v":true,"used":[],"unhealthy":[],"observed":"2026-11-21T19:00:00Z","generation":1}', "not supported"),
+        ('{"v":3,"used":[],"unhealthy":[],"observed":"2026-11-21T19:00:00Z","generation":1}', "not supported"),
     ]:
         with pytest.raises(CodecError, match=message):
             decode_state(bad)

@@ -78,7 +78,8 @@ def test_used_is_every_gpu_of_the_resource_in_any_container():
                               container(f"{U[2]}::1", pod="c"), container("0000:3b:00.0", resource="rdma/hca"),
                               container(U[7], resource="example.com/other")))
     observed = observe(GpuIds(UUIDS), devices, {}, "nvidia.com/gpu")
-    assert observed == Observation(frozenset({U[0], U[1], U[2]}), {}, ())
+    assert observed == Observation(frozenset({U[0], U[1], U[2]}), {}, (), {
+        "ns/a": frozenset({U[0], U[1]}), "ns/b": frozenset({U[2]}), "ns/c": frozenset({U[2]})})
 
 
 def test_the_resource_name_is_configurable():
@@ -233,7 +234,7 @@ def test_an_unknown_state_on_a_fresh_node_publishes_only_the_topology():
 
 
 def test_a_state_over_its_budget_is_refused_and_the_state_is_unknown():
-    huge = known(*(f"GPU-{i:08d}-{'x' * 60}" for i in range(300)))
+    huge = known(*(f"GPU-{i:08d}-{'x' * 60}" for i in range(500)))
     on_node = {KEYS.topology: TEXT, KEYS.state: encode_state(NodeState(frozenset(), frozenset(), T0, 3))}
     node = NodeAnnotations.read(on_node, KEYS, written=1.0)
     decided = plan(KEYS, TEXT, huge, node, 2.0, 30.0, T0)

@@ -8,7 +8,7 @@ a `CodecError` that says which field is wrong; it never yields a half-read topol
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -18,14 +18,17 @@ from topology.catalog import NvLinkGen
 from topology.levels import PCIE_CODES, Level
 from topology.model import Gpu, NvLinkPair, Topology, TopologyError
 
-VERSION = 1
+VERSION = 1  # of the topology annotation
+STATE_VERSION = 2  # v2 adds `pods`; v1 (without it) is still read
 TOPOLOGY_MAX_BYTES = 16 * 1024
-STATE_MAX_BYTES = 16 * 1024
+STATE_MAX_BYTES = 32 * 1024  # 64 GPUs held by 64 pods with the longest names fit
 MAX_GPUS = 64
+POD_KEY_MAX = 317  # namespace (63) / name (253)
 
 _TOPOLOGY_KEYS = frozenset({"v", "fp", "nvswitch", "gpus", "nvlink", "pcie"})
 _GPU_KEYS = frozenset({"i", "uuid", "bus", "numa", "model", "mem", "nvl", "pcie"})
-_STATE_KEYS = frozenset({"v", "used", "unhealthy", "observed", "generation"})
+_STATE_KEYS = {1: frozenset({"v", "used", "unhealthy", "observed", "generation"}),
+               2: frozenset({"v", "used", "unhealthy", "pods", "observed", "generation"})}
 
 
 class CodecError(ValueError):
@@ -34,10 +37,14 @@ class CodecError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class NodeState:
+    """What the kubelet had allocated when the agent looked: `used` GPUs, and by whom (`pods`, keyed
+    `namespace/name` as pod-resources names them), and which GPUs must not be given out."""
+
     used: frozenset[str]
     unhealthy: frozenset[str]
     observed: datetime
     generation: int
+    pods: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.observed.tzinfo is None:
@@ -105,16 +112,20 @@ def decode_topology(text: str | bytes) -> Topology:
 
 def encode_state(state: NodeState) -> str:
     observed = state.observed.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return orjson.dumps({"v": VERSION, "used": sorted(state.used), "unhealthy": sorted(state.unhealthy),
-                         "observed": observed, "generation": state.generation}).decode()
+    pods = {key: sorted(gpus) for key, gpus in sorted(state.pods.items())}
+    return orjson.dumps({"v": STATE_VERSION, "used": sorted(state.used), "unhealthy": sorted(state.unhealthy),
+                         "pods": pods, "observed": observed, "generation": state.generation}).decode()
 
 
 def decode_state(text: str | bytes) -> NodeState:
     document = _load(text, STATE_MAX_BYTES, "state")
-    _exact_keys(document, _STATE_KEYS, "state")
-    _version(document, "state")
+    version = document.get("v")
+    if version not in _STATE_KEYS or isinstance(version, bool):
+        raise CodecError(f"state: version {version!r} is not supported (this build reads 1 and {STATE_VERSION})")
+    _exact_keys(document, _STATE_KEYS[version], "state")
     used = _uuids(document["used"], "state.used")
     unhealthy = _uuids(document["unhealthy"], "state.unhealthy")
+    pods = _pods(document["pods"], used) if version >= 2 else {}
     observed_text = document["observed"]
     if not isinstance(observed_text, str):
         raise CodecError("state.observed: expected an RFC 3339 time")
@@ -127,7 +138,24 @@ def decode_state(text: str | bytes) -> NodeState:
     generation = _int(document["generation"], "state.generation")
     if generation < 0:
         raise CodecError("state.generation: must be >= 0")
-    return NodeState(used, unhealthy, observed, generation)
+    return NodeState(used, unhealthy, observed, generation, pods)
+
+
+def _pods(value: Any, used: frozenset[str]) -> dict[str, frozenset[str]]:
+    if not isinstance(value, dict):
+        raise CodecError("state.pods: expected an object from namespace/name to GPU ids")
+    if len(value) > 4 * MAX_GPUS:
+        raise CodecError(f"state.pods: {len(value)} pods is more than any node's GPUs can hold")
+    pods = {}
+    for key, gpus in value.items():
+        namespace, slash, name = key.partition("/")
+        if not slash or not namespace or not name or len(key) > POD_KEY_MAX:
+            raise CodecError(f"state.pods: {key[:80]!r} is not a namespace/name")
+        held = _uuids(gpus, f"state.pods[{key}]")
+        if not held <= used:
+            raise CodecError(f"state.pods[{key}]: lists GPUs that state.used does not")
+        pods[key] = held
+    return pods
 
 
 def _load(text: str | bytes, limit: int, what: str) -> Mapping[str, Any]:

@@ -58,6 +58,7 @@ class Observation:
     used: frozenset[str]
     reasons: Mapping[str, str] = field(default_factory=dict)  # GPU id -> why it is unhealthy
     notes: tuple[str, ...] = ()  # what a person should know, e.g. ignored MIG devices
+    pods: Mapping[str, frozenset[str]] = field(default_factory=dict)  # "namespace/name" -> the GPUs it holds
 
     @property
     def unhealthy(self) -> frozenset[str]:
@@ -98,7 +99,7 @@ class GpuIds:
 
 def observe(ids: GpuIds, devices: KubeletDevices, health: Mapping[str, str], resource: str) -> Observation | Unknown:
     """Combine one pod-resources answer with NVML health (GPU id -> reason) for `resource` (nvidia.com/gpu)."""
-    used: set[str] = set()
+    pods: dict[str, set[str]] = {}
     mig = 0
     for container in devices.assigned:
         if container.resource != resource:
@@ -112,7 +113,7 @@ def observe(ids: GpuIds, devices: KubeletDevices, health: Mapping[str, str], res
             if gpu == MIG:
                 mig += 1
             else:
-                used.add(gpu)
+                pods.setdefault(f"{container.namespace}/{container.pod}", set()).add(gpu)
     reasons = dict(health)
     notes: list[str] = []
     if mig:
@@ -130,7 +131,8 @@ def observe(ids: GpuIds, devices: KubeletDevices, health: Mapping[str, str], res
             for gpu in set(ids.ids) - set(resolved):
                 reasons.setdefault(gpu, "the kubelet does not offer it (the device plugin reports it unhealthy, "
                                         "or it is in MIG mode)")
-    return Observation(frozenset(used), reasons, tuple(notes))
+    used = frozenset(gpu for gpus in pods.values() for gpu in gpus)
+    return Observation(used, reasons, tuple(notes), {key: frozenset(gpus) for key, gpus in pods.items()})
 
 
 def _hint(ids: GpuIds, device_id: str) -> str:

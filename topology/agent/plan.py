@@ -5,7 +5,7 @@ the patch. Nothing is written when nothing changed, except the heartbeat: the st
 fresh `observed` once `heartbeat` seconds have passed since the last write, so the extender can tell a live
 reporter from a dead one.
 
-`generation` counts changes of the state's content (`used`, `unhealthy`): a heartbeat keeps it, a change
+`generation` counts changes of the state's content (`used`, `unhealthy`, `pods`): a heartbeat keeps it, a change
 adds one. It continues from what the node already carries, so it keeps growing across reporter restarts.
 
 An unknown state (pod-resources unreachable, device ids that name no GPU) removes the `state` annotation
@@ -93,7 +93,8 @@ def _state(observation: Observation, node: NodeAnnotations, now: float, heartbea
            observed: datetime) -> tuple[NodeState | None, str | None, str]:
     """The state to write and why, or (None, None, "") when the node's state is current and no heartbeat is due."""
     previous = node.state
-    changed = previous is None or previous.used != observation.used or previous.unhealthy != observation.unhealthy
+    changed = (previous is None or previous.used != observation.used or previous.unhealthy != observation.unhealthy
+               or previous.pods != observation.pods)
     if changed:
         reason = "state published" if previous is None else "state changed"
         generation = node.generation + 1
@@ -102,5 +103,5 @@ def _state(observation: Observation, node: NodeAnnotations, now: float, heartbea
         generation = previous.generation
     else:
         return None, None, ""
-    state = NodeState(observation.used, observation.unhealthy, observed, generation)
+    state = NodeState(observation.used, observation.unhealthy, observed, generation, observation.pods)
     return state, encode_state(state), reason
