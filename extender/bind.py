@@ -1,8 +1,16 @@
-"""bind: choose the GPUs, reserve them, annotate the pod, then create the Binding (DESIGN §7).
+"""bind: choose the GPUs, reserve them, and bind the pod with its assignment in one write (DESIGN §7).
 
-The choice and the reservation happen under the ledger lock, so two binds never take the same GPU; the API
-calls happen outside it. Any failure rolls the reservation back and becomes an `Error` for kube-scheduler.
-A retried bind for a pod we already bound to that node succeeds without a second assignment.
+The pod comes from the watch, or from the API when the watch has not delivered it yet, never from a request
+body. The choice and the reservation happen under the ledger lock, so two binds never take the same GPU;
+the API call happens outside it. The Binding carries the pod's UID and our annotations (each container's
+GPUs and their seal), which the API server applies in the same atomic write that sets the node, so a pod
+recreated under the same name is refused (409) and never annotated, and no pod is left annotated but
+unbound.
+
+A refusal releases the reservation. A lost answer (no reply, a timeout, a 5xx) does not: the Binding may
+have committed, so the GPUs stay reserved until the watch shows where the pod went, or a GET after a
+conflict does, or the wait runs out with the pod still unbound. A retried bind for a pod we already bound
+to that node succeeds without a second assignment.
 """
 
 from __future__ import annotations
@@ -13,10 +21,12 @@ from dataclasses import dataclass, replace
 from extender.filter import STALE
 from extender.kube import Conflict, KubeApi, KubeError
 from extender.ledger import Assignment, Phase
-from extender.pod_request import PodRequest
-from extender.state import ClusterState
+from extender.pod_request import PodRequest, parse_pod
+from extender.state import ClusterState, NodeView
 from extender.wire import BindingArgs
-from topology.select import Choice, Request, Selector
+from topology.assignment import encode_containers
+from topology.select import Choice, Request, Selector, mask_of
+from topology.split import device_count, split
 
 log = logging.getLogger(__name__)
 
@@ -32,81 +42,147 @@ class Bound:
     repeated: bool  # the pod was already bound here; nothing new was assigned
 
 
-def bind_pod(state: ClusterState, selector: Selector, kube: KubeApi, pod: PodRequest | None,
-             args: BindingArgs) -> Bound:
-    if pod is None or pod.request is None:
-        raise BindError(f"pod {args.pod_namespace}/{args.pod_name} requests no GPU that this extender has seen")
-    assignment, choice = _reserve(state, selector, pod, args)
-    gpus = _in_index_order(state, assignment)
-    if choice is None:
-        return Bound(gpus, None, repeated=True)
-    annotations = {state.keys.gpus: ",".join(gpus),
-                   state.keys.ring_bandwidth: None if choice.ring_gbps is None else f"{choice.ring_gbps:g}"}
+@dataclass(frozen=True, slots=True)
+class _Reservation:
+    assignment: Assignment
+    annotations: dict[str, str]
+    ring_gbps: float | None
+
+
+def bind_pod(state: ClusterState, selector: Selector, kube: KubeApi, args: BindingArgs) -> Bound:
+    pod = _read_pod(state, kube, args)
+    existing = state.ledger.get(args.pod_uid)
+    if existing is not None and existing.phase is Phase.UNCERTAIN and existing.node != args.node:
+        _settle_elsewhere(state, kube, args, existing)
+    reservation = _reserve(state, selector, pod, args)
+    if isinstance(reservation, Bound):
+        return reservation
+    assignment = reservation.assignment
+    gpus = tuple(reservation.annotations[state.keys.gpus].split(","))
     try:
-        kube.patch_pod_annotations(args.pod_namespace, args.pod_name, annotations)
-        kube.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node)
+        kube.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, reservation.annotations)
     except Conflict as error:
-        record = state.pod(args.pod_uid)
-        if record is not None and record.node == args.node:
-            state.record(replace(assignment, phase=Phase.BOUND))
-            return Bound(gpus, choice.ring_gbps, repeated=True)
-        state.release(args.pod_uid, freed=False)
-        _withdraw(kube, args, state)
+        if _ours_committed(state, kube, args, reservation):
+            return Bound(gpus, reservation.ring_gbps, repeated=True)
         raise BindError(f"binding {pod.key} to {args.node} conflicted: {error}") from None
     except KubeError as error:
+        if error.status is None or error.status >= 500:
+            state.uncertain(args.pod_uid)
+            raise BindError(f"binding {pod.key} to {args.node}: {error}; the outcome is unknown, so its GPUs stay "
+                            "reserved until the watch shows it") from None
         state.release(args.pod_uid, freed=False)
         raise BindError(f"binding {pod.key} to {args.node} failed: {error}") from None
-    except Exception:
-        state.release(args.pod_uid, freed=False)
+    except BaseException:
+        state.uncertain(args.pod_uid)
         raise
     state.record(replace(assignment, phase=Phase.BOUND))
-    return Bound(gpus, choice.ring_gbps, repeated=False)
+    return Bound(gpus, reservation.ring_gbps, repeated=False)
 
 
-def _withdraw(kube: KubeApi, args: BindingArgs, state: ClusterState) -> None:
-    """Take our GPU annotations back off a pod that someone else bound; best effort."""
-    try:
-        kube.patch_pod_annotations(args.pod_namespace, args.pod_name,
-                                   {state.keys.gpus: None, state.keys.ring_bandwidth: None})
-    except KubeError as error:
-        log.warning("could not withdraw the GPU annotations of %s/%s: %s", args.pod_namespace, args.pod_name, error)
+def _read_pod(state: ClusterState, kube: KubeApi, args: BindingArgs) -> PodRequest:
+    record = state.pod(args.pod_uid)
+    if record is not None:
+        pod = record.request
+    else:
+        try:
+            raw = kube.get_pod(args.pod_namespace, args.pod_name)
+        except KubeError as error:
+            raise BindError(f"cannot read pod {args.pod_namespace}/{args.pod_name}: {error}") from None
+        if str((raw.get("metadata") or {}).get("uid") or "") != args.pod_uid:
+            raise BindError(f"pod {args.pod_namespace}/{args.pod_name} is not the one being bound "
+                            f"(UID {args.pod_uid}): it was deleted or recreated")
+        pod = parse_pod(raw, state.keys, state.resource)
+    if pod.problem is not None:
+        raise BindError(f"pod {pod.key}: {pod.problem}")
+    if pod.request is None or not pod.containers:
+        raise BindError(f"pod {pod.key} requests no {state.resource} in any container")
+    return pod
 
 
-def _reserve(state: ClusterState, selector: Selector, pod: PodRequest,
-             args: BindingArgs) -> tuple[Assignment, Choice | None]:
+def _reserve(state: ClusterState, selector: Selector, pod: PodRequest, args: BindingArgs) -> _Reservation | Bound:
     """Reserve the best set on the node now, or find the pod's existing reservation there."""
     request = pod.request
     assert request is not None
     with state.ledger.lock:
         existing = state.ledger.get(args.pod_uid)
+        view = state.view(args.node)
         if existing is not None:
             if existing.node != args.node:
                 raise BindError(f"pod {pod.key} already holds GPUs on node {existing.node}")
-            if existing.phase is Phase.BOUND:
-                return existing, None
-            raise BindError(f"a bind of pod {pod.key} is already in progress")
-        view = state.view(args.node)
+            if existing.phase is Phase.BINDING:
+                raise BindError(f"a bind of pod {pod.key} is already in progress")
+            gpus = view.gpu_ids(view.mask(existing.gpus)) if view is not None else tuple(sorted(existing.gpus))
+            if existing.phase is not Phase.UNCERTAIN:
+                return Bound(gpus, None, repeated=True)
+            # The last Binding's answer was lost: send it again with the same GPUs; a 409 then tells us.
+            assert view is not None and view.compiled is not None
+            return _reservation(state, selector, pod, args, view, view.mask(existing.gpus), existing)
         if view is None or view.compiled is None:
             raise BindError(f"node {args.node}: {view.problem if view else 'no GPU topology reported'}")
         if state.is_stale(view, state.clock()):
             raise BindError(f"node {args.node}: {STALE}")
-        choice = selector.select(view.compiled, view.free, request)
+        count = device_count(pod.containers)
+        choice = selector.select(view.compiled, view.free, replace(request, count=count))
         if not isinstance(choice, Choice) and not pod.required:
-            choice = selector.select(view.compiled, view.free, Request(request.count))
+            choice = selector.select(view.compiled, view.free, Request(count))
         if not isinstance(choice, Choice):
             raise BindError(f"node {args.node}: {choice.message}")
-        assignment = Assignment(args.pod_uid, pod.key, args.node, frozenset(view.gpu_ids(_mask(choice.gpus))),
-                                state.clock(), Phase.BINDING)
-        state.record(assignment)
-        return assignment, choice
+        return _reservation(state, selector, pod, args, view, mask_of(choice.gpus), None)
 
 
-def _mask(gpus: tuple[int, ...]) -> int:
-    return sum(1 << gpu for gpu in gpus)
+def _reservation(state: ClusterState, selector: Selector, pod: PodRequest, args: BindingArgs, view: NodeView,
+                 chosen: int, previous: Assignment | None) -> _Reservation:
+    assert view.compiled is not None
+    parts = split(selector, view.compiled, chosen, pod.containers)
+    gpus = ",".join(view.gpu_ids(chosen))
+    containers = encode_containers([(part.need.name, view.gpu_ids(part.gpus)) for part in parts])
+    ring = ring_of(selector, view, chosen)
+    annotations = {state.keys.gpus: gpus, state.keys.containers: containers,
+                   state.keys.seal: state.seal.sign(args.pod_uid, args.node, gpus, containers)}
+    if ring is not None:
+        annotations[state.keys.ring_bandwidth] = f"{ring:g}"
+    assignment = previous or Assignment(args.pod_uid, pod.key, args.node, frozenset(view.gpu_ids(chosen)),
+                                        state.clock(), Phase.BINDING)
+    state.record(replace(assignment, phase=Phase.BINDING, expires=None))
+    return _Reservation(assignment, annotations, ring)
 
 
-def _in_index_order(state: ClusterState, assignment: Assignment) -> tuple[str, ...]:
-    view = state.view(assignment.node)
-    if view is None:
-        return tuple(sorted(assignment.gpus))
-    return view.gpu_ids(view.mask(assignment.gpus))
+def ring_of(selector: Selector, view: NodeView, gpus: int) -> float | None:
+    assert view.compiled is not None
+    choice = selector.select(view.compiled, gpus, Request(gpus.bit_count()))
+    return choice.ring_gbps if isinstance(choice, Choice) else None
+
+
+def _ours_committed(state: ClusterState, kube: KubeApi, args: BindingArgs, reservation: _Reservation) -> bool:
+    """After a 409: is the pod bound here with our assignment (an earlier Binding whose answer was lost)?"""
+    try:
+        pod = kube.get_pod(args.pod_namespace, args.pod_name)
+    except KubeError as error:
+        log.warning("bind %s/%s: cannot read the pod after a conflict (%s); its GPUs stay reserved until the "
+                    "watch tells", args.pod_namespace, args.pod_name, error)
+        state.uncertain(args.pod_uid)
+        return False
+    metadata = pod.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    key = state.keys.containers
+    if (metadata.get("uid") == args.pod_uid and (pod.get("spec") or {}).get("nodeName") == args.node
+            and annotations.get(key) == reservation.annotations[key]):
+        state.record(replace(reservation.assignment, phase=Phase.BOUND))
+        return True
+    state.release(args.pod_uid, freed=False)
+    return False
+
+
+def _settle_elsewhere(state: ClusterState, kube: KubeApi, args: BindingArgs, uncertain: Assignment) -> None:
+    """kube-scheduler retries a pod on another node while an earlier Binding's outcome is unknown: read it."""
+    try:
+        pod = kube.get_pod(args.pod_namespace, args.pod_name)
+    except KubeError as error:
+        raise BindError(f"pod {args.pod_namespace}/{args.pod_name}: the outcome of its Binding to {uncertain.node} "
+                        f"is unknown and the pod cannot be read: {error}") from None
+    node = (pod.get("spec") or {}).get("nodeName")
+    if (pod.get("metadata") or {}).get("uid") == args.pod_uid and node:
+        if node == uncertain.node:
+            state.record(replace(uncertain, phase=Phase.BOUND, expires=None))
+        raise BindError(f"pod {args.pod_namespace}/{args.pod_name} is already bound to {node}")
+    state.release(args.pod_uid, freed=False)

@@ -20,7 +20,8 @@ from extender.kube import KubeError, KubernetesApi
 from extender.pod_request import DEFAULT_GPU_RESOURCE
 from extender.reflector import Reflector
 from extender.service import ExtenderService
-from extender.state import ClusterState
+from extender.seal import Seal
+from extender.state import BIND_OUTCOME_SECONDS, ClusterState
 from topology.annotations import DEFAULT_PREFIX, AnnotationKeys
 
 log = logging.getLogger("gpu-topology-extender")
@@ -58,9 +59,16 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--gpu-resource", default=DEFAULT_GPU_RESOURCE)
     serve.add_argument("--stale-after", type=float, default=120.0, metavar="SECONDS",
                        help="treat a node whose GPU state is older than this as unknown")
+    serve.add_argument("--seal-key-file", metavar="FILE",
+                       help="the key that seals bind records (a Secret shared by the replicas); without it a key of "
+                            "this process only, so after a restart pods bound but not yet started are known again "
+                            "only once their node reports them")
+    serve.add_argument("--bind-outcome-seconds", type=float, default=BIND_OUTCOME_SECONDS, metavar="SECONDS",
+                       help="how long GPUs stay reserved for a Binding whose answer was lost, while the watch has "
+                            "not shown where the pod went (default: kube-apiserver's request timeout, 60)")
     serve.add_argument("--api-timeout", type=float, default=1.2, metavar="SECONDS",
-                       help="bound on each API write; bind makes two, which must finish inside kube-scheduler's "
-                            "httpTimeout (3 s in scheduler-config/)")
+                       help="bound on each API call; bind makes one write (two calls after a conflict), which must "
+                            "finish inside kube-scheduler's httpTimeout (3 s in scheduler-config/)")
     serve.set_defaults(run=_serve)
     demo = commands.add_parser("demo", help="drive a mixed workload through the demo server and compare")
     demo.set_defaults(run=_demo)
@@ -72,7 +80,14 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError("--tls-cert and --tls-key go together")
     if args.client_ca and not args.tls_cert:
         raise ValueError("--client-ca needs --tls-cert and --tls-key")
-    state = ClusterState(AnnotationKeys(args.annotation_prefix), args.gpu_resource, args.stale_after)
+    if args.seal_key_file:
+        seal = Seal.from_file(args.seal_key_file)
+    else:
+        log.warning("no --seal-key-file: bind records are sealed with a key of this process only; after a restart, "
+                    "pods bound but not yet started are known again only once their node reports them")
+        seal = Seal.ephemeral()
+    state = ClusterState(AnnotationKeys(args.annotation_prefix), args.gpu_resource, args.stale_after, seal=seal,
+                         bind_outcome_seconds=args.bind_outcome_seconds)
     if args.demo:
         kube = DemoCluster(state)
         _heartbeat(kube)

@@ -1,7 +1,7 @@
 """An in-memory cluster of real platforms for `serve --demo` and the tests: no Kubernetes needed.
 
-It plays the API server (it implements `KubeApi`: annotation patches, Bindings, Events) and each node's
-reporter (after every bind or pod end it republishes the node's `state` annotation with the GPUs its pods
+It plays the API server (it implements `KubeApi`: pod reads, Bindings with annotations, Events) and each
+node's agent (after every bind or pod end it republishes the node's `state` annotation with the GPUs its pods
 hold), and feeds the extender's `ClusterState` the same raw objects the watches would.
 """
 
@@ -58,19 +58,11 @@ class DemoCluster:
         state.pods.synced()
 
     # The KubeApi the extender writes through.
-    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         with self._lock:
-            pod = self._find(namespace, name)
-            current = pod["metadata"].setdefault("annotations", {})
-            for key, value in annotations.items():
-                if value is None:
-                    current.pop(key, None)
-                else:
-                    current[key] = value
-            self._bump(pod)
-            self.state.pods.apply("MODIFIED", pod)
+            return copy.deepcopy(self._find(namespace, name))
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
         with self._lock:
             pod = self._find(namespace, name)
             if pod["metadata"]["uid"] != uid:
@@ -78,6 +70,7 @@ class DemoCluster:
             if pod["spec"].get("nodeName"):
                 raise Conflict(f"pod {namespace}/{name} is already assigned to node {pod['spec']['nodeName']}", 409)
             pod["spec"]["nodeName"] = node
+            pod["metadata"].setdefault("annotations", {}).update(annotations)
             self._bump(pod)
             self.state.pods.apply("MODIFIED", pod)
             self.report(node)
@@ -138,11 +131,15 @@ class DemoCluster:
             self.report(node)
 
     def _node(self, name: str) -> dict[str, Any]:
+        """The node as its agent reports it; the demo's kubelet delivers exactly what was bound."""
         self._generation += 1
-        used = frozenset(gpu for pod in self.pods.values() if pod["spec"].get("nodeName") == name
-                         for gpu in (pod["metadata"].get("annotations", {}).get(self.state.keys.gpus) or "").split(",")
-                         if gpu)
-        state = NodeState(used, frozenset(), datetime.fromtimestamp(self.clock(), timezone.utc), self._generation)
+        pods = {f"{pod['metadata']['namespace']}/{pod['metadata']['name']}":
+                frozenset((pod["metadata"].get("annotations", {}).get(self.state.keys.gpus) or "").split(","))
+                for pod in self.pods.values() if pod["spec"].get("nodeName") == name}
+        pods = {key: gpus - {""} for key, gpus in pods.items() if gpus - {""}}
+        used = frozenset(gpu for gpus in pods.values() for gpu in gpus)
+        state = NodeState(used, frozenset(), datetime.fromtimestamp(self.clock(), timezone.utc), self._generation,
+                          pods)
         topology = self.topologies[name]
         return {"metadata": {"name": name, "resourceVersion": str(self._generation),
                              "annotations": {self.state.keys.topology: encode_topology(topology),

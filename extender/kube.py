@@ -18,7 +18,6 @@ kube-scheduler, which retries the pod.
 from __future__ import annotations
 
 import http.client
-import inspect
 import logging
 import os
 import socket
@@ -40,11 +39,6 @@ log = logging.getLogger(__name__)
 COMPONENT = "gpu-topology-extender"
 ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 EVENT_MESSAGE_MAX = 1024
-MERGE_PATCH = "application/merge-patch+json"
-# Clients before the OpenAPI-generator rewrite cannot choose a patch type and send a dict body as a
-# strategic merge patch, which for a map of strings such as annotations means the same (null deletes).
-_CHOOSES_PATCH_TYPE = "_content_type" in inspect.signature(k8s.CoreV1Api.patch_namespaced_pod).parameters
-PATCH_CONTENT_TYPE = MERGE_PATCH if _CHOOSES_PATCH_TYPE else "application/strategic-merge-patch+json"
 
 _TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError)
 
@@ -81,9 +75,9 @@ class KubeApi(Protocol):
 
     def watch_pods(self, resource_version: str, timeout_seconds: int) -> Iterator[tuple[str, dict]]: ...
 
-    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None: ...
+    def get_pod(self, namespace: str, name: str) -> dict: ...
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+    def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None: ...
 
     def emit_event(
         self, namespace: str, pod_name: str, pod_uid: str, reason: str, message: str, event_type: str = "Warning"
@@ -310,25 +304,24 @@ class KubernetesApi:
 
     # -- writes ------------------------------------------------------------------------------------------
 
-    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
-        """A JSON merge patch (`PATCH_CONTENT_TYPE`) of `metadata.annotations` only; None deletes the key."""
-        self._call(
-            f"patch pod {namespace}/{name}",
-            self._core.patch_namespaced_pod,
-            name,
-            namespace,
-            {"metadata": {"annotations": dict(annotations)}},
-            _request_timeout=(self.timeout, self.timeout),
-            **({"_content_type": MERGE_PATCH} if _CHOOSES_PATCH_TYPE else {}),
-        )
+    def get_pod(self, namespace: str, name: str) -> dict:
+        """The pod as the API server has it now (bind reads it when the watch has not delivered it yet)."""
+        what = f"get pod {namespace}/{name}"
+        body = self._call(what, self._core.read_namespaced_pod, name, namespace,
+                          _request_timeout=(self.timeout, self.timeout))
+        pod = _parse(body, what)
+        if not isinstance(pod, dict):
+            raise KubeError(f"{what}: the answer is not a Pod")
+        return pod
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """POST pods/{name}/binding; the API server refuses it (409) if the pod's UID is not `uid` or the pod
-        is already bound."""
+    def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+        """POST pods/{name}/binding. The API server sets `spec.nodeName` and merges the Binding's annotations
+        into the pod in one write (`BindingREST.setPodNodeAndMetadata`), and refuses it (409) if the pod's UID is
+        not `uid` (a pod recreated under the same name) or the pod is already bound."""
         binding = k8s.V1Binding(
             api_version="v1",
             kind="Binding",
-            metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, uid=uid),
+            metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, uid=uid, annotations=dict(annotations)),
             target=k8s.V1ObjectReference(api_version="v1", kind="Node", name=node),
         )
         self._call(

@@ -1,10 +1,12 @@
-"""Scheduler-side GPU reservations, reconciled with what node reporters say.
+"""Scheduler-side GPU reservations, reconciled with what the kubelet reports, as scheduler-plugins'
+noderesourcetopology cache reconciles its reservations with node reports.
 
-The reporter's `used` list lags: a pod bound a moment ago is not in it yet, and a pod that just finished
-still is. So a GPU counts as used when the reporter says so, unless we saw its pod end after the reporter's
-observation, or when a live pod holds it in the ledger. Entries come from our binds and, after a restart,
-from the `gpus` annotation of bound pods, so the union never hands a GPU out twice. This plays the part of
-the over-reserve cache in scheduler-plugins' noderesourcetopology.
+Only two sources are trusted. The extender's own bind records: a reservation taken at bind, kept until the
+outcome of the Binding is known, and after a restart the pod annotations that carry its seal. And the
+kubelet, through the node agent's report of which pod holds which GPUs. When the report shows a pod, what
+the kubelet allocated *replaces* the reservation (phase ALLOCATED); it is never added to it. A GPU is used
+when the report says so (unless its pod ended after the report was taken), or when a live pod holds it in a
+reservation the kubelet has not reported yet. A `gpus` annotation that a user wrote counts for nothing.
 """
 
 from __future__ import annotations
@@ -15,18 +17,26 @@ from threading import RLock
 
 
 class Phase(str, Enum):
-    BINDING = "binding"  # reserved; the Binding is not confirmed yet
-    BOUND = "bound"
+    BINDING = "binding"  # reserved; the Binding is in flight
+    UNCERTAIN = "uncertain"  # the Binding's answer was lost: it may have committed; kept until that is known
+    BOUND = "bound"  # the Binding committed (its answer, the watch, or our seal on the pod says so)
+    ALLOCATED = "allocated"  # the kubelet reported these GPUs for the pod; they replaced the reservation
 
 
 @dataclass(frozen=True, slots=True)
 class Assignment:
     pod_uid: str
-    pod_key: str
+    pod_key: str  # namespace/name, as the node's report names pods
     node: str
     gpus: frozenset[str]  # GPU ids: UUIDs where the topology has them
-    at: float
+    at: float  # when it was reserved, or last confirmed by the kubelet; epoch seconds
     phase: Phase
+    expires: float | None = None  # UNCERTAIN: when to stop waiting for the watch to tell the outcome
+
+    @property
+    def confirmed(self) -> bool:
+        """The kubelet has reported this pod's GPUs, so the node's report counts them, not the ledger."""
+        return self.phase is Phase.ALLOCATED
 
 
 class Ledger:
@@ -44,13 +54,12 @@ class Ledger:
     def get(self, pod_uid: str) -> Assignment | None:
         return self._by_pod.get(pod_uid)
 
-    def held(self, node: str) -> frozenset[str]:
-        """GPU ids that live pods hold on the node."""
+    def entries(self, node: str) -> list[Assignment]:
         with self.lock:
-            return frozenset(gpu for entry in self._by_node.get(node, {}).values() for gpu in entry.gpus)
+            return list(self._by_node.get(node, {}).values())
 
     def released_since(self, node: str, observed: float | None) -> frozenset[str]:
-        """GPU ids freed after the reporter's observation, which its `used` list may still show."""
+        """GPU ids freed after the report's observation, which its `used` list may still show."""
         with self.lock:
             released = self._released.get(node, {})
             return frozenset(gpu for gpu, at in released.items() if observed is None or at > observed)
@@ -59,7 +68,7 @@ class Ledger:
         with self.lock:
             previous = self._by_pod.get(assignment.pod_uid)
             if previous is not None:
-                self._by_node.get(previous.node, {}).pop(previous.pod_uid, None)
+                self._drop_from_node(previous)
             self._by_pod[assignment.pod_uid] = assignment
             self._by_node.setdefault(assignment.node, {})[assignment.pod_uid] = assignment
             released = self._released.get(assignment.node)
@@ -68,15 +77,12 @@ class Ledger:
                     released.pop(gpu, None)
 
     def release(self, pod_uid: str, at: float, *, freed: bool = True) -> Assignment | None:
-        """Drop a pod's entry. `freed` says its GPUs really came free (the pod ended), not a rolled-back bind."""
+        """Drop a pod's entry. `freed` says its GPUs really came free (the pod ended), not a bind that failed."""
         with self.lock:
             entry = self._by_pod.pop(pod_uid, None)
             if entry is None:
                 return None
-            node_entries = self._by_node.get(entry.node, {})
-            node_entries.pop(pod_uid, None)
-            if not node_entries:
-                self._by_node.pop(entry.node, None)
+            self._drop_from_node(entry)
             if freed:
                 released = self._released.setdefault(entry.node, {})
                 for gpu in entry.gpus:
@@ -84,7 +90,7 @@ class Ledger:
             return entry
 
     def reporter_observed(self, node: str, observed: float) -> None:
-        """Forget releases the reporter has now seen."""
+        """Forget releases the report has now seen."""
         with self.lock:
             released = self._released.get(node)
             if released:
@@ -100,3 +106,15 @@ class Ledger:
     def pods(self) -> list[Assignment]:
         with self.lock:
             return list(self._by_pod.values())
+
+    def expired(self, now: float) -> list[Assignment]:
+        """UNCERTAIN entries whose wait for the outcome is over."""
+        with self.lock:
+            return [entry for entry in self._by_pod.values()
+                    if entry.phase is Phase.UNCERTAIN and entry.expires is not None and entry.expires <= now]
+
+    def _drop_from_node(self, entry: Assignment) -> None:
+        node_entries = self._by_node.get(entry.node, {})
+        node_entries.pop(entry.pod_uid, None)
+        if not node_entries:
+            self._by_node.pop(entry.node, None)

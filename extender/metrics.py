@@ -20,6 +20,9 @@ class Metrics:
         self.ring_gbps = Histogram("gpu_topology_extender_granted_ring_gbps",
                                    "Ring bandwidth of the GPU sets granted at bind (multi-GPU pods)",
                                    buckets=_GBPS_BUCKETS, registry=self.registry)
+        self.mismatches = Counter("gpu_topology_extender_allocation_mismatches_total",
+                                  "Pods the kubelet gave other GPUs than they were bound to (the ledger followed it)",
+                                  ["node"], registry=self.registry)
         ledger = Gauge("gpu_topology_extender_ledger_pods", "Pods holding GPUs in the ledger", registry=self.registry)
         ledger.set_function(lambda: len(state.ledger))
         stale = Gauge("gpu_topology_extender_stale_nodes", "Nodes whose GPU state is older than the bound",

@@ -14,7 +14,7 @@ from typing import Any
 from topology.annotations import AnnotationKeys
 from topology.levels import Interconnect
 from topology.select import Request
-from topology.split import device_request, parse_count
+from topology.split import ContainerNeed, container_needs, device_request, parse_count
 
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -28,6 +28,7 @@ class PodRequest:
     request: Request | None  # None when the pod asks for no GPU or its annotations are malformed
     required: bool  # nodes that cannot meet the constraints are filtered out, not just scored low
     problem: str | None = None
+    containers: tuple[ContainerNeed, ...] = ()  # its GPU containers in the kubelet's allocation order
 
     @property
     def key(self) -> str:
@@ -39,9 +40,11 @@ def parse_pod(pod: Mapping[str, Any], keys: AnnotationKeys, resource: str = DEFA
     namespace = str(metadata.get("namespace") or "default")
     name = str(metadata.get("name") or "")
     uid = str(metadata.get("uid") or "")
+    spec = pod.get("spec") or {}
     try:
-        gpus = effective_gpu_request(pod.get("spec") or {}, resource)
-    except ValueError as error:
+        containers = container_needs(spec, resource)  # checks the containers' shape first
+        gpus = effective_gpu_request(spec, resource)
+    except (ValueError, TypeError, AttributeError) as error:
         return PodRequest(namespace, name, uid, 0, None, True, f"{resource}: {error}")
     annotations = metadata.get("annotations") or {}
     if not isinstance(annotations, dict):
@@ -49,8 +52,8 @@ def parse_pod(pod: Mapping[str, Any], keys: AnnotationKeys, resource: str = DEFA
     try:
         request, required = _constraints(annotations, keys, gpus)
     except ValueError as error:
-        return PodRequest(namespace, name, uid, gpus, None, True, str(error))
-    return PodRequest(namespace, name, uid, gpus, request, required)
+        return PodRequest(namespace, name, uid, gpus, None, True, str(error), containers)
+    return PodRequest(namespace, name, uid, gpus, request, required, None, containers)
 
 
 def effective_gpu_request(spec: Mapping[str, Any], resource: str) -> int:

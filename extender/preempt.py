@@ -1,8 +1,9 @@
 """preempt: keep a node's victims only where evicting them frees a GPU set the pod can use.
 
 kube-scheduler's dry run counts GPUs; it would evict pods from a node whose freed GPUs are split across
-sockets for a pod that requires an NVLink ring. Victims whose GPUs the ledger does not know (pods placed
-without this extender) are taken on trust: the node is kept and filter judges it after the eviction.
+sockets for a pod that requires an NVLink ring. A victim's GPUs are those the ledger holds for it, or those
+the node's report says the kubelet gave it. Victims whose GPUs neither knows are taken on trust: the node is
+kept and filter judges it after the eviction.
 """
 
 from __future__ import annotations
@@ -31,10 +32,13 @@ def preempt_nodes(state: ClusterState, selector: Selector, pod: PodRequest,
         unknown = False
         for uid in entry.pod_uids:
             held = state.ledger.get(uid)
-            if held is None or held.node != node:
-                unknown = True
-            else:
+            record = state.pod(uid)
+            if held is not None and held.node == node:
                 freed |= view.mask(held.gpus)
+            elif record is not None and record.request.key in view.reported_pods:
+                freed |= view.mask(view.reported_pods[record.request.key])
+            else:
+                unknown = True
         if unknown or isinstance(selector.select(view.compiled, (view.free | freed) & ~view.unhealthy, request),
                                  Choice):
             kept[node] = entry

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from extender.bind import BindError, Bound, bind_pod
 from extender.filter import FilterOutcome, Verdict, filter_nodes
 from extender.kube import KubeApi
+from extender.ledger import Assignment
 from extender.metrics import Metrics
 from extender.pod_request import PodRequest, parse_pod
 from extender.preempt import preempt_nodes
@@ -42,7 +44,9 @@ class ExtenderService:
         self._pods_lock = threading.Lock()
         self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._events: queue.Queue[tuple[str, str, str, str, str]] = queue.Queue(_EVENT_QUEUE_SIZE)
+        state.on_mismatch = self._mismatch
         threading.Thread(target=self._send_events, name="pod-events", daemon=True).start()
+        threading.Thread(target=self._sweep, name="bind-outcomes", daemon=True).start()
 
     def filter(self, args: ExtenderArgs) -> FilterOutcome:
         pod = self.pod_request(args.pod)
@@ -64,12 +68,9 @@ class ExtenderService:
 
     def bind(self, args: BindingArgs) -> str:
         """Bind the pod; returns "" or the error kube-scheduler should see."""
-        pod = self._cached(args.pod_uid)
-        if pod is None:
-            record = self.state.pod(args.pod_uid)
-            pod = record.request if record is not None else None
+        self.state.sweep()
         try:
-            bound: Bound = bind_pod(self.state, self.selector, self.kube, pod, args)
+            bound: Bound = bind_pod(self.state, self.selector, self.kube, args)
         except BindError as error:
             self.metrics.decisions.labels("bind", "error").inc()
             log.info("bind %s/%s to %s refused: %s", args.pod_namespace, args.pod_name, args.node, error)
@@ -101,10 +102,19 @@ class ExtenderService:
             self._warn(parsed)
         return parsed
 
-    def _cached(self, uid: str) -> PodRequest | None:
-        with self._pods_lock:
-            found = self._pods.get(uid)
-        return found[1] if found is not None else None
+    def _mismatch(self, held: Assignment, allocated: frozenset[str]) -> None:
+        """The kubelet gave a pod other GPUs than we bound it to: the ledger now follows the kubelet."""
+        self.metrics.mismatches.labels(held.node).inc()
+        namespace, _, name = held.pod_key.partition("/")
+        message = (f"the kubelet allocated {', '.join(sorted(allocated))} on {held.node}, not the GPUs bound "
+                   f"({', '.join(sorted(held.gpus))}); is the node agent's device plugin serving this node?")
+        log.warning("pod %s: %s", held.pod_key, message)
+        self._queue_event(namespace, name, held.pod_uid, "GPUAllocationMismatch", message)
+
+    def _sweep(self) -> None:
+        while True:
+            time.sleep(1.0)
+            self.state.sweep()
 
     def _warn(self, pod: PodRequest) -> None:
         """One Event per pod and problem, sent off the hot path; a full queue drops it."""
@@ -115,10 +125,13 @@ class ExtenderService:
             self._warned[key] = None
             if len(self._warned) > _POD_CACHE_SIZE:
                 self._warned.popitem(last=False)
+        self._queue_event(pod.namespace, pod.name, pod.uid, "InvalidGPUTopologyRequest", pod.problem or "")
+
+    def _queue_event(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
         try:
-            self._events.put_nowait((pod.namespace, pod.name, pod.uid, "InvalidGPUTopologyRequest", pod.problem or ""))
+            self._events.put_nowait((namespace, name, uid, reason, message))
         except queue.Full:
-            log.warning("event queue full; not reporting %s to pod %s", pod.problem, pod.key)
+            log.warning("event queue full; not sending %s to pod %s/%s", reason, namespace, name)
 
     def _send_events(self) -> None:
         while True:

@@ -15,6 +15,8 @@ from typing import Any
 
 from extender.ledger import Assignment, Ledger, Phase
 from extender.pod_request import DEFAULT_GPU_RESOURCE, PodRequest, parse_pod
+from extender.seal import Seal
+from topology.assignment import AssignmentError, decode_containers
 from topology.annotations import AnnotationKeys
 from topology.codec import CodecError, decode_state, decode_topology
 from topology.compiled import CompiledTopology, compile_topology
@@ -32,6 +34,7 @@ class NodeView:
     index_of: Mapping[str, int] = field(default_factory=dict)
     unhealthy: int = 0  # mask
     reported_used: frozenset[str] = frozenset()
+    reported_pods: Mapping[str, frozenset[str]] = field(default_factory=dict)  # "namespace/name" -> its GPUs
     observed: float | None = None  # when the reporter last looked, epoch seconds
     free: int = 0  # mask of free, healthy GPUs
     problem: str | None = None  # why the node's topology cannot be used
@@ -66,6 +69,11 @@ Key = NodeKey | str
 _MAX_INTERNED = 1 << 16
 
 STALE_RECHECK_SECONDS = 1.0
+# How long a reservation whose Binding answer was lost waits for the watch to tell whether it committed:
+# kube-apiserver's default --request-timeout, after which an accepted request has surely finished.
+BIND_OUTCOME_SECONDS = 60.0
+
+Mismatch = Callable[[Assignment, frozenset[str]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +84,15 @@ class PodRecord:
 
 class ClusterState:
     def __init__(self, keys: AnnotationKeys | None = None, resource: str = DEFAULT_GPU_RESOURCE,
-                 stale_after: float = 120.0, clock: Callable[[], float] = time.time) -> None:
+                 stale_after: float = 120.0, clock: Callable[[], float] = time.time, seal: Seal | None = None,
+                 bind_outcome_seconds: float = BIND_OUTCOME_SECONDS) -> None:
         self.keys = keys or AnnotationKeys()
         self.resource = resource
         self.stale_after = stale_after
         self.clock = clock
+        self.seal = seal or Seal.ephemeral()
+        self.bind_outcome_seconds = bind_outcome_seconds
+        self.on_mismatch: Mismatch | None = None  # told when the kubelet allocated other GPUs than we bound
         self.ledger = Ledger()
         self._views: dict[str, NodeView] = {}
         self._keys: dict[str, Key] = {}
@@ -137,15 +149,23 @@ class ClusterState:
         return len(self.stale_names())
 
     def refresh(self, node: str) -> None:
-        """Recompute a node's free mask from its report and the ledger."""
+        """Recompute a node's free mask: what the kubelet reported, plus reservations it has not reported yet."""
         with self.ledger.lock:
             view = self._views.get(node)
             if view is None or view.compiled is None:
                 return
-            used = (view.reported_used - self.ledger.released_since(node, view.observed)) | self.ledger.held(node)
+            used = set(view.reported_used - self.ledger.released_since(node, view.observed))
+            for entry in self.ledger.entries(node):
+                if not entry.confirmed and not self._reported(view, entry):
+                    used |= entry.gpus
             free = view.compiled.full_mask & ~view.mask(used) & ~view.unhealthy
             if free != view.free:
                 self._store(replace(view, free=free))
+
+    @staticmethod
+    def _reported(view: NodeView, entry: Assignment) -> bool:
+        """The report, taken after this reservation, names its pod: the kubelet has allocated it."""
+        return view.observed is not None and entry.at <= view.observed and entry.pod_key in view.reported_pods
 
     def record(self, assignment: Assignment) -> None:
         with self.ledger.lock:
@@ -160,6 +180,40 @@ class ClusterState:
             entry = self.ledger.release(pod_uid, self.clock(), freed=freed)
             if entry is not None:
                 self.refresh(entry.node)
+
+    def uncertain(self, pod_uid: str) -> None:
+        """The Binding's answer was lost: keep the reservation until the watch, or time, tells the outcome."""
+        with self.ledger.lock:
+            entry = self.ledger.get(pod_uid)
+            if entry is not None and entry.phase is Phase.BINDING:
+                self.ledger.record(replace(entry, phase=Phase.UNCERTAIN,
+                                           expires=self.clock() + self.bind_outcome_seconds))
+
+    def sweep(self) -> None:
+        """End the waits that ran out: a pod the watch still shows unbound was not bound by the lost Binding."""
+        with self.ledger.lock:
+            for entry in self.ledger.expired(self.clock()):
+                record = self._pods.get(entry.pod_uid)
+                if record is not None and record.node == entry.node:
+                    self.record(replace(entry, phase=Phase.BOUND, expires=None))
+                else:
+                    self.release(entry.pod_uid, freed=False)
+
+    def _reconcile(self, node: str) -> None:
+        """What the kubelet allocated replaces each reservation the report covers."""
+        view = self._views.get(node)
+        if view is None or not view.reported_pods:
+            return
+        for entry in self.ledger.entries(node):
+            if not self._reported(view, entry):
+                continue
+            allocated = view.reported_pods[entry.pod_key]
+            if entry.confirmed and entry.gpus == allocated:
+                continue
+            if not entry.confirmed and entry.gpus != allocated and self.on_mismatch is not None:
+                self.on_mismatch(entry, allocated)
+            assert view.observed is not None
+            self.ledger.record(replace(entry, gpus=allocated, at=view.observed, phase=Phase.ALLOCATED, expires=None))
 
     def _replace_nodes(self, items: list[dict[str, Any]]) -> None:
         with self.ledger.lock:
@@ -185,6 +239,7 @@ class ClusterState:
             self._restale(name, stale=view.compiled is not None and self.is_stale(view, self.clock()))
             if view.observed is not None:
                 self.ledger.reporter_observed(name, view.observed)
+            self._reconcile(name)
             self.refresh(name)
         return name
 
@@ -234,7 +289,7 @@ class ClusterState:
             log.warning("node %s: %s", name, error)
             return view
         return replace(view, unhealthy=view.mask(state.unhealthy), reported_used=state.used,
-                        observed=state.observed.timestamp())
+                       reported_pods=state.pods, observed=state.observed.timestamp())
 
     def _replace_pods(self, items: list[dict[str, Any]]) -> None:
         with self.ledger.lock:
@@ -245,7 +300,7 @@ class ClusterState:
             for uid in set(self._pods) - seen:
                 self._forget_pod(uid)
             for assignment in self.ledger.pods():
-                if assignment.pod_uid not in seen and assignment.phase is Phase.BOUND:
+                if assignment.pod_uid not in seen and assignment.phase is not Phase.BINDING:
                     self.release(assignment.pod_uid, freed=True)
 
     def _apply_pod(self, kind: str, pod: dict[str, Any]) -> None:
@@ -261,13 +316,44 @@ class ClusterState:
         if request.gpus == 0:
             return
         self._pods[uid] = PodRecord(request, node)
-        held = (metadata.get("annotations") or {}).get(self.keys.gpus)
-        if node and isinstance(held, str) and held:
-            gpus = frozenset(part.strip() for part in held.split(",") if part.strip())
-            with self.ledger.lock:
-                current = self.ledger.get(uid)
-                if current is None or current.node != node or current.gpus != gpus or current.phase is not Phase.BOUND:
-                    self.record(Assignment(uid, request.key, node, gpus, self.clock(), Phase.BOUND))
+        if not node:
+            return
+        with self.ledger.lock:
+            current = self.ledger.get(uid)
+            if current is None:
+                sealed = self._sealed(uid, node, metadata.get("annotations"), request)
+                if sealed is not None:
+                    self.record(Assignment(uid, request.key, node, sealed, self.clock(), Phase.BOUND))
+            elif current.phase in (Phase.BINDING, Phase.UNCERTAIN):
+                if current.node == node:  # the watch shows the Binding committed
+                    self.record(replace(current, phase=Phase.BOUND, expires=None))
+                else:
+                    self.release(uid, freed=False)
+
+    def _sealed(self, uid: str, node: str, annotations: Any, request: PodRequest) -> frozenset[str] | None:
+        """The GPUs of a bind record we sealed for this pod on this node, if the annotations are one.
+
+        This is how the ledger comes back after a restart. Anything else a pod carries (no seal, another
+        pod's seal, more GPUs than it requests, GPUs the node lacks) is not a record of ours and holds nothing.
+        """
+        if not isinstance(annotations, dict):
+            return None
+        gpus, containers = annotations.get(self.keys.gpus), annotations.get(self.keys.containers)
+        if not isinstance(gpus, str) or not isinstance(containers, str):
+            return None
+        if not self.seal.verify(annotations.get(self.keys.seal), uid, node, gpus, containers):
+            return None
+        held = frozenset(gpus.split(","))
+        try:
+            parts = decode_containers(containers)
+        except AssignmentError:
+            return None
+        view = self._views.get(node)
+        if len(held) > request.gpus or held != frozenset(gpu for _, ids in parts for gpu in ids):
+            return None
+        if view is not None and not held <= view.index_of.keys():
+            return None
+        return held
 
     def _forget_pod(self, uid: str) -> None:
         self._pods.pop(uid, None)

@@ -189,7 +189,8 @@ class Request:
 @dataclass
 class Fault:
     """What the next `times` requests matching method, path (exact, without query; None = any) and watch
-    (None = either) get: action "error" (a Status with `status`), "close" (no answer) or "hang"."""
+    (None = either) get: action "error" (a Status with `status`), "close" (no answer), "hang", or "lose" (the
+    request is carried out, then the connection closes before the answer: the client cannot know it was)."""
 
     action: str
     method: str | None = None
@@ -213,6 +214,7 @@ class _Change:
     type: str  # ADDED, MODIFIED, DELETED or BOOKMARK
     obj: dict  # the object after the change (for DELETED, its last state)
     old: dict | None  # the object before, so a selector can turn a change into ADDED or DELETED
+    at: float = field(default_factory=time.monotonic)  # when it was committed
 
 
 @dataclass
@@ -275,6 +277,7 @@ class FakeKubeApiServer:
         self.bindings: list[dict] = []
         self.patches: list[dict] = []
         self.requests: list[Request] = []
+        self.watch_delay = 0.0  # seconds every change waits before watchers see it, as a slow watch cache
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 
@@ -431,6 +434,10 @@ class FakeKubeApiServer:
     def drop(self, method: str | None, path: str | None, *, times: int = 1, watch: bool | None = None) -> None:
         self._add_fault(Fault("close", method, path, watch, times))
 
+    def lose(self, method: str | None, path: str | None, *, times: int = 1) -> None:
+        """The next matching requests are carried out, but their answers are lost (the connection closes)."""
+        self._add_fault(Fault("lose", method, path, False, times))
+
     def hang(self, method: str | None, path: str | None, *, times: int = 1, watch: bool | None = None) -> None:
         """The next matching requests get no answer until `release_hangs()` or `stop()`."""
         self._release.clear()
@@ -569,6 +576,10 @@ class FakeKubeApiServer:
                 raise _conflict("pods/binding", name, f'pod {name} is already assigned to node "{bound}"')
             new = copy.deepcopy(old)
             new["spec"]["nodeName"] = target["name"]
+            # Like BindingREST.setPodNodeAndMetadata: the Binding's annotations land on the pod in the same write.
+            annotations = meta.get("annotations") or {}
+            if annotations:
+                new["metadata"].setdefault("annotations", {}).update(annotations)
             conditions = new.setdefault("status", {}).setdefault("conditions", [])
             conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": now_rfc3339()})
             self.bindings.append(copy.deepcopy(binding))
@@ -627,11 +638,15 @@ class FakeKubeApiServer:
                     while True:
                         if watch.broken or watch.ended:
                             return "broken" if watch.broken else "ended"
-                        pending = [c for c in self._log if c.rv > sent and c.resource == watch.resource]
-                        remaining = deadline - time.monotonic()
+                        now = time.monotonic()
+                        newer = [c for c in self._log if c.rv > sent and c.resource == watch.resource]
+                        unripe = [i for i, c in enumerate(newer) if c.at + self.watch_delay > now]
+                        pending = newer[:unripe[0]] if unripe else newer  # in order: none after an unripe one
+                        remaining = deadline - now
                         if pending or remaining <= 0:
                             break
-                        self._changed.wait(remaining)
+                        ripe = min((c.at + self.watch_delay - now for c in newer), default=remaining)
+                        self._changed.wait(min(remaining, max(ripe, 0.001)))
                 if not pending:
                     return "timeout"
         finally:
@@ -675,6 +690,7 @@ class _Server(ThreadingHTTPServer):
 
 
 class _Handler(BaseHTTPRequestHandler):
+    _lose = False  # this request's answer is to be lost (Fault "lose")
     protocol_version = "HTTP/1.1"
     api: FakeKubeApiServer  # set on the per-server subclass
 
@@ -723,13 +739,14 @@ class _Handler(BaseHTTPRequestHandler):
         with api._lock:
             api.requests.append(Request(method, url.path, query, {k.lower(): v for k, v in self.headers.items()}, body))
         fault = api._take_fault(method, url.path, watch)
-        if fault is not None and fault.action != "error":
+        self._lose = fault is not None and fault.action == "lose"
+        if fault is not None and fault.action not in ("error", "lose"):
             if fault.action == "hang":
                 api._release.wait(300)
             self._drop()
             return
         try:
-            if fault is not None:
+            if fault is not None and fault.action == "error":
                 raise ApiError(fault.status, "InternalError", f"injected failure ({fault.status})")
             if isinstance(body, bytes):
                 raise ApiError(400, "BadRequest", "the body is not JSON")
@@ -779,6 +796,9 @@ class _Handler(BaseHTTPRequestHandler):
         return (self.headers.get("Content-Type") or "").split(";")[0].strip()
 
     def _send(self, code: int, body: dict) -> None:
+        if self._lose:
+            self._drop()
+            return
         data = orjson.dumps(body)
         self.send_response(code)
         self.send_header("Content-Type", "application/json")

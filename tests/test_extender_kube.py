@@ -19,6 +19,8 @@ from extender.app import create_app
 from extender.demo_cluster import with_uuids
 from extender.kube import KubernetesApi
 from extender.reflector import Reflector
+from extender.ledger import Phase
+from extender.seal import Seal
 from extender.service import ExtenderService
 from extender.state import ClusterState
 from kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node, make_pod, wait_until
@@ -47,9 +49,10 @@ def _node_annotations(used: frozenset[str] = frozenset()) -> dict[str, str]:
     return {"gpu-topology.io/topology": encode_topology(TOPOLOGY), "gpu-topology.io/state": encode_state(state)}
 
 
-def _start(server: FakeKubeApiServer, timeout: float = 5.0) -> Extender:
+def _start(server: FakeKubeApiServer, timeout: float = 5.0, seal: Seal | None = None,
+           bind_outcome_seconds: float = 60.0) -> Extender:
     api = KubernetesApi.from_configuration(k8s.Configuration(host=server.url), timeout=timeout, instance="test")
-    state = ClusterState()
+    state = ClusterState(seal=seal, bind_outcome_seconds=bind_outcome_seconds)
     reflectors = [Reflector(api.list_nodes, api.watch_nodes, state.nodes, name="nodes", watch_timeout=5),
                   Reflector(api.list_pods, api.watch_pods, state.pods, name="pods", watch_timeout=5)]
     for reflector in reflectors:
@@ -83,16 +86,22 @@ def _schedule(extender: Extender, server: FakeKubeApiServer, pod: dict) -> dict:
         "PodUID": pod["metadata"]["uid"], "Node": "gpu-1"})).json()
 
 
-def test_bind_patches_the_pod_and_creates_the_binding(extender: Extender, cluster: FakeKubeApiServer) -> None:
+def test_bind_writes_the_assignment_in_the_binding(extender: Extender, cluster: FakeKubeApiServer) -> None:
     pod = cluster.add_pod(make_pod("train", gpus=2, annotations={"gpu-topology.io/interconnect": "nvlink",
                                                                   "gpu-topology.io/placement": "required"}))
     assert _schedule(extender, cluster, pod) == {"Error": ""}
     stored = cluster.pod("default", "train")
+    annotations = stored["metadata"]["annotations"]
+    pair = [g.uuid for g in TOPOLOGY.gpus[:2]]
     assert stored["spec"]["nodeName"] == "gpu-1"
-    assert stored["metadata"]["annotations"]["gpu-topology.io/gpus"] == ",".join(g.uuid for g in TOPOLOGY.gpus[:2])
-    assert stored["metadata"]["annotations"]["gpu-topology.io/ring-bandwidth"] == "56"
+    assert annotations["gpu-topology.io/gpus"] == ",".join(pair)
+    assert orjson.loads(annotations["gpu-topology.io/containers"]) == {"main": pair}
+    assert annotations["gpu-topology.io/ring-bandwidth"] == "56"
+    assert extender.state.seal.verify(annotations["gpu-topology.io/seal"], pod["metadata"]["uid"], "gpu-1",
+                                      annotations["gpu-topology.io/gpus"], annotations["gpu-topology.io/containers"])
     assert [b["target"]["name"] for b in cluster.bindings] == ["gpu-1"]
-    assert cluster.patches[0]["content_type"] == "application/merge-patch+json"
+    assert cluster.bindings[0]["metadata"]["uid"] == pod["metadata"]["uid"]
+    assert cluster.patches == [], "one write: the Binding carries the annotations"
     wait_until(lambda: extender.state.view("gpu-1").free.bit_count() == 6, what="the ledger to hold 2 GPUs")
 
 
@@ -116,12 +125,13 @@ def test_malformed_annotation_becomes_an_event_on_the_pod(extender: Extender, cl
 
 
 def test_restart_rebuilds_the_ledger_before_the_reporter_catches_up(cluster: FakeKubeApiServer) -> None:
-    first = _start(cluster)
+    key = Seal.ephemeral()  # the replicas' shared key, a Secret in the deployment
+    first = _start(cluster, seal=key)
     pod = cluster.add_pod(make_pod("before-restart", gpus=6))
     assert _schedule(first, cluster, pod) == {"Error": ""}
     first.stop()
-    # The reporter still says nothing is used; only the pod's annotation tells the new process.
-    second = _start(cluster)
+    # The reporter still says nothing is used; only the pod's sealed annotations tell the new process.
+    second = _start(cluster, seal=key)
     try:
         wait_until(lambda: second.state.view("gpu-1").free.bit_count() == 2, what="the rebuilt ledger")
         late = cluster.add_pod(make_pod("after-restart", gpus=4))
@@ -144,21 +154,26 @@ def test_bind_of_a_pod_bound_elsewhere_rolls_back(extender: Extender, cluster: F
         "PodName": "raced", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": "gpu-1"})).json()
     assert answer["Error"].startswith("binding default/raced to gpu-1 conflicted")
     assert "gpu-topology.io/gpus" not in cluster.pod("default", "raced")["metadata"]["annotations"]
+    assert cluster.patches == []
     wait_until(lambda: extender.state.ledger.get(pod["metadata"]["uid"]) is None, what="no ledger entry")
     wait_until(lambda: extender.state.view("gpu-1").free.bit_count() == 8, what="gpu-1 whole again")
 
 
-def test_unreachable_api_server_is_a_clear_bind_error(cluster: FakeKubeApiServer) -> None:
-    extender = _start(cluster, timeout=1.0)
+def test_an_unanswered_bind_keeps_its_gpus_until_the_outcome_is_known(cluster: FakeKubeApiServer) -> None:
+    extender = _start(cluster, timeout=1.0, bind_outcome_seconds=1.5)
     try:
         pod = cluster.add_pod(make_pod("stranded", gpus=1))
-        extender.service.pod_request(pod)
-        cluster.hang("PATCH", None, times=5)
+        uid = pod["metadata"]["uid"]
+        wait_until(lambda: extender.state.pod(uid) is not None, what="the pod in the watch")
+        cluster.hang("POST", None, times=5)
         answer = extender.client.post("/bind", content=orjson.dumps({
-            "PodName": "stranded", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"],
-            "Node": "gpu-1"})).json()
+            "PodName": "stranded", "PodNamespace": "default", "PodUID": uid, "Node": "gpu-1"})).json()
         cluster.release_hangs()
-        assert answer["Error"].startswith("binding default/stranded to gpu-1 failed")
-        assert extender.state.ledger.get(pod["metadata"]["uid"]) is None
+        assert answer["Error"].startswith("binding default/stranded to gpu-1: ") and "outcome is unknown" in answer["Error"]
+        assert extender.state.ledger.get(uid).phase is Phase.UNCERTAIN
+        assert extender.state.view("gpu-1").free.bit_count() == 7
+        # The Binding never landed: once the wait is over with the pod still unbound, the GPU comes back.
+        wait_until(lambda: extender.state.ledger.get(uid) is None, timeout=10, what="the reservation released")
+        assert extender.state.view("gpu-1").free.bit_count() == 8
     finally:
         extender.stop()

@@ -6,7 +6,6 @@ import threading
 import time
 from datetime import datetime
 
-import kubernetes
 import pytest
 from kube_api_server import NODES, PODS, FakeKubeApiServer, kube_server_fixture, make_node, make_pod, wait_until
 from kubernetes import client as k8s
@@ -14,8 +13,6 @@ from kubernetes import client as k8s
 from extender.kube import (
     ACTIVE_PODS,
     COMPONENT,
-    MERGE_PATCH,
-    PATCH_CONTENT_TYPE,
     Conflict,
     Gone,
     KubeError,
@@ -200,44 +197,37 @@ def test_a_watch_refused_by_the_server_is_a_kube_error(kube_server, api):
 # -- writes ------------------------------------------------------------------------------------------------
 
 
-def test_patch_touches_only_annotations_and_none_deletes(kube_server, api):
-    pod = make_pod("train", "team-a", annotations={"keep": "1", "drop": "x"})
-    pod["metadata"]["labels"] = {"app": "train"}
-    before = kube_server.add_pod(pod)
-    api.patch_pod_annotations("team-a", "train", {"gpu-topology.io/gpus": "GPU-1,GPU-2", "drop": None})
-    after = kube_server.pod("team-a", "train")
-    assert after["metadata"]["annotations"] == {"keep": "1", "gpu-topology.io/gpus": "GPU-1,GPU-2"}
-    assert after["metadata"]["labels"] == {"app": "train"}
-    assert after["spec"] == before["spec"] and after["status"] == before["status"]
-    assert int(after["metadata"]["resourceVersion"]) > int(before["metadata"]["resourceVersion"])
-    patch = kube_server.patches[-1]
-    assert patch["content_type"] == PATCH_CONTENT_TYPE
-    assert PATCH_CONTENT_TYPE == MERGE_PATCH or not kubernetes.__version__.startswith("37.")
-    assert patch["patch"] == {"metadata": {"annotations": {"gpu-topology.io/gpus": "GPU-1,GPU-2", "drop": None}}}
+def test_get_pod_reads_the_pod_as_the_server_has_it(kube_server, api):
+    stored = kube_server.add_pod(make_pod("train", "team-a", annotations={"keep": "1"}))
+    pod = api.get_pod("team-a", "train")
+    assert pod["metadata"]["uid"] == stored["metadata"]["uid"] and pod["metadata"]["annotations"] == {"keep": "1"}
 
 
-def test_patching_a_missing_pod_is_a_404(api):
+def test_getting_a_missing_pod_is_a_404(api):
     with pytest.raises(KubeError) as caught:
-        api.patch_pod_annotations("default", "ghost", {"a": "b"})
+        api.get_pod("default", "ghost")
     assert caught.value.status == 404 and not isinstance(caught.value, Conflict)
     assert 'pods "ghost" not found' in str(caught.value)
 
 
 def test_bind_sets_the_node_with_the_uid_precondition(kube_server, api):
-    uid = kube_server.add_pod(make_pod("train", "team-a"))["metadata"]["uid"]
-    api.bind("team-a", "train", uid, "gpu-a")
-    assert kube_server.pod("team-a", "train")["spec"]["nodeName"] == "gpu-a"
+    uid = kube_server.add_pod(make_pod("train", "team-a", annotations={"keep": "1"}))["metadata"]["uid"]
+    api.bind("team-a", "train", uid, "gpu-a", {"gpu-topology.io/gpus": "GPU-1,GPU-2"})
+    pod = kube_server.pod("team-a", "train")
+    assert pod["spec"]["nodeName"] == "gpu-a"
+    assert pod["metadata"]["annotations"] == {"keep": "1", "gpu-topology.io/gpus": "GPU-1,GPU-2"}  # one write
     binding = kube_server.bindings[-1]
-    assert binding["metadata"] == {"name": "train", "namespace": "team-a", "uid": uid}
+    assert binding["metadata"] == {"name": "train", "namespace": "team-a", "uid": uid,
+                                   "annotations": {"gpu-topology.io/gpus": "GPU-1,GPU-2"}}
     assert binding["target"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-a"}
     assert kube_server.requests[-1].path == "/api/v1/namespaces/team-a/pods/train/binding"
 
 
 def test_binding_a_bound_pod_is_a_conflict(kube_server, api):
     uid = kube_server.add_pod(make_pod("train"))["metadata"]["uid"]
-    api.bind("default", "train", uid, "gpu-a")
+    api.bind("default", "train", uid, "gpu-a", {})
     with pytest.raises(Conflict) as caught:
-        api.bind("default", "train", uid, "gpu-b")
+        api.bind("default", "train", uid, "gpu-b", {})
     assert caught.value.status == 409 and "already assigned" in str(caught.value)
     assert kube_server.pod("default", "train")["spec"]["nodeName"] == "gpu-a"
     assert_clean(caught.value)
@@ -246,13 +236,14 @@ def test_binding_a_bound_pod_is_a_conflict(kube_server, api):
 def test_binding_with_another_uid_is_a_conflict(kube_server, api):
     kube_server.add_pod(make_pod("train", uid="new-uid"))  # a pod recreated under the same name
     with pytest.raises(Conflict, match="Precondition failed"):
-        api.bind("default", "train", "old-uid", "gpu-a")
+        api.bind("default", "train", "old-uid", "gpu-a", {"gpu-topology.io/gpus": "GPU-1"})
     assert "nodeName" not in kube_server.pod("default", "train")["spec"]
+    assert "gpu-topology.io/gpus" not in kube_server.pod("default", "train")["metadata"].get("annotations", {})
 
 
 def test_binding_a_missing_pod_is_a_404(api):
     with pytest.raises(KubeError) as caught:
-        api.bind("default", "ghost", "uid", "gpu-a")
+        api.bind("default", "ghost", "uid", "gpu-a", {})
     assert caught.value.status == 404
 
 
@@ -295,16 +286,16 @@ def test_a_failed_event_is_logged_and_swallowed(kube_server, api, caplog):
 # -- failures ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", ["GET", "PATCH", "POST"])
+@pytest.mark.parametrize("method", ["LIST", "GET", "POST"])
 def test_a_server_error_is_a_kube_error_with_its_status(kube_server, api, method):
     uid = kube_server.add_pod(make_pod("p"))["metadata"]["uid"]
     call = {
-        "GET": (api.list_pods, "/api/v1/pods"),
-        "PATCH": (lambda: api.patch_pod_annotations("default", "p", {"a": "b"}), "/api/v1/namespaces/default/pods/p"),
-        "POST": (lambda: api.bind("default", "p", uid, "n"), "/api/v1/namespaces/default/pods/p/binding"),
+        "LIST": (api.list_pods, "/api/v1/pods"),
+        "GET": (lambda: api.get_pod("default", "p"), "/api/v1/namespaces/default/pods/p"),
+        "POST": (lambda: api.bind("default", "p", uid, "n", {}), "/api/v1/namespaces/default/pods/p/binding"),
     }
     run, path = call[method]
-    kube_server.fail(method, path, status=500)
+    kube_server.fail("POST" if method == "POST" else "GET", path, status=500)
     with pytest.raises(KubeError) as caught:
         run()
     assert type(caught.value) is KubeError and caught.value.status == 500
@@ -317,7 +308,7 @@ def test_a_stopped_server_is_unreachable(kube_server, api):
     uid = kube_server.add_pod(make_pod("p"))["metadata"]["uid"]
     api.list_pods()  # a pooled keep-alive connection that the stop must not leave usable
     kube_server.stop()
-    for call in (api.list_nodes, api.list_pods, lambda: api.bind("default", "p", uid, "n")):
+    for call in (api.list_nodes, api.list_pods, lambda: api.bind("default", "p", uid, "n", {})):
         with pytest.raises(Unreachable) as caught:
             call()
         assert caught.value.status is None
@@ -327,25 +318,33 @@ def test_a_stopped_server_is_unreachable(kube_server, api):
 
 
 def test_a_connection_closed_without_answer_is_unreachable(kube_server, api):
-    kube_server.add_pod(make_pod("p"))
-    kube_server.drop("PATCH", "/api/v1/namespaces/default/pods/p")
+    uid = kube_server.add_pod(make_pod("p"))["metadata"]["uid"]
+    kube_server.drop("POST", "/api/v1/namespaces/default/pods/p/binding")
     with pytest.raises(Unreachable):
-        api.patch_pod_annotations("default", "p", {"a": "b"})
+        api.bind("default", "p", uid, "n", {"a": "b"})
     assert "a" not in kube_server.pod("default", "p")["metadata"]["annotations"]
 
 
-@pytest.mark.parametrize("method", ["GET", "PATCH"])
+def test_a_lost_answer_is_unreachable_although_the_server_committed(kube_server, api):
+    uid = kube_server.add_pod(make_pod("p"))["metadata"]["uid"]
+    kube_server.lose("POST", "/api/v1/namespaces/default/pods/p/binding")
+    with pytest.raises(Unreachable):
+        api.bind("default", "p", uid, "n", {"a": "b"})
+    assert kube_server.pod("default", "p")["spec"]["nodeName"] == "n"
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
 def test_a_hanging_server_is_unreachable_within_the_timeout(kube_server, method):
     # One attempt per call: urllib3 would retry a timed-out GET three more times (4 x 1 s) by default.
     api = KubernetesApi.from_configuration(k8s.Configuration(host=kube_server.url), timeout=1.0, list_timeout=1.0)
-    kube_server.add_pod(make_pod("p"))
-    kube_server.hang(method, "/api/v1/pods" if method == "GET" else "/api/v1/namespaces/default/pods/p")
+    uid = kube_server.add_pod(make_pod("p"))["metadata"]["uid"]
+    kube_server.hang(method, "/api/v1/pods" if method == "GET" else "/api/v1/namespaces/default/pods/p/binding")
     started = time.monotonic()
     with pytest.raises(Unreachable, match="(?i)timed? ?out"):
         if method == "GET":
             api.list_pods()
         else:
-            api.patch_pod_annotations("default", "p", {"a": "b"})
+            api.bind("default", "p", uid, "n", {"a": "b"})
     elapsed = time.monotonic() - started
     kube_server.release_hangs()
     assert 0.9 <= elapsed < 3.5

@@ -111,7 +111,9 @@ def decode_topology(text: str | bytes) -> Topology:
 
 
 def encode_state(state: NodeState) -> str:
-    observed = state.observed.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    at = state.observed.astimezone(timezone.utc)
+    # Milliseconds when there are any: the extender orders reports against its own binds by this time.
+    observed = at.strftime("%Y-%m-%dT%H:%M:%S") + (f".{at.microsecond // 1000:03d}Z" if at.microsecond else "Z")
     pods = {key: sorted(gpus) for key, gpus in sorted(state.pods.items())}
     return orjson.dumps({"v": STATE_VERSION, "used": sorted(state.used), "unhealthy": sorted(state.unhealthy),
                          "pods": pods, "observed": observed, "generation": state.generation}).decode()

@@ -53,7 +53,7 @@ def container_needs(spec: Mapping[str, Any], resource: str) -> tuple[ContainerNe
     """The containers that request `resource`, in the kubelet's allocation order. ValueError for a bad count."""
     needs = []
     for kind_of, key in ((_init_kind, "initContainers"), (lambda _: Kind.APP, "containers")):
-        containers = spec.get(key) or ()
+        containers = spec.get(key) or []
         if not isinstance(containers, list):
             raise ValueError(f"spec.{key} is not a list")
         for container in containers:
