@@ -104,6 +104,7 @@ class Admission:
     containers: tuple[ContainerAdmission, ...]
 
     def container(self, name: str) -> ContainerAdmission:
+        """One container's outcome by name, since tests ask about containers, not positions."""
         return next(c for c in self.containers if c.name == name)
 
 
@@ -464,7 +465,7 @@ class KubeletStandIn:
                 self._rollback()
                 raise
             if not response.container_responses:
-                raise DeviceManagerError("no containers return in allocation response &AllocateResponse{}")
+                raise DeviceManagerError(f"no containers return in allocation response {response}")
             with self._mutex:
                 self._pod_devices.setdefault(uid, {}).setdefault(name, {})[resource] = _Allocation(
                     self._per_numa(resource, chosen), response.container_responses[0])

@@ -36,13 +36,14 @@ def first_ids(request: object) -> list[str]:
 class FakePlugin:
     """A device plugin serving on `<device-plugins>/<socket>`. ListAndWatch sends `devices` (nothing until
     set_devices if None), `prefer` answers GetPreferredAllocation (a RuntimeError fails the call), Allocate
-    answers FAKE_DEVICES=<ids>."""
+    answers FAKE_DEVICES=<ids>, or fails (`allocate_fault` "error") or answers nothing ("empty")."""
 
     def __init__(self, plugin_dir: Path, devices: list[object] | None, *, socket: str = "fake.sock",
                  preferred: bool = True, prefer: Prefer = first_ids) -> None:
         self.path = plugin_dir / socket
         self.preferred = preferred
         self.prefer = prefer
+        self.allocate_fault: str | None = None
         self._devices = devices
         self._streams: list[queue.Queue] = []
         self._lock = threading.Lock()
@@ -104,6 +105,10 @@ class FakePlugin:
             dp.ContainerPreferredAllocationResponse(deviceIDs=ids)])
 
     def _allocate(self, request: object, context: grpc.ServicerContext) -> object:
+        if self.allocate_fault == "error":
+            context.abort(grpc.StatusCode.INTERNAL, "allocate refused")
+        if self.allocate_fault == "empty":
+            return dp.AllocateResponse()
         return dp.AllocateResponse(container_responses=[dp.ContainerAllocateResponse(
             envs={"FAKE_DEVICES": ",".join(sorted(r.devices_ids))}) for r in request.container_requests])
 
@@ -286,6 +291,25 @@ def test_preference_error_rejects_the_pod_and_frees_what_it_held(kubelet: Kubele
     assert len(kubelet.calls("Allocate")) == 1  # b never reached Allocate
     assert listed(kubelet) == {} and kubelet.in_use(GPU) == frozenset()
     assert kubelet.admit(pod("q", container("main", 4))).admitted
+
+
+def test_allocate_error_is_rolled_back_but_an_empty_answer_leaks_until_a_pod_leaves(
+        kubelet: KubeletStandIn, plugin_for: Callable[..., FakePlugin]) -> None:
+    plugin = plugin_for()
+    plugin.allocate_fault = "error"
+    refused = kubelet.admit(pod("refused", container("main", 2)))
+    assert refused.message == ("Allocate failed due to rpc error: code = Internal desc = allocate refused, "
+                               "which is unexpected")
+    assert kubelet.in_use(GPU) == frozenset()
+    plugin.allocate_fault = "empty"
+    empty = kubelet.admit(pod("empty", container("main", 2)))
+    assert not empty.admitted and "no containers return in allocation response" in empty.message
+    assert len(kubelet.in_use(GPU)) == 2  # the kubelet does not roll back on an empty answer
+    plugin.allocate_fault = None
+    assert not kubelet.admit(pod("big", container("main", 3))).admitted
+    small = kubelet.admit(pod("small", container("main", 1)))
+    kubelet.remove(small.uid)  # a pod leaving rebuilds the in-use set from recorded allocations
+    assert kubelet.in_use(GPU) == frozenset()
 
 
 def test_no_preference_call_when_the_plugin_does_not_offer_it(kubelet: KubeletStandIn,
