@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from kubelet_standin import KubeletStandIn, is_extended_resource_name
+from kubelet_standin import DeviceManagerError, KubeletStandIn, is_extended_resource_name
 from reporter_fakes import short_tmpdir
 from topology.agent import deviceplugin_v1beta1 as dp
 from topology.agent import podresources_v1 as pr
@@ -39,9 +39,10 @@ class FakePlugin:
     answers FAKE_DEVICES=<ids>, or fails (`allocate_fault` "error") or answers nothing ("empty")."""
 
     def __init__(self, plugin_dir: Path, devices: list[object] | None, *, socket: str = "fake.sock",
-                 preferred: bool = True, prefer: Prefer = first_ids) -> None:
+                 preferred: bool = True, pre_start: bool = False, prefer: Prefer = first_ids) -> None:
         self.path = plugin_dir / socket
         self.preferred = preferred
+        self.pre_start = pre_start
         self.prefer = prefer
         self.allocate_fault: str | None = None
         self._devices = devices
@@ -51,7 +52,8 @@ class FakePlugin:
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         handlers = {
             "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
-                lambda request, context: dp.DevicePluginOptions(get_preferred_allocation_available=self.preferred),
+                lambda request, context: dp.DevicePluginOptions(get_preferred_allocation_available=self.preferred,
+                                                                pre_start_required=self.pre_start),
                 request_deserializer=dp.Empty.FromString, response_serializer=dp.DevicePluginOptions.SerializeToString),
             "ListAndWatch": grpc.unary_stream_rpc_method_handler(
                 self._list_and_watch, request_deserializer=dp.Empty.FromString,
@@ -62,6 +64,10 @@ class FakePlugin:
             "Allocate": grpc.unary_unary_rpc_method_handler(
                 self._allocate, request_deserializer=dp.AllocateRequest.FromString,
                 response_serializer=dp.AllocateResponse.SerializeToString),
+            "PreStartContainer": grpc.unary_unary_rpc_method_handler(
+                lambda request, context: dp.PreStartContainerResponse(),
+                request_deserializer=dp.PreStartContainerRequest.FromString,
+                response_serializer=dp.PreStartContainerResponse.SerializeToString),
         }
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(dp.DEVICE_PLUGIN, handlers),))
         assert self._server.add_insecure_port(f"unix://{self.path}") != 0
@@ -400,6 +406,20 @@ def test_restart_with_a_lost_checkpoint_reallocates_when_the_container_starts(
     assert response[GPU].envs["FAKE_DEVICES"] == "gpu-3"
     assert kubelet.devices(kept.uid) == {"main": ("gpu-3",)}
     assert kubelet.calls("GetPreferredAllocation")[-1].request.container_requests[0].allocation_size == 1
+
+
+def test_pre_start_container_gets_the_devices_and_needs_them_recorded(
+        kubelet: KubeletStandIn, plugin_for: Callable[..., FakePlugin]) -> None:
+    plugin = plugin_for(pre_start=True)
+    started = kubelet.admit(pod("p", container("main", 2)))
+    kubelet.start_container(started.uid, "main")
+    (call,) = kubelet.calls("PreStartContainer")
+    assert set(call.request.devices_ids) == set(started.container("main").devices[GPU])
+    kubelet.restart(lose_checkpoint=True)
+    plugin.stop()
+    plugin_for(pre_start=True)
+    with pytest.raises(DeviceManagerError, match="no devices found allocated in local cache"):
+        kubelet.start_container(started.uid, "main")  # PreStartContainer comes before any re-allocation
 
 
 def test_numa_hint_restricts_the_choice(root: Path, plugins: list[FakePlugin]) -> None:
