@@ -1,4 +1,5 @@
-"""`gpu-topology-agent`: publish this node's GPU topology and GPU state as node annotations (DESIGN §6).
+"""`gpu-topology-agent`: publish this node's GPU topology and GPU state as node annotations (DESIGN §6), and with
+`--mode deliver` serve the kubelet device plugin that makes containers get exactly the GPUs the extender bound.
 
 Exit codes: 0 after SIGTERM/SIGINT, or after a successful `--once`; 1 when NVML or the Kubernetes API cannot
 be used (the DaemonSet restarts it); 2 for bad arguments or a capture it cannot read (one line, no traceback).
@@ -16,18 +17,26 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from topology.annotations import DEFAULT_PREFIX, AnnotationKeys
 from topology.cli import CliError, load_topology
 from topology.codec import CodecError
 from topology.discover import SYSFS_ROOT, NvmlUnavailable, discover
 from topology.nvidia_smi import TopoParseError
+from topology.agent.allocate import DEFAULT_CDI_KIND, DEFAULT_STRATEGIES, Delivery, Strategy, parse_strategies
 from topology.agent.devices import DEFAULT_SOCKET
-from topology.agent.loop import DEFAULT_RESOURCE, Node, NodeError, PrintingNode, Reporter
+from topology.agent.loop import DEFAULT_RESOURCE, HealthSource, NodeError, PrintingNode, Reporter
+
+if TYPE_CHECKING:
+    from topology.agent.deviceplugin import DevicePlugin
+    from topology.agent.kube import NodeApi
 
 PROG = "gpu-topology-agent"
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+REPORT, DELIVER = "report", "deliver"
+DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins/"
 
 log = logging.getLogger(PROG)
 
@@ -45,10 +54,10 @@ def main(argv: Sequence[str] | None = None, *, nvml: ModuleType | None = None, s
     closers: list = []
     try:
         try:
-            reporter = _build(args, nvml, sysfs, stop, closers)
+            reporter, plugin = _build(args, nvml, sysfs, stop, closers)
         except (_Usage, CliError, TopoParseError, CodecError, ValueError) as error:
             return _error(error, EXIT_USAGE)
-        code = _run(reporter, stop, once=args.once)
+        code = _run(reporter, plugin, stop, once=args.once)
         return _error(reporter.last_error, code) if code and reporter.last_error else code
     except (NvmlUnavailable, NodeError) as error:
         return _error(error, EXIT_FAILURE)
@@ -86,6 +95,21 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--once", action="store_true", help="one round, then exit")
     parser.add_argument("--annotation-prefix", default=DEFAULT_PREFIX, help=f"default: {DEFAULT_PREFIX}")
     parser.add_argument("--gpu-resource", default=DEFAULT_RESOURCE, help=f"default: {DEFAULT_RESOURCE}")
+    parser.add_argument("--mode", choices=(REPORT, DELIVER), default=REPORT,
+                        help="report: publish the annotations only, beside the stock device plugin (default); "
+                             "deliver: also serve the device plugin that gives containers the GPUs the extender "
+                             "bound (switch the GPU operator's device plugin off on the node)")
+    parser.add_argument("--device-plugin-dir", default=DEFAULT_PLUGIN_DIR,
+                        help=f"the kubelet's device-plugins directory (default: {DEFAULT_PLUGIN_DIR})")
+    parser.add_argument("--device-list-strategy", type=_strategies, default=DEFAULT_STRATEGIES,
+                        metavar="LIST", help="how Allocate hands GPUs to the runtime, a comma list of "
+                        f"{', '.join(s.value for s in Strategy)} (default: "
+                        f"{','.join(s.value for s in DEFAULT_STRATEGIES)}, as the GPU operator with CDI)")
+    parser.add_argument("--cdi-kind", default=DEFAULT_CDI_KIND,
+                        help=f"the CDI kind of the cdi-* strategies' device names (default: {DEFAULT_CDI_KIND})")
+    parser.add_argument("--numa-topology", action="store_true",
+                        help="report each GPU's NUMA node to the kubelet; the Topology Manager (best-effort, "
+                             "restricted, single-numa-node) may then override the GPUs the extender chose")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser
 
@@ -100,46 +124,73 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _strategies(text: str) -> tuple[Strategy, ...]:
+    try:
+        return parse_strategies(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _build(args: argparse.Namespace, nvml: ModuleType | None, sysfs: Path, stop: threading.Event,
-           closers: list) -> Reporter:
+           closers: list) -> tuple[Reporter, DevicePlugin | None]:
+    """The reporter and, with `--mode deliver`, the device plugin: one topology, one NVML health check per
+    round, one pod-resources client for both."""
     keys = AnnotationKeys(args.annotation_prefix)
+    deliver = args.mode == DELIVER
     if args.gpu_model and not args.from_topo:
         raise _Usage("--gpu-model only applies with --from-topo (NVML names the GPU itself)")
     if not args.dry_run and not args.node_name:
         raise _Usage("no node name: set NODE_NAME (the downward API's spec.nodeName) or pass --node-name")
+    if deliver and (args.once or args.dry_run):
+        raise _Usage("--mode deliver serves the kubelet until stopped and reads this node's pods from the API "
+                     "server: it cannot run with --once or --dry-run")
+    delivery = Delivery(args.device_list_strategy, args.cdi_kind)
     if args.from_topo:
         topology = load_topology(args.from_topo, args.gpu_model)[1]
-        health = None
+        health: HealthSource | None = None
     else:
         topology = discover(nvml, sysfs)
         from topology.agent.health import NvmlHealth
 
-        health = NvmlHealth(nvml).open()
-        closers.append(health.close)
-    node = PrintingNode() if args.dry_run else _node(args)
+        nvml_health = NvmlHealth(nvml).open()
+        closers.append(nvml_health.close)
+        health = nvml_health
+    from topology.agent.kube import NodeApi
+
+    node = PrintingNode() if args.dry_run else _kube(NodeApi, args)
     from topology.agent.podresources import PodResourcesClient
 
     devices = PodResourcesClient(args.socket)
     closers.append(devices.close)
-    log.info("%s: %d GPUs (%s), topology from %s", args.node_name or "(dry run)", topology.size,
-             topology.gpus[0].model, args.from_topo or "NVML")
-    return Reporter(topology, node, devices, health, keys=keys, gpu_resource=args.gpu_resource,
-                    interval=args.interval, heartbeat=args.heartbeat, stop=stop)
+    plugin = None
+    if deliver:
+        from topology.agent.deviceplugin import DevicePlugin, SharedHealth
+        from topology.agent.pods import NodePods
+
+        plugin = DevicePlugin(topology, devices, _kube(NodePods, args, timeout=2.0), keys=keys,
+                              resource=args.gpu_resource, plugin_dir=args.device_plugin_dir, delivery=delivery,
+                              numa_topology=args.numa_topology)
+        health = SharedHealth(health, plugin) if health is not None else None
+    log.info("%s: %d GPUs (%s), topology from %s, mode %s", args.node_name or "(dry run)", topology.size,
+             topology.gpus[0].model, args.from_topo or "NVML", args.mode)
+    reporter = Reporter(topology, node, devices, health, keys=keys, gpu_resource=args.gpu_resource,
+                        interval=args.interval, heartbeat=args.heartbeat, stop=stop)
+    return reporter, plugin
 
 
-def _node(args: argparse.Namespace) -> Node:
-    from topology.agent.kube import NodeApi
-
+def _kube(api: type[NodeApi], args: argparse.Namespace, **kwargs: float) -> NodeApi:
+    """This node's API (`NodeApi`, or `NodePods`) through the kubeconfig or the pod's service account."""
     if args.kubeconfig:
-        return NodeApi.from_kubeconfig(args.kubeconfig, args.node_name)
+        return api.from_kubeconfig(args.kubeconfig, args.node_name, **kwargs)
     if args.in_cluster or os.environ.get("KUBERNETES_SERVICE_HOST"):
-        return NodeApi.in_cluster(args.node_name)
-    return NodeApi.from_kubeconfig(None, args.node_name)
+        return api.in_cluster(args.node_name, **kwargs)
+    return api.from_kubeconfig(None, args.node_name, **kwargs)
 
 
-def _run(reporter: Reporter, stop: threading.Event, *, once: bool) -> int:
-    """The loop runs in a worker thread, so the signal handler (always in the main thread) only sets an
-    Event that the main thread never holds: it cannot deadlock against the loop's own waits."""
+def _run(reporter: Reporter, plugin: DevicePlugin | None, stop: threading.Event, *, once: bool) -> int:
+    """The loops run in worker threads, so the signal handler (always in the main thread) only sets an
+    Event that the main thread never holds: it cannot deadlock against the loops' own waits. The reporter's
+    end (an NVML failure, or `--once`) stops the device plugin too."""
     outcome: dict[str, object] = {}
 
     def work() -> None:
@@ -147,6 +198,17 @@ def _run(reporter: Reporter, stop: threading.Event, *, once: bool) -> int:
             outcome["code"] = reporter.run(once=once)
         except BaseException as error:  # handed to the main thread, which reports it
             outcome["error"] = error
+        finally:
+            stop.set()
+
+    def serve() -> None:
+        assert plugin is not None
+        try:
+            plugin.run(stop)
+        except BaseException as error:  # a bug: stop the reporter too, so the DaemonSet restarts the agent
+            log.exception("the device plugin failed")
+            outcome.setdefault("error", error)
+            stop.set()
 
     def on_signal(signum: int, _frame: object) -> None:
         log.info("%s: stopping", signal.Signals(signum).name)
@@ -157,10 +219,14 @@ def _run(reporter: Reporter, stop: threading.Event, *, once: bool) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous[signum] = signal.signal(signum, on_signal)
     try:
-        worker = threading.Thread(target=work, name="reporter")
-        worker.start()
-        while worker.is_alive():
-            worker.join(0.5)
+        workers = [threading.Thread(target=work, name="reporter")]
+        if plugin is not None:
+            workers.append(threading.Thread(target=serve, name="device-plugin"))
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            while worker.is_alive():
+                worker.join(0.5)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -7,7 +7,8 @@ devices the kubelet can allocate (its healthy ones). The kubelet serves both on
 Every failure is a `PodResourcesUnavailable` with a one-line reason; the reporter then marks the state
 unknown and retries with backoff. After a failure the channel is dropped and the next read dials anew, so a
 socket that comes back (a kubelet restart) is used at once, not after gRPC's own reconnect backoff (up to
-two minutes). A kubelet without GetAllocatableResources (before 1.23 without its feature gate) answers
+two minutes). `listed` gives the device plugin each pod's containers as List shows them, including those
+without devices. A kubelet without GetAllocatableResources (before 1.23 without its feature gate) answers
 UNIMPLEMENTED: the reporter then does without it, and says so once.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any
 
 import grpc
@@ -37,6 +39,7 @@ class PodResourcesClient:
         self.socket_path = socket_path
         self.timeout = timeout
         self._channel: grpc.Channel | None = None
+        self._channel_lock = threading.Lock()  # the reporter and the device plugin share one client
         self._allocatable_supported = True
 
     def read(self) -> KubeletDevices:
@@ -49,6 +52,21 @@ class PodResourcesClient:
             ContainerDevices(pod.namespace, pod.name, container.name, devices.resource_name, tuple(devices.device_ids))
             for pod in listed.pod_resources for container in pod.containers for devices in container.devices)
         return KubeletDevices(assigned, self._allocatable())
+
+    def listed(self, resource: str, timeout: float | None = None) -> dict[tuple[str, str], dict[str, tuple[str, ...]]]:
+        """(namespace, pod) -> container -> the device ids of `resource` it holds, for every pod and container
+        List shows (the kubelet lists app containers and sidecars, allocated or not, and no init container)."""
+        if not os.path.exists(self.socket_path):
+            raise PodResourcesUnavailable(f"the pod-resources socket {self.socket_path} does not exist")
+        answer = self._call(api.LIST, api.ListPodResourcesRequest, api.ListPodResourcesResponse, timeout)
+        listed: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
+        for pod in answer.pod_resources:
+            containers = listed.setdefault((pod.namespace, pod.name), {})
+            for container in pod.containers:
+                containers[container.name] = tuple(
+                    device_id for devices in container.devices if devices.resource_name == resource
+                    for device_id in devices.device_ids)
+        return listed
 
     def _allocatable(self) -> dict[str, tuple[str, ...]] | None:
         if not self._allocatable_supported:
@@ -69,11 +87,11 @@ class PodResourcesClient:
             allocatable.setdefault(devices.resource_name, []).extend(devices.device_ids)
         return {resource: tuple(ids) for resource, ids in allocatable.items()}
 
-    def _call(self, method: str, request: Any, response: Any) -> Any:
+    def _call(self, method: str, request: Any, response: Any, timeout: float | None = None) -> Any:
         stub = self._connect().unary_unary(method, request_serializer=request.SerializeToString,
                                            response_deserializer=response.FromString)
         try:
-            return stub(request(), timeout=self.timeout)
+            return stub(request(), timeout=timeout or self.timeout)
         except grpc.RpcError as error:
             code = error.code() if hasattr(error, "code") else None
             if code == grpc.StatusCode.UNIMPLEMENTED:
@@ -85,17 +103,19 @@ class PodResourcesClient:
                                           f"failed: {name}: {_one_line(details)}") from None
 
     def _connect(self) -> grpc.Channel:
-        if self._channel is None:
-            self._channel = grpc.insecure_channel(
-                "unix://" + os.path.abspath(self.socket_path),
-                options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                         ("grpc.enable_retries", 0)])
-        return self._channel
+        with self._channel_lock:
+            if self._channel is None:
+                self._channel = grpc.insecure_channel(
+                    "unix://" + os.path.abspath(self.socket_path),
+                    options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                             ("grpc.enable_retries", 0)])
+            return self._channel
 
     def close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
+        with self._channel_lock:
+            if self._channel is not None:
+                self._channel.close()
+                self._channel = None
 
 
 class _Unimplemented(Exception):
