@@ -44,6 +44,8 @@ from topology.agent import deviceplugin_v1beta1 as dp
 from topology.agent.allocate import DEFAULT_CDI_KIND, Delivery, Strategy
 from topology.agent.claims import Board
 from topology.agent.deviceplugin import DevicePlugin, SharedHealth, cdi_kind_defined
+from topology.agent import pods as pods_module
+from topology.agent.kube import NodeApiError
 from topology.agent.pods import NodePods
 from topology.agent.podresources import PodResourcesClient
 
@@ -459,6 +461,30 @@ def test_the_cdi_spec_check_finds_a_kind_in_json_or_yaml(tmp_path):
     (tmp_path / "k8s.device-plugin.nvidia.com-gpu.json").write_text(
         '{"cdiVersion":"0.5.0","kind":"k8s.device-plugin.nvidia.com/gpu","devices":[]}')
     assert cdi_kind_defined(DEFAULT_CDI_KIND, [str(tmp_path)]) is True
+
+
+# -- this node's pods (pods.py) --------------------------------------------------------------------------------
+
+
+def test_node_pods_are_this_nodes_only_and_failures_say_what_to_fix(kube_server, monkeypatch):
+    kube_server.add_pod({"metadata": {"name": "here", "namespace": "a"}, "spec": {"nodeName": NODE, "containers": []}})
+    kube_server.add_pod({"metadata": {"name": "there", "namespace": "a"}, "spec": {"nodeName": "other", "containers": []}})
+    kube_server.add_pod({"metadata": {"name": "pending", "namespace": "a"}, "spec": {"containers": []}})
+    api = NodePods.from_configuration(k8s.Configuration(host=kube_server.url), NODE, timeout=1.0)
+    assert [pod["metadata"]["name"] for pod in api.pods()] == ["here"]
+    kube_server.fail("GET", "/api/v1/pods", status=403)
+    with pytest.raises(NodeApiError, match="403 .*needs list on pods") as forbidden:
+        api.pods()
+    assert forbidden.value.status == 403
+    monkeypatch.setattr(pods_module, "MAX_ANSWER_BYTES", 100)
+    with pytest.raises(NodeApiError, match="over 100 bytes") as too_large:
+        api.pods()
+    assert too_large.value.status is None
+    monkeypatch.setattr(pods_module, "MAX_ANSWER_BYTES", 1 << 20)
+    assert len(api.pods()) == 1  # the connection cut off mid-answer was not reused
+    kube_server.stop()
+    with pytest.raises(NodeApiError, match="list pods on node gpu-node-1"):
+        api.pods()
 
 
 # -- the command line ----------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""`gpu-topology-agent`: publishes this node's GPU topology and GPU state as node annotations (DESIGN §2, §6).
+"""`gpu-topology-agent`: publishes this node's GPU topology and GPU state as node annotations (DESIGN §2, §6),
+and with `--mode deliver` serves the kubelet device plugin that gives each container the GPUs the extender bound.
 
 One job per module. The pure core imports neither Kubernetes nor gRPC:
 
@@ -6,16 +7,20 @@ One job per module. The pure core imports neither Kubernetes nor gRPC:
 |---|---|
 | `devices.py` | kubelet device ids -> this node's GPU ids; what pod-resources and NVML health say, as one observation |
 | `plan.py` | observation + what the node carries -> the merge patch to send, if any (change or heartbeat) |
-| `backoff.py` | jittered exponential delays with a cap |
 | `health.py` | NVML health per GPU (lost, uncorrectable ECC, row-remapping failure) |
-| `loop.py` | the polling loop: observe, plan, patch, wait; stops on an Event |
+| `loop.py` | the polling loop: observe, plan, patch, wait (`topology/backoff.py` after failures); stops on an Event |
+| `claims.py` | which pod and container a device-plugin call is for, and which GPUs to answer |
+| `allocate.py` | Allocate's answer in NVIDIA's device list strategies (envvar, volume-mounts, CDI) |
 
-The edges, each the only importer of its library:
+The edges, the only modules that import gRPC or the Kubernetes client:
 
 | module | job |
 |---|---|
 | `podresources.py` | the kubelet's pod-resources API v1 over its unix socket (gRPC): List, GetAllocatableResources |
 | `podresources_v1/` | that API's messages, built from the committed descriptor of `api.proto` |
 | `kube.py` | GET and merge-PATCH of this node through the official `kubernetes` client |
+| `pods.py` | the pods bound to this node (field selector), bounded, through the same client |
+| `deviceplugin.py` | the device plugin API v1beta1 over gRPC: serve, register, re-register, the four calls |
+| `deviceplugin_v1beta1/` | that API's messages, built from the committed descriptor of `api.proto` |
 | `cli.py` | argument parsing, wiring, signals, exit codes |
 """
