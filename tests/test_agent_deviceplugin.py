@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -288,6 +289,44 @@ def test_without_a_kubelet_it_serves_and_retries_registration_with_backoff(root,
     with KubeletStandIn(root, seed=1) as standin:  # the kubelet comes: it removes our socket, we serve again
         standin.wait_registered(GPU, timeout=40)
         assert item.plugin.stats["registrations"] == 1
+
+
+class Registrar:
+    """A bare Registration service on kubelet.sock that records each RegisterRequest and dials nothing."""
+
+    def __init__(self, plugin_dir: Path) -> None:
+        self.requests: list[Any] = []
+        self.server = grpc.server(ThreadPoolExecutor(max_workers=2))
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(dp.REGISTRATION, {
+            "Register": grpc.unary_unary_rpc_method_handler(
+                lambda request, context: self.requests.append(request) or dp.Empty(),
+                request_deserializer=dp.RegisterRequest.FromString, response_serializer=dp.Empty.SerializeToString)}),))
+        assert self.server.add_insecure_port(f"unix://{plugin_dir / dp.KUBELET_SOCKET}")
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(None).wait(5)
+
+
+def test_a_recreated_kubelet_socket_alone_is_registered_with_again(root, running):
+    plugin_dir = root / "device-plugins"
+    plugin_dir.mkdir()
+    first = Registrar(plugin_dir)
+    item = start(running, uuids("dgx-h100"), plugin_dir, Listing(), Pods(), resource="example.com/gpu")
+    wait_until(lambda: first.requests, 10, "the first registration")
+    request = first.requests[0]
+    assert (request.version, request.endpoint, request.resource_name) == ("v1beta1", "gpu-topology.sock",
+                                                                          "example.com/gpu")
+    assert request.options.get_preferred_allocation_available and not request.options.pre_start_required
+    served = os.stat(item.plugin.socket_path).st_ino
+    first.stop()
+    (plugin_dir / dp.KUBELET_SOCKET).unlink(missing_ok=True)
+    second = Registrar(plugin_dir)
+    try:
+        wait_until(lambda: second.requests, 10, "the registration with the new kubelet socket")
+    finally:
+        second.stop()
+    assert item.plugin.stats["registrations"] == 2 and os.stat(item.plugin.socket_path).st_ino == served
 
 
 # -- ListAndWatch -------------------------------------------------------------------------------------------------

@@ -65,6 +65,7 @@ MAX_CONTAINER_REQUESTS = 16  # the kubelet sends one per call
 MAX_MESSAGE_BYTES = 1024 * 1024
 _MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the final NUL
 _WORKERS = 8  # one is held by the kubelet's ListAndWatch stream
+_REGISTER_TIMEOUT = 10.0  # the kubelet answers Register after dialling us and asking our options
 _CDI_SPEC_FILES = 64
 _CDI_SPEC_BYTES = 4 * 1024 * 1024
 
@@ -171,7 +172,7 @@ class DevicePlugin:
                 try:
                     self._serve()
                     self._register()
-                except PluginError as error:
+                except (PluginError, OSError) as error:
                     self._say("plugin", str(error), logging.WARNING, f"{error}; retrying with backoff")
                     delay = self.backoff.next()
                 else:
@@ -194,7 +195,7 @@ class DevicePlugin:
             call = channel.unary_unary(api.REGISTER, request_serializer=api.RegisterRequest.SerializeToString,
                                        response_deserializer=api.Empty.FromString)
             call(api.RegisterRequest(version=api.VERSION, endpoint=self.socket_name, resource_name=self.resource,
-                                     options=self._options()), timeout=self.timeout)
+                                     options=self._options()), timeout=_REGISTER_TIMEOUT)
         except grpc.RpcError as error:
             code = error.code().name if hasattr(error, "code") else "error"
             details = error.details() if hasattr(error, "details") else str(error)
