@@ -109,16 +109,38 @@ def test_pods_admitted_before_are_complete_and_do_not_compete(name):
     assert decision.pod is pods[1] and set(decision.ids) == set(second)
 
 
-def test_a_pod_whose_containers_started_is_past_admission_whatever_list_says():
+RUNNING = [{"name": "main", "state": {"running": {"startedAt": "2026-01-01T00:00:09Z"}}}]
+
+
+def test_an_ended_pod_asks_for_nothing():
     board = BOARDS["dgx-h100"]
-    running = api_pod("running", board, list(board.ids[:2]),
-                      statuses=[{"name": "main", "state": {"running": {"startedAt": "2026-01-01T00:00:09Z"}}}])
-    ended = api_pod("ended", board, list(board.ids[2:4]), phase="Failed")
-    pods = pods_of(board, running, ended)
-    assert all(pod.settled for pod in pods)
-    listed = {("team", "running"): {"main": ()}, ("team", "ended"): {"main": ()}}
-    decision = identify(Preferred(board.ids, (), 2), pods, listed, {}, board)
+    pods = pods_of(board, api_pod("ended", board, list(board.ids[2:4]), phase="Failed"))
+    assert pods[0].ended
+    decision = identify(Preferred(board.ids, (), 2), pods, {("team", "ended"): {"main": ()}}, {}, board)
     assert decision.outcome is Outcome.FOREIGN
+
+
+def test_a_started_pod_has_its_init_containers_done_even_when_the_agent_forgot_them():
+    board = BOARDS["dgx-h100"]
+    staged = api_pod("staged", board, list(board.ids[:2]), init=[container("prep", 2)], statuses=RUNNING)
+    only_init = api_pod("only-init", board, list(board.ids[2:4]), init=[container("prep", 2)],
+                        containers=[{"name": "main", "image": "cuda"}], statuses=RUNNING)
+    waiting = api_pod("waiting", board, list(board.ids[4:6]))
+    pods = pods_of(board, staged, only_init, waiting)
+    assert pods[0].started and pods[1].started
+    listed = {("team", "staged"): {"main": tuple(board.ids[:2])}, ("team", "only-init"): {"main": ()},
+              ("team", "waiting"): {"main": ()}}
+    decision = identify(Preferred(board.ids[2:], (), 2), pods, listed, {}, board)  # the agent restarted: no record
+    assert decision.pod is pods[2] and decision.rivals == 0
+
+
+def test_a_started_pod_the_kubelet_lost_asks_again_and_gets_the_same_set():
+    """After a kubelet restart that lost its checkpoint, a restarting container is allocated anew."""
+    board = BOARDS["dgx-h100"]
+    pods = pods_of(board, api_pod("running", board, list(board.ids[:2]), statuses=RUNNING))
+    delivered = {pods[0].uid: {"main": tuple(board.ids[:2])}}
+    decision = identify(Preferred(board.ids, (), 2), pods, {("team", "running"): {"main": ()}}, delivered, board)
+    assert decision.pod is pods[0] and decision.outcome is Outcome.PLANNED and decision.ids == board.ids[:2]
 
 
 # -- containers of one pod -------------------------------------------------------------------------------------
@@ -388,10 +410,11 @@ def random_pod(draw) -> Any:
                                                            st.lists(IDS, max_size=4), max_size=3))),
                                        max_size=3))
     count = draw(st.one_of(st.integers(-2, 9), st.text(max_size=5)))
-    return {"metadata": {"name": draw(st.sampled_from(["a", "b"])), "namespace": "team", "uid": draw(st.text(max_size=5)),
-                         "annotations": annotations, "creationTimestamp": draw(st.text(max_size=5))},
+    return {"metadata": {"name": draw(st.sampled_from(["a", "b"])), "namespace": "team",
+                         "uid": draw(st.text(max_size=5)), "annotations": annotations,
+                         "creationTimestamp": draw(st.text(max_size=5))},
             "spec": {"containers": [{"name": "main", "resources": {"limits": {GPU: count}}}]},
-            "status": draw(st.sampled_from([{}, {"phase": "Failed"}, None, "bad"]))}
+            "status": draw(st.sampled_from([{}, {"phase": "Failed"}, None, "bad", {"containerStatuses": RUNNING}]))}
 
 
 @settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])

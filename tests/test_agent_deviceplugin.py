@@ -123,7 +123,8 @@ def running() -> Iterator[list[Running]]:
         item.close()
 
 
-def start(running: list[Running], topology: Topology, plugin_dir: Path, listing: Any, pods: Any, **kwargs) -> Running:
+def start(running: list[Running], topology: Topology, plugin_dir: Path, listing: Any, pods: Any,
+          **kwargs: Any) -> Running:
     plugin_dir.mkdir(parents=True, exist_ok=True)
     item = Running(DevicePlugin(topology, listing, pods, plugin_dir=str(plugin_dir), poll=0.05, **kwargs))
     running.append(item)
@@ -134,7 +135,8 @@ def start(running: list[Running], topology: Topology, plugin_dir: Path, listing:
 
 
 def bound(kube: FakeKubeApiServer, board: Board, name: str, gpus: list[str] | None, *,
-          containers: list[tuple[str, int]] | None = None, init: list[tuple[str, int, str | None]] | None = None) -> dict:
+          containers: list[tuple[str, int]] | None = None,
+          init: list[tuple[str, int, str | None]] | None = None) -> dict:
     """A pod on NODE in the API server; with `gpus`, carrying the extender's assignment of that set. An init
     container is (name, count, restartPolicy): "Always" makes it a sidecar."""
     spec: dict[str, Any] = {"nodeName": NODE, "containers": [
@@ -281,6 +283,27 @@ def test_the_plugin_registers_again_after_the_kubelet_restarts(kubelet, kube_ser
     assert kubelet.healthy(GPU) == frozenset(Board(topology).ids)
 
 
+def test_after_a_kubelet_restart_that_lost_its_checkpoint_a_restarted_container_gets_its_set_again(
+        kubelet, kube_server, running):
+    topology = uuids("dgx1-v100")
+    board = Board(topology, Selector())
+    item = deliver(running, kubelet, kube_server, topology)
+    pod = bound(kube_server, board, "running", best(board, list(board.ids), 2))
+    assert set(kubelet.admit(pod).container("main").devices[GPU]) == planned(pod)["main"]
+    pod["status"] = {"phase": "Running", "containerStatuses": [
+        {"name": "main", "state": {"running": {"startedAt": "2026-01-01T00:00:09Z"}}}]}
+    kube_server.update_pod(pod)
+    waiting = bound(kube_server, board, "waiting", best(board, [g for g in board.ids if g not in planned(pod)["main"]],
+                                                        2))
+    kubelet.restart(lose_checkpoint=True)
+    kubelet.wait_registered(GPU, timeout=10)
+    responses = kubelet.start_container(pod["metadata"]["uid"], "main")
+    assert {d.name for d in responses[GPU].cdi_devices} == {f"{DEFAULT_CDI_KIND}={g}" for g in planned(pod)["main"]}
+    assert set(kubelet.devices(pod["metadata"]["uid"])["main"]) == planned(pod)["main"]
+    assert item.plugin.stats["GetPreferredAllocation:planned"] == 2 and item.plugin.stats["mismatch"] == 0
+    assert set(kubelet.admit(waiting).container("main").devices[GPU]) == planned(waiting)["main"]
+
+
 def test_without_a_kubelet_it_serves_and_retries_registration_with_backoff(root, running):
     topology = uuids("dgx-h100")
     item = start(running, topology, root / "device-plugins", Listing(), Pods())
@@ -412,7 +435,8 @@ def test_preferred_allocation_never_errors_with_pod_resources_down_and_the_api_u
     api = NodePods.from_configuration(k8s.Configuration(host=kube_server.url), NODE, timeout=0.5)
     listing = PodResourcesClient(str(root / "absent.sock"), timeout=0.5)
     item = start(running, topology, root / "device-plugins", listing, api)
-    answer = item.call(dp.GET_PREFERRED_ALLOCATION, preferred(list(board.ids), [], 4), dp.PreferredAllocationResponse)
+    answer = item.call(dp.GET_PREFERRED_ALLOCATION, preferred(list(board.ids), [], 4),
+                       dp.PreferredAllocationResponse)
     assert set(answer.container_responses[0].deviceIDs) == set(best(board, list(board.ids), 4))
     assert item.plugin.stats["GetPreferredAllocation:blind"] == 1
 
@@ -438,7 +462,8 @@ def test_an_oversized_message_is_refused_by_grpc_and_the_server_lives_on(root, r
     topology = uuids("dgx-h100")
     item = start(running, topology, root / "device-plugins", Listing(), Pods())
     with pytest.raises(grpc.RpcError) as refused:
-        item.call(dp.GET_PREFERRED_ALLOCATION, preferred(["x" * 1000] * 2000, [], 1), dp.PreferredAllocationResponse)
+        item.call(dp.GET_PREFERRED_ALLOCATION, preferred(["x" * 1000] * 2000, [], 1),
+                  dp.PreferredAllocationResponse)
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     answer = item.call(dp.GET_PREFERRED_ALLOCATION, preferred(list(Board(topology).ids), [], 1),
                        dp.PreferredAllocationResponse)
@@ -456,7 +481,8 @@ def api_pod(board: Board, name: str, gpus: list[str]) -> dict:
     return {"metadata": {"name": name, "namespace": "team", "uid": f"uid-{name}",
                          "annotations": {KEYS.gpus: ",".join(gpus),
                                          KEYS.containers: encode_containers([("main", gpus)])}},
-            "spec": {"nodeName": NODE, "containers": [{"name": "main", "resources": {"limits": {GPU: str(len(gpus))}}}]},
+            "spec": {"nodeName": NODE,
+                     "containers": [{"name": "main", "resources": {"limits": {GPU: str(len(gpus))}}}]},
             "status": {"phase": "Pending"}}
 
 
@@ -507,7 +533,8 @@ def test_the_cdi_spec_check_finds_a_kind_in_json_or_yaml(tmp_path):
 
 def test_node_pods_are_this_nodes_only_and_failures_say_what_to_fix(kube_server, monkeypatch):
     kube_server.add_pod({"metadata": {"name": "here", "namespace": "a"}, "spec": {"nodeName": NODE, "containers": []}})
-    kube_server.add_pod({"metadata": {"name": "there", "namespace": "a"}, "spec": {"nodeName": "other", "containers": []}})
+    kube_server.add_pod({"metadata": {"name": "there", "namespace": "a"},
+                         "spec": {"nodeName": "other", "containers": []}})
     kube_server.add_pod({"metadata": {"name": "pending", "namespace": "a"}, "spec": {"containers": []}})
     api = NodePods.from_configuration(k8s.Configuration(host=kube_server.url), NODE, timeout=1.0)
     assert [pod["metadata"]["name"] for pod in api.pods()] == ["here"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from itertools import combinations, islice
 from math import comb
@@ -75,8 +75,9 @@ class PodOnNode:
     """A pod bound to this node, as far as the claims need it.
 
     `plan` holds each GPU container's ids, aligned with `needs`, or is None when the pod carries no
-    assignment that can be trusted (`problem` says why). `settled` means it cannot be asking: it ended, or
-    one of its containers has started, which the kubelet allows only after admission."""
+    assignment that can be trusted (`problem` says why). An `ended` pod asks for nothing. A `started` pod
+    (one of its containers ran, which the kubelet allows only after admission) asks only to get back what the
+    kubelet lost, for the containers List shows without devices: its init containers are done."""
 
     namespace: str
     name: str
@@ -85,7 +86,8 @@ class PodOnNode:
     needs: tuple[ContainerNeed, ...]
     plan: tuple[tuple[str, ...], ...] | None
     problem: str = ""
-    settled: bool = False
+    ended: bool = False
+    started: bool = False
 
     @property
     def key(self) -> tuple[str, str]:
@@ -152,32 +154,27 @@ def read_pod(obj: Any, keys: AnnotationKeys, resource: str, gpus: Iterable[str])
         return None
     status = obj.get("status") if isinstance(obj.get("status"), Mapping) else {}
     pod = PodOnNode(namespace, name, str(meta.get("uid") or ""), str(meta.get("creationTimestamp") or ""), (),
-                    None, settled=_settled(status))
+                    None, ended=status.get("phase") in ("Succeeded", "Failed"), started=_started(status))
     try:
         needs = container_needs(spec, resource)
     except ValueError as error:
-        return _untrusted(pod, f"its {resource} requests: {error}")
+        return replace(pod, problem=f"its {resource} requests: {error}")
     if not needs:
         return None
-    pod = PodOnNode(pod.namespace, pod.name, pod.uid, pod.created, needs, None, settled=pod.settled)
+    pod = replace(pod, needs=needs)
     annotations = meta.get("annotations")
     annotations = annotations if isinstance(annotations, Mapping) else {}
     text = annotations.get(keys.containers)
     if text is None:
-        return _untrusted(pod, "no assignment")
+        return replace(pod, problem="no assignment")
     try:
         parts = dict(decode_containers(text))
     except AssignmentError as error:
-        return _untrusted(pod, f"{keys.containers}: {error}")
+        return replace(pod, problem=f"{keys.containers}: {error}")
     problem = _shape_problem(parts, needs, frozenset(gpus), annotations.get(keys.gpus))
     if problem:
-        return _untrusted(pod, f"{keys.containers}: {problem}")
-    return PodOnNode(pod.namespace, pod.name, pod.uid, pod.created, needs,
-                     tuple(parts[need.name] for need in needs), settled=pod.settled)
-
-
-def _untrusted(pod: PodOnNode, problem: str) -> PodOnNode:
-    return PodOnNode(pod.namespace, pod.name, pod.uid, pod.created, pod.needs, None, problem, pod.settled)
+        return replace(pod, problem=f"{keys.containers}: {problem}")
+    return replace(pod, plan=tuple(parts[need.name] for need in needs))
 
 
 def _shape_problem(parts: dict[str, tuple[str, ...]], needs: tuple[ContainerNeed, ...], gpus: frozenset[str],
@@ -199,9 +196,7 @@ def _shape_problem(parts: dict[str, tuple[str, ...]], needs: tuple[ContainerNeed
     return ""
 
 
-def _settled(status: Mapping[str, Any]) -> bool:
-    if status.get("phase") in ("Succeeded", "Failed"):
-        return True
+def _started(status: Mapping[str, Any]) -> bool:
     for key in ("initContainerStatuses", "containerStatuses"):
         for container in status.get(key) or ():
             if not isinstance(container, Mapping):
@@ -256,8 +251,8 @@ def _identify(request: Preferred | Allocation, pods: Sequence[PodOnNode] | None,
             "the pods on this node" if pods is None else "pod-resources")))
     claims = [claim for pod in pods if (claim := _claim(pod, listed, delivered, ask)) is not None]
     if not claims:
-        foreign = [pod for pod in pods if pod.plan is None and not pod.settled and pod.key in listed
-                   and not all(_done(need, listed[pod.key], delivered.get(pod.uid) or {}) for need in pod.needs)]
+        foreign = [pod for pod in pods if pod.plan is None and not pod.ended and pod.key in listed
+                   and not all(_done(pod, need, listed[pod.key], delivered) for need in pod.needs)]
         why = (f"{foreign[0].namespace}/{foreign[0].name} asks: {foreign[0].problem}" if len(foreign) == 1
                else "no pod with an assignment asks")
         return _answer(request, ask, board, _pending(pods, listed, delivered, None),
@@ -273,11 +268,11 @@ def _identify(request: Preferred | Allocation, pods: Sequence[PodOnNode] | None,
 def _claim(pod: PodOnNode, listed: Listed, delivered: Delivered, ask: _Ask) -> _Claim | None:
     """The pod's container that would be asking, if the pod is a candidate."""
     containers = listed.get(pod.key)
-    if pod.plan is None or pod.settled or containers is None or not set(ask.must) <= pod.gpus:
+    if pod.plan is None or pod.ended or containers is None or not set(ask.must) <= pod.gpus:
         return None
     answered = delivered.get(pod.uid) or {}
     for need, planned in zip(pod.needs, pod.plan, strict=True):
-        if not _done(need, containers, answered) and need.count == ask.size:
+        if not _done(pod, need, containers, delivered) and need.count == ask.size:
             again = answered.get(need.name)
             planned = again if again is not None and len(again) == ask.size else planned
             offered = set(ask.available) | set(ask.must)
@@ -285,12 +280,14 @@ def _claim(pod: PodOnNode, listed: Listed, delivered: Delivered, ask: _Ask) -> _
     return None
 
 
-def _done(need: ContainerNeed, containers: Mapping[str, tuple[str, ...]], answered: Mapping[str, Any]) -> bool:
+def _done(pod: PodOnNode, need: ContainerNeed, containers: Mapping[str, tuple[str, ...]],
+          delivered: Delivered) -> bool:
     """List shows a container's devices once the kubelet has them; a container it does not show (a plain init
-    container, or any container of a kubelet that lists only allocated ones) is done once answered."""
+    container, or any container of a kubelet that lists only allocated ones) is done once answered, or once
+    the pod has started."""
     shown = containers.get(need.name)
     if shown is None:
-        return need.name in answered
+        return pod.started or need.name in (delivered.get(pod.uid) or {})
     return bool(shown)
 
 
@@ -299,12 +296,13 @@ def _pending(pods: Sequence[PodOnNode], listed: Listed | None, delivered: Delive
     """GPUs planned for containers of other pods that have not got them yet."""
     reserved: set[str] = set()
     for pod in pods:
-        if pod.plan is None or pod.settled or pod is asking:
+        if pod.plan is None or pod.ended or pod is asking:
             continue
         containers = listed.get(pod.key) if listed is not None else None
-        answered = delivered.get(pod.uid) or {}
+        if containers is None and pod.started:
+            continue  # past admission: what it holds is allocated, or was freed
         for need, planned in zip(pod.needs, pod.plan, strict=True):
-            if containers is None or not _done(need, containers, answered):
+            if containers is None or not _done(pod, need, containers, delivered):
                 reserved.update(planned)
     return frozenset(reserved)
 
@@ -391,7 +389,8 @@ def _extend(board: Board, must: list[int], pool: list[int], extra: int) -> list[
     return [board.ids[i] for i in best]
 
 
-def remember(delivered: Delivered, decision: Decision, pods: Sequence[PodOnNode] | None) -> dict[str, dict[str, tuple[str, ...]]]:
+def remember(delivered: Delivered, decision: Decision,
+             pods: Sequence[PodOnNode] | None) -> dict[str, dict[str, tuple[str, ...]]]:
     """The record of answered Allocates after `decision`: its container's ids added; pods no longer on the
     node forgotten (when the pods could be read), and at most MAX_DELIVERED_PODS pods kept, the oldest
     dropped first."""
@@ -425,7 +424,8 @@ def _allocation_ids(request: Allocation, board: Board) -> tuple[str, ...] | str:
 
 def _clean(ids: Iterable[Any]) -> tuple[str, ...]:
     """Ids as a tuple without repeats, bounded: no more than MAX_IDS, none that could not be a GPU id."""
-    return tuple(dict.fromkeys(i for i in islice(ids, MAX_IDS) if isinstance(i, str) and 0 < len(i) <= GPU_ID_MAX))
+    return tuple(dict.fromkeys(
+        gpu for gpu in islice(ids, MAX_IDS) if isinstance(gpu, str) and 0 < len(gpu) <= GPU_ID_MAX))
 
 
 def _safe_clean(ids: Any) -> tuple[str, ...]:

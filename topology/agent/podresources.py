@@ -53,7 +53,8 @@ class PodResourcesClient:
             for pod in listed.pod_resources for container in pod.containers for devices in container.devices)
         return KubeletDevices(assigned, self._allocatable())
 
-    def listed(self, resource: str, timeout: float | None = None) -> dict[tuple[str, str], dict[str, tuple[str, ...]]]:
+    def listed(self, resource: str,
+               timeout: float | None = None) -> dict[tuple[str, str], dict[str, tuple[str, ...]]]:
         """(namespace, pod) -> container -> the device ids of `resource` it holds, for every pod and container
         List shows (the kubelet lists app containers and sidecars, allocated or not, and no init container)."""
         if not os.path.exists(self.socket_path):
