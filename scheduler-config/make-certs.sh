@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # TLS option 2, without cert-manager: makes a private CA, the extender's serving certificate and
-# kube-scheduler's client certificate with openssl, then prints the kubectl commands that create the two
-# Secrets the manifests mount. It never touches a cluster itself.
+# kube-scheduler's client certificate with openssl, and the extender's seal key (32 random bytes), then prints the
+# kubectl commands that create the three Secrets the manifests mount. It never touches a cluster itself.
+# The seal Secret's command creates it only if it does not exist yet: a new key would make a restarted extender
+# distrust the bind records of every pod bound before (README.md, "The seal key").
 #
 #   scheduler-config/make-certs.sh [OUT_DIR]      (default: a new directory under $TMPDIR)
 #
@@ -15,6 +17,7 @@ NAMESPACE=gpu-topology-system
 SERVICE=gpu-topology-extender
 EXTENDER_SECRET=gpu-topology-extender-tls
 SCHEDULER_SECRET=gpu-topology-scheduler-client-tls
+SEAL_SECRET=gpu-topology-seal
 DAYS=${DAYS:-365}
 
 out=${1:-}
@@ -79,12 +82,17 @@ leaf scheduler-client gpu-topology-scheduler "clientAuth"
 rm -f ca.cnf
 chmod 0644 ca.crt extender.crt scheduler-client.crt
 
+# The seal key: 32 random bytes, written as 64 hex digits (the extender strips whitespace around the file's
+# content, which could shorten raw random bytes; hex keeps all 256 bits). Mode 0600 from the umask.
+openssl rand -hex 32 > seal.key
+
 q() { printf '%q' "$1"; }
 cat <<MSG
 Wrote to $out:
   ca.crt ca.key                          private CA (keep ca.key offline)
   extender.crt extender.key              serving certificate of $svc
   scheduler-client.crt scheduler-client.key   kube-scheduler's client certificate
+  seal.key                               the extender's seal key (32 random bytes, hex)
 
 Create the Secrets (after the namespace: kubectl apply -f scheduler-config/namespace.yaml):
 
@@ -94,6 +102,8 @@ kubectl -n $NAMESPACE create secret generic $EXTENDER_SECRET --type=kubernetes.i
 kubectl -n $NAMESPACE create secret generic $SCHEDULER_SECRET --type=kubernetes.io/tls \\
     --from-file=tls.crt=$(q "$out/scheduler-client.crt") --from-file=tls.key=$(q "$out/scheduler-client.key") \\
     --from-file=ca.crt=$(q "$out/ca.crt")
+kubectl -n $NAMESPACE get secret $SEAL_SECRET >/dev/null 2>&1 || \\
+    kubectl -n $NAMESPACE create secret generic $SEAL_SECRET --from-file=key=$(q "$out/seal.key")
 
 Option A (the control plane's kube-scheduler), on every control-plane node:
 

@@ -1,18 +1,22 @@
 """What the manifest suites share: scheduler-config/ loaded once, the Kubernetes version its API objects are
-validated against, and small readers for objects, containers, command lines, RBAC rules and quantities.
+validated against, small readers for objects, containers, command lines, RBAC rules and quantities, the node
+selection rules of a DaemonSet, and a ValidatingAdmissionPolicy evaluator.
 
-Used by tests/test_manifests.py (the extender and the scheduler) and tests/test_reporter_manifests.py (the node
-reporter and its admission policy).
+Used by tests/test_manifests.py (the extender, the scheduler, and the policy on the pods' bind annotations) and
+tests/test_agent_manifests.py (the node agent in both modes and its admission policy).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import celpy
 import yaml
+from celpy import celtypes
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "scheduler-config"
@@ -113,3 +117,174 @@ def quantity(value: str | int) -> float:
     match = _QUANTITY.fullmatch(str(value))
     assert match, value
     return float(match[1]) * _QUANTITY_FACTOR[match[2]]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Which nodes a Pod template may run on: nodeSelector AND requiredDuringSchedulingIgnoredDuringExecution
+# (k8s.io/component-helpers/scheduling/corev1/nodeaffinity: terms ORed, a term's expressions ANDed; NotIn and
+# DoesNotExist also match a node without the label).
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _expression_matches(expression: Doc, labels: Mapping[str, str]) -> bool:
+    key, operator, values = expression["key"], expression["operator"], expression.get("values", [])
+    if operator == "In":
+        return key in labels and labels[key] in values
+    if operator == "NotIn":
+        return key not in labels or labels[key] not in values
+    if operator == "Exists":
+        return key in labels
+    if operator == "DoesNotExist":
+        return key not in labels
+    raise AssertionError(f"operator {operator} is not used in these manifests")
+
+
+def runs_on(pod_spec: Doc, labels: Mapping[str, str]) -> bool:
+    """Whether a Pod template's node selection admits a node with these labels (taints aside)."""
+    if any(labels.get(key) != value for key, value in pod_spec.get("nodeSelector", {}).items()):
+        return False
+    required = pod_spec.get("affinity", {}).get("nodeAffinity", {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution")
+    if required is None:
+        return True
+    for term in required["nodeSelectorTerms"]:
+        assert set(term) == {"matchExpressions"}, term  # no matchFields here
+        if all(_expression_matches(expression, labels) for expression in term["matchExpressions"]):
+            return True
+    return False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A ValidatingAdmissionPolicy, applied as the API server applies it: matchConstraints, matchConditions, variables,
+# validations, with validationActions Deny. Its CEL is compiled and run with cel-python, as it is written.
+# ---------------------------------------------------------------------------------------------------------------
+
+CEL = celpy.Environment()
+# Portable CEL: the only functions and macros the policies may call. Kubernetes' CEL libraries (strings, lists,
+# optionals, quantity, url, ip, authorizer, ...) are not in cel-python.
+PORTABLE_CALLS = {"has", "all", "exists", "exists_one", "filter", "map", "size", "startsWith", "endsWith",
+                  "contains", "string", "int"}
+
+
+def program(expression: str) -> Any:
+    return CEL.program(CEL.compile(expression))
+
+
+def policy_expressions(policy: Doc) -> list[tuple[str, str]]:
+    """(where, expression) for every CEL expression of a policy."""
+    spec = policy["spec"]
+    found = [(f"matchConditions/{c['name']}", c["expression"]) for c in spec.get("matchConditions", [])]
+    found += [(f"variables/{v['name']}", v["expression"]) for v in spec.get("variables", [])]
+    for i, validation in enumerate(spec["validations"]):
+        found.append((f"validations/{i}", validation["expression"]))
+        if "messageExpression" in validation:
+            found.append((f"validations/{i}/messageExpression", validation["messageExpression"]))
+    return found
+
+
+def non_portable_calls(expression: str) -> set[str]:
+    """The functions an expression calls outside PORTABLE_CALLS, and '[?'/'.?' for optional syntax."""
+    without_strings = re.sub(r"'[^']*'", "''", expression)
+    calls = set(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(", without_strings)) - PORTABLE_CALLS
+    return calls | {syntax for syntax in ("[?", ".?") if syntax in without_strings}
+
+
+def policy_variable(policy: Doc, name: str) -> str:
+    """The value of a variable that is a single-quoted string literal (such as `prefix`)."""
+    (expression,) = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == name]
+    match = re.fullmatch(r"'([^'\\]*)'", expression)
+    assert match, expression
+    return match[1]
+
+
+@dataclass
+class Verdict:
+    applies: bool
+    messages: list[str] = field(default_factory=list)
+
+    @property
+    def allowed(self) -> bool:
+        return not self.messages
+
+
+def _evaluate(compiled: Any, activation: dict[str, Any]) -> Any:
+    """A CEL value, or the CELEvalError (cel-python raises some errors and returns others)."""
+    try:
+        return compiled.evaluate(activation)
+    except celpy.CELEvalError as error:
+        return error
+
+
+def _rule_names(rule_resource: str, resource: str, sub_resource: str) -> bool:
+    """A resourceRules entry against a request's resource and subresource (admissionregistration/v1: "*" is every
+    resource, "pods/*" every subresource of pods, "*/*" everything)."""
+    if rule_resource == "*/*":
+        return True
+    name, _, sub = rule_resource.partition("/")
+    if name not in ("*", resource):
+        return False
+    if not sub:
+        return not sub_resource
+    return sub == "*" and bool(sub_resource) or sub == sub_resource
+
+
+class AdmissionPolicy:
+    """One ValidatingAdmissionPolicy, compiled once."""
+
+    def __init__(self, policy: Doc) -> None:
+        self.policy = policy
+        spec = policy["spec"]
+        self.conditions = [(c["name"], program(c["expression"])) for c in spec.get("matchConditions", [])]
+        self.variables = [(v["name"], program(v["expression"])) for v in spec.get("variables", [])]
+        self.validations = [
+            (program(v["expression"]), v["message"],
+             program(v["messageExpression"]) if "messageExpression" in v else None)
+            for v in spec["validations"]
+        ]
+
+    def matches_constraints(self, request: Doc) -> bool:
+        resource, sub_resource = request["resource"]["resource"], request.get("subResource", "")
+        for rule in self.policy["spec"]["matchConstraints"]["resourceRules"]:
+            if (request["resource"]["group"] in rule["apiGroups"]
+                    and request["resource"]["version"] in rule["apiVersions"]
+                    and request["operation"] in rule["operations"]
+                    and any(_rule_names(r, resource, sub_resource) for r in rule["resources"])):
+                return True
+        return False
+
+    def condition(self, name: str, request: Doc) -> Any:
+        (compiled,) = [c for n, c in self.conditions if n == name]
+        return compiled.evaluate({"request": celpy.json_to_cel(request)})
+
+    def admit(self, request: Doc) -> Verdict:
+        """The policy applied to one AdmissionRequest as the API server applies it (failurePolicy Fail: an error
+        denies)."""
+        assert self.policy["spec"]["failurePolicy"] == "Fail"
+        if not self.matches_constraints(request):
+            return Verdict(applies=False)
+        activation: dict[str, Any] = {
+            "request": celpy.json_to_cel(request),
+            "object": celpy.json_to_cel(request.get("object")),
+            "oldObject": celpy.json_to_cel(request.get("oldObject")),
+        }
+        for name, condition in self.conditions:
+            result = _evaluate(condition, activation)
+            if isinstance(result, celpy.CELEvalError):
+                return Verdict(applies=True, messages=[f"matchCondition {name}: {result}"])
+            if not result:
+                return Verdict(applies=False)
+        variables: dict[celtypes.StringType, Any] = {}
+        for name, variable in self.variables:
+            activation["variables"] = celtypes.MapType(variables)
+            variables[celtypes.StringType(name)] = _evaluate(variable, activation)
+        activation["variables"] = celtypes.MapType(variables)
+        messages = []
+        for expression, message, message_expression in self.validations:
+            result = _evaluate(expression, activation)
+            if isinstance(result, celpy.CELEvalError) or not isinstance(result, celtypes.BoolType):
+                messages.append(f"evaluation error: {result}")
+            elif not result:
+                built = _evaluate(message_expression, activation) if message_expression is not None else None
+                # The API server falls back to `message` when messageExpression fails or is empty.
+                messages.append(str(built) if isinstance(built, str) and built else message)
+        return Verdict(applies=True, messages=messages)

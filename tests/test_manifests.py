@@ -8,13 +8,17 @@
 - cert-manager's Issuer and Certificate are CRDs whose schemas kubernetes-validate does not ship: they are
   checked for structure (fields, references, usages), not against cert-manager's CRD schema.
 - The Dockerfile is read instruction by instruction; it is not built here (no Docker daemon).
+- The policy that keeps the pods' bind annotations the extender's (pod-annotations-policy.yaml) is evaluated with
+  cel-python against pods, Bindings and subresource writes, as tests/test_agent_manifests.py does for the agent's.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import re
 import shutil
+import stat
 import socket
 import ssl
 import subprocess
@@ -82,6 +86,8 @@ def secret_of_volume(deployment: Doc, volume: str) -> str:
 
 
 EXTENDER_TLS_SECRET = secret_of_volume(EXTENDER, "tls")
+SEAL_SECRET = secret_of_volume(EXTENDER, "seal")
+SEAL_KEY = "key"  # the Secret's key that holds the seal key
 SCHEDULER_TLS_SECRET = secret_of_volume(SCHEDULER, "extender-client-tls")
 TLS_KEYS = {"tls.crt", "tls.key", "ca.crt"}  # the keys of a kubernetes.io/tls Secret made by cert-manager's CA issuer
 
@@ -986,9 +992,36 @@ def test_extender_command_line_matches_the_manifests() -> None:
     assert flags["--gpu-resource"] == GPU
     assert flags["--annotation-prefix"] == "gpu-topology.io"
     assert float(flags["--stale-after"]) > 0  # seconds
+    # The seal key comes from the Secret, at the path the flag names.
+    seal_dir = volume_mount_for_secret(EXTENDER, SEAL_SECRET)
+    assert flags["--seal-key-file"] == f"{seal_dir}/{SEAL_KEY}"
     assert EXTENDER["spec"]["template"]["spec"]["serviceAccountName"] == obj(
         "ServiceAccount", "gpu-topology-extender", NAMESPACE
     )["metadata"]["name"]
+
+
+def test_extender_mounts_only_the_seal_key_of_its_secret() -> None:
+    pod = EXTENDER["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "seal"]
+    # The one key, read-only for the extender's group (fsGroup), and required: no Secret, no Pod, rather than a
+    # key that dies with the Pod.
+    assert volume["secret"] == {"secretName": SEAL_SECRET, "items": [{"key": SEAL_KEY, "path": SEAL_KEY}],
+                                "defaultMode": 0o440}
+    (mount,) = [m for m in container(EXTENDER)["volumeMounts"] if m["name"] == "seal"]
+    assert mount["readOnly"] is True
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
+
+
+def test_the_extenders_console_script_accepts_the_deployments_flags() -> None:
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, function = scripts["gpu-topology-extender"].split(":")
+    run = f"import sys; from {module} import {function} as main; sys.exit(main())"
+    args = container(EXTENDER)["args"]
+    result = subprocess.run([sys.executable, "-c", run, args[0], "--help"], cwd=ROOT, check=False,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    for flag in flag_values(args[1:]):
+        assert flag in result.stdout, flag
 
 
 def test_service_reaches_the_extender_on_https() -> None:
@@ -1035,14 +1068,15 @@ def bindings_of(service_account: str) -> set[tuple[str, str | None, str, str]]:
 
 def test_extender_rbac_is_exactly_least_privilege() -> None:
     role = obj("ClusterRole", "gpu-topology-extender")
+    # What extender/kube.py calls: list_node (list and watch), list_pod_for_all_namespaces (list and watch),
+    # read_namespaced_pod (get), create_namespaced_pod_binding, create_namespaced_event. No pod patch or update:
+    # the bind annotations travel in the Binding. No node get: Nodes come from the watch only.
     assert flatten_rules(role["rules"]) == {
-        ("", "nodes", "get", ()),
         ("", "nodes", "list", ()),
         ("", "nodes", "watch", ()),
         ("", "pods", "get", ()),
         ("", "pods", "list", ()),
         ("", "pods", "watch", ()),
-        ("", "pods", "patch", ()),
         ("", "pods/binding", "create", ()),
         ("", "events", "create", ()),
     }
@@ -1064,13 +1098,14 @@ def test_scheduler_rbac_is_the_built_in_scheduler_roles_and_its_own_lease() -> N
         ("coordination.k8s.io", "leases", "get", (election["resourceName"],)),
         ("coordination.k8s.io", "leases", "update", (election["resourceName"],)),
     }
-    # Only these three roles are defined here (the reporter's: tests/test_reporter_manifests.py); the rest are
+    # Only these roles are defined here (the node agent's: tests/test_agent_manifests.py); the rest are
     # Kubernetes' built-in ones.
     roles = {(doc["kind"], doc["metadata"]["name"]) for _, doc in _docs() if doc.get("kind") in {"Role", "ClusterRole"}}
     assert roles == {
         ("ClusterRole", "gpu-topology-extender"),
         ("Role", "gpu-topology-scheduler-lease"),
-        ("ClusterRole", "gpu-topology-reporter"),
+        ("ClusterRole", "gpu-topology-agent"),
+        ("ClusterRole", "gpu-topology-agent-deliver"),
     }
 
 
@@ -1241,6 +1276,100 @@ def test_make_certs_prints_the_secrets_the_deployments_mount(certs: tuple[Path, 
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
+def seal_secret_files(printed: str) -> dict[str, Path]:
+    """The key → file mapping of the seal Secret's `kubectl create secret` command that make-certs.sh printed."""
+    command = re.search(rf"create secret generic {SEAL_SECRET} .*?(?=\n\S|\Z)", printed, re.DOTALL)
+    assert command, printed
+    return {key: Path(path) for key, path in re.findall(r"--from-file=([\w.]+)=(\S+)", command[0])}
+
+
+def test_make_certs_makes_the_seal_key_the_extender_mounts(certs: tuple[Path, str]) -> None:
+    _, printed = certs
+    files = seal_secret_files(printed)
+    assert set(files) == {SEAL_KEY}
+    key = files[SEAL_KEY]
+    # 32 random bytes as 64 hex digits (whitespace-proof: the extender strips the file), readable by its owner only.
+    assert re.fullmatch(r"[0-9a-f]{64}\n", key.read_text())
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    # The extender accepts it (extender/seal.py: at least 16 bytes).
+    from extender.seal import Seal
+
+    seal = Seal.from_file(key)
+    assert seal.verify(seal.sign("uid", "node", "GPU-a", "c=GPU-a"), "uid", "node", "GPU-a", "c=GPU-a")
+
+
+FAKE_KUBECTL = """#!/usr/bin/env bash
+# Records each call; `get secret` succeeds once a Secret was created; `create secret generic` keeps its key file.
+echo "$*" >> "$STATE/calls"
+case " $* " in
+  *" get secret "*) [[ -e "$STATE/secret" ]] ;;
+  *" create secret generic "*)
+    [[ -e "$STATE/secret" ]] && { echo "AlreadyExists" >&2; exit 1; }
+    for arg in "$@"; do [[ "$arg" == --from-file=key=* ]] && cp "${arg#--from-file=key=}" "$STATE/secret"; done ;;
+  *) exit 3 ;;
+esac
+"""
+
+
+def run_with_fake_kubectl(command: str, tmp_path: Path) -> tuple[list[str], str | None]:
+    """Run a shell command against a kubectl stand-in: the kubectl calls it made, and the seal Secret's content."""
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    kubectl = bin_dir / "kubectl"
+    kubectl.write_text(FAKE_KUBECTL)
+    kubectl.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STATE": str(state)}
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", command], env=env, check=False, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    calls = (state / "calls").read_text().splitlines()
+    secret = state / "secret"
+    return calls, secret.read_text() if secret.exists() else None
+
+
+def seal_command_of_make_certs(printed: str) -> str:
+    """The printed shell command that creates the seal Secret: its first line and the lines it continues on."""
+    lines = printed.splitlines()
+    first = f"kubectl -n {NAMESPACE} get secret {SEAL_SECRET} "
+    (start,) = [i for i, line in enumerate(lines) if line.startswith(first)]
+    end = start
+    while lines[end].endswith("\\"):
+        end += 1
+    return "\n".join(lines[start:end + 1])
+
+
+def test_the_seal_secret_is_created_only_if_it_does_not_exist(certs: tuple[Path, str], tmp_path: Path) -> None:
+    out, printed = certs
+    command = seal_command_of_make_certs(printed)
+    calls, secret = run_with_fake_kubectl(command, tmp_path)
+    assert calls == [f"-n {NAMESPACE} get secret {SEAL_SECRET}",
+                     f"-n {NAMESPACE} create secret generic {SEAL_SECRET} --from-file={SEAL_KEY}={out}/seal.key"]
+    assert secret == (out / "seal.key").read_text()
+    # Run again (a second make-certs.sh, a second install): the existing key stays.
+    calls, again = run_with_fake_kubectl(command, tmp_path)
+    assert calls[2:] == [f"-n {NAMESPACE} get secret {SEAL_SECRET}"]
+    assert again == secret
+
+
+def test_the_cert_manager_path_documents_the_same_seal_secret(tmp_path: Path) -> None:
+    # cert-manager issues no random keys: cert-manager.yaml's header carries the one command, which is run here.
+    lines = [line[len("#   "):] if line.startswith("#   ") else line[len("#     "):]
+             for line in (CONFIG / "cert-manager.yaml").read_text().splitlines()
+             if line.startswith(("#   kubectl", "#     "))]
+    command = "\n".join(lines)
+    assert f"create secret generic {SEAL_SECRET} --from-file={SEAL_KEY}=" in command
+    calls, secret = run_with_fake_kubectl(command, tmp_path)
+    assert calls[0] == f"-n {NAMESPACE} get secret {SEAL_SECRET}"
+    assert calls[1].startswith(f"-n {NAMESPACE} create secret generic {SEAL_SECRET} --from-file={SEAL_KEY}=")
+    assert secret is not None and re.fullmatch(r"[0-9a-f]{64}\n", secret)
+    temporary = Path(calls[1].rsplit("=", 1)[1])
+    assert not temporary.exists()  # the key file is removed again
+    calls, again = run_with_fake_kubectl(command, tmp_path)
+    assert calls[2:] == [f"-n {NAMESPACE} get secret {SEAL_SECRET}"] and again == secret
+
+
 def test_make_certs_refuses_a_git_work_tree(tmp_path: Path) -> None:
     if shutil.which("openssl") is None or shutil.which("git") is None:
         pytest.skip("openssl and git are needed")
@@ -1339,6 +1468,8 @@ def test_the_real_extender_runs_the_deployments_command_line_with_mtls(certs: tu
     extender_files = secret_files(printed, EXTENDER_TLS_SECRET)
     scheduler_files = secret_files(printed, SCHEDULER_TLS_SECRET)
     tls_dir = volume_mount_for_secret(EXTENDER, EXTENDER_TLS_SECRET)
+    seal_dir = volume_mount_for_secret(EXTENDER, SEAL_SECRET)
+    (seal_key,) = seal_secret_files(printed).values()
     port = _free_port()
     local = {"--in-cluster": "--demo", "--host=0.0.0.0": "--host=127.0.0.1", "--port=8443": f"--port={port}"}
     args = []
@@ -1346,8 +1477,10 @@ def test_the_real_extender_runs_the_deployments_command_line_with_mtls(certs: tu
         arg = local.get(arg, arg)
         for key, path in extender_files.items():
             arg = arg.replace(f"{tls_dir}/{key}", str(path))
+        arg = arg.replace(f"{seal_dir}/{SEAL_KEY}", str(seal_key))
         args.append(arg)
     assert "--demo" in args and f"--port={port}" in args and "--client-ca=" + str(extender_files["ca.crt"]) in args
+    assert f"--seal-key-file={seal_key}" in args  # the key make-certs.sh wrote, where the Secret would be
     server = subprocess.Popen([sys.executable, "-m", "extender.cli", "--log-level", "warning", *args], cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
