@@ -35,6 +35,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from kubernetes_validate.utils import all_versions
+from celpy import celtypes
 from manifest_checks import (
     API_OBJECTS,
     CERT_MANAGER_GROUP,
@@ -44,15 +45,22 @@ from manifest_checks import (
     KUSTOMIZE_GROUP,
     ROOT,
     SCHEDULER_CONFIG_GROUP,
+    AdmissionPolicy,
     Doc,
     container,
     flag_values,
     flatten_rules,
+    non_portable_calls,
     obj,
+    policy_expressions,
+    policy_variable,
+    program,
     quantity,
 )
 from manifest_checks import api_group as _group
 from manifest_checks import documents as _docs
+
+from topology.annotations import AnnotationKeys
 
 NAMESPACE = "gpu-topology-system"
 GPU = "nvidia.com/gpu"
@@ -1107,6 +1115,299 @@ def test_scheduler_rbac_is_the_built_in_scheduler_roles_and_its_own_lease() -> N
         ("ClusterRole", "gpu-topology-agent"),
         ("ClusterRole", "gpu-topology-agent-deliver"),
     }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Who may write the pods' bind annotations (pod-annotations-policy.yaml), evaluated with cel-python
+# ---------------------------------------------------------------------------------------------------------------
+
+BIND_POLICY = obj("ValidatingAdmissionPolicy", "gpu-topology-bind-annotations")
+BIND_POLICY_BINDING = obj("ValidatingAdmissionPolicyBinding", "gpu-topology-bind-annotations")
+BIND = AdmissionPolicy(BIND_POLICY)
+BIND_EXPRESSIONS = policy_expressions(BIND_POLICY)
+EXTENDER_USER = f"system:serviceaccount:{NAMESPACE}:gpu-topology-extender"
+KEYS = AnnotationKeys(flag_values(container(EXTENDER)["args"][1:])["--annotation-prefix"])
+BIND_KEYS = [KEYS.gpus, KEYS.containers, KEYS.seal, KEYS.ring_bandwidth]
+USER = "jane@example.com"
+REPLICASET_CONTROLLER = "system:serviceaccount:kube-system:replicaset-controller"
+KUBELET = "system:node:gpu-node-1"
+
+# What the extender writes into the Binding (extender/bind.py), for a 2-GPU pod with one container.
+BOUND = {
+    KEYS.gpus: "GPU-5d1b6c2e-0a3f-4e7b-9c41-2f8e1d0a7b64,GPU-8a2f4c1d-7e5b-4a93-b0c6-1d2e3f4a5b6c",
+    KEYS.containers: "train=GPU-5d1b6c2e-0a3f-4e7b-9c41-2f8e1d0a7b64,GPU-8a2f4c1d-7e5b-4a93-b0c6-1d2e3f4a5b6c",
+    KEYS.seal: "v1.q0Xk2m7Zb1Ww3s9Pj8Lr5Tn4Vc6Yd0Ef",
+    KEYS.ring_bandwidth: "300",
+}
+# A GPU pod as the API server holds it, before it is bound: the user's own annotations only.
+PENDING_POD: Doc = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {
+        "name": "train-0",
+        "namespace": "ml",
+        "uid": "7c2d9e41-5b8a-4f3c-a1d6-0e9f8b7c6d5a",
+        "resourceVersion": "91234",
+        "labels": {"app": "train"},
+        "annotations": {KEYS.interconnect: "nvlink", KEYS.placement: "required"},
+    },
+    "spec": {
+        "schedulerName": "gpu-topology-scheduler",
+        "containers": [{"name": "train", "image": "nvcr.io/nvidia/pytorch:25.01-py3",
+                        "resources": {"limits": {GPU: "2"}, "requests": {GPU: "2"}}}],
+    },
+    "status": {"phase": "Pending"},
+}
+BOUND_POD: Doc = copy.deepcopy(PENDING_POD)
+BOUND_POD["metadata"]["annotations"].update(BOUND)
+BOUND_POD["spec"]["nodeName"] = "gpu-node-1"
+BARE_POD: Doc = copy.deepcopy(PENDING_POD)  # no annotations at all: the API server leaves the map out
+del BARE_POD["metadata"]["annotations"]
+
+
+def binding(annotations: dict[str, str] | None) -> Doc:
+    """A Binding for PENDING_POD, as kube-scheduler or the extender POSTs it to pods/binding."""
+    metadata: Doc = {"name": "train-0", "namespace": "ml", "uid": PENDING_POD["metadata"]["uid"]}
+    if annotations is not None:
+        metadata["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Binding", "metadata": metadata,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "gpu-node-1"}}
+
+
+def pod_request(operation: str, new: Doc | None, old: Doc | None = None, *, user: str = USER,
+                sub_resource: str = "", resource: str = "pods") -> Doc:
+    """An AdmissionRequest for a write to a Pod (or to one of its subresources, or the legacy bindings)."""
+    kind = {"binding": "Binding", "eviction": "Eviction"}.get(sub_resource, "Pod")
+    if resource == "bindings":
+        kind = "Binding"
+    group_version_kind = {"group": "policy" if kind == "Eviction" else "", "version": "v1", "kind": kind}
+    request: Doc = {
+        "uid": "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b",
+        "kind": group_version_kind,
+        "resource": {"group": "", "version": "v1", "resource": resource},
+        "requestKind": group_version_kind,
+        "requestResource": {"group": "", "version": "v1", "resource": resource},
+        "name": "train-0",
+        "namespace": "ml",
+        "operation": operation,
+        "userInfo": {"username": user, "groups": ["system:authenticated"]},
+        "object": new,
+        "oldObject": old,
+        "dryRun": False,
+    }
+    if sub_resource:  # left out when empty (omitempty), as the API server hands it to CEL
+        request["subResource"] = sub_resource
+    return request
+
+
+def with_annotation(pod: Doc, key: str, value: str | None) -> Doc:
+    changed = copy.deepcopy(pod)
+    current = changed["metadata"].setdefault("annotations", {})
+    if value is None:
+        current.pop(key, None)
+    else:
+        current[key] = value
+    return changed
+
+
+def evict() -> Doc:
+    return {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "train-0", "namespace": "ml"}}
+
+
+BIND_ALLOWED: dict[str, Doc] = {
+    "a user creates a GPU pod with its own requests": pod_request("CREATE", PENDING_POD),
+    "a user creates a pod without annotations": pod_request("CREATE", BARE_POD),
+    "the ReplicaSet controller creates a pod from a clean template": pod_request(
+        "CREATE", PENDING_POD, user=REPLICASET_CONTROLLER),
+    "kube-scheduler binds a pod without bind annotations": pod_request(
+        "CREATE", binding(None), user="system:kube-scheduler", sub_resource="binding"),
+    "another scheduler binds with its own annotations": pod_request(
+        "CREATE", binding({"scheduling.example.com/queue": "a"}), user="system:serviceaccount:kube-system:volcano",
+        sub_resource="binding"),
+    "the kubelet updates the status of a bound pod": pod_request(
+        "UPDATE", {**BOUND_POD, "status": {"phase": "Running"}}, BOUND_POD, user=KUBELET, sub_resource="status"),
+    "a user labels a bound pod": pod_request(
+        "UPDATE", {**BOUND_POD, "metadata": {**BOUND_POD["metadata"], "labels": {"app": "train", "x": "y"}}},
+        BOUND_POD),
+    "a user annotates a bound pod with something else": pod_request(
+        "UPDATE", with_annotation(BOUND_POD, "example.com/owner", "jane"), BOUND_POD),
+    "a user changes its own request on a pending pod": pod_request(
+        "UPDATE", with_annotation(PENDING_POD, KEYS.interconnect, "any"), PENDING_POD),
+    "an update of a pod that has no annotations at all": pod_request("UPDATE", BARE_POD, BARE_POD),
+    "an eviction of a bound pod": pod_request("CREATE", evict(), user=USER, sub_resource="eviction"),
+    "keys that only look like ours": pod_request("CREATE", with_annotation(
+        with_annotation(PENDING_POD, "gpu-topology.io.example.com/gpus", "x"), "x.gpu-topology.io/seal", "y")),
+}
+
+BIND_DENIED: dict[str, tuple[Doc, list[str]]] = {
+    "a user creates a pod with gpu-topology.io/gpus": (
+        pod_request("CREATE", with_annotation(PENDING_POD, KEYS.gpus, "GPU-1")),
+        [f"{KEYS.gpus} is written only by gpu-topology-extender"]),
+    "a user creates a pod with a forged assignment on a chosen node": (
+        pod_request("CREATE", {**with_annotation(with_annotation(PENDING_POD, KEYS.containers, "train=GPU-1"),
+                                                 KEYS.seal, "v1.forged"),
+                               "spec": {**PENDING_POD["spec"], "nodeName": "gpu-node-1"}}),
+        [f"{KEYS.containers} is written only by gpu-topology-extender"]),
+    "the ReplicaSet controller creates a pod whose template carries the annotation": (
+        pod_request("CREATE", with_annotation(PENDING_POD, KEYS.gpus, "GPU-1"), user=REPLICASET_CONTROLLER),
+        [f"{KEYS.gpus} is written only by gpu-topology-extender"]),
+    "a user adds gpu-topology.io/gpus to a pending pod": (
+        pod_request("UPDATE", with_annotation(PENDING_POD, KEYS.gpus, "GPU-1"), PENDING_POD),
+        [f"{KEYS.gpus} is written"]),
+    "a user changes the GPUs of a bound pod": (
+        pod_request("UPDATE", with_annotation(BOUND_POD, KEYS.gpus, "GPU-2"), BOUND_POD),
+        [f"{KEYS.gpus} is written"]),
+    "a user changes the ring bandwidth": (
+        pod_request("UPDATE", with_annotation(BOUND_POD, KEYS.ring_bandwidth, "900"), BOUND_POD),
+        [f"{KEYS.ring_bandwidth} is written"]),
+    "a user removes the seal of a bound pod": (
+        pod_request("UPDATE", with_annotation(BOUND_POD, KEYS.seal, None), BOUND_POD),
+        [f"{KEYS.seal} was written by gpu-topology-extender when it bound the pod and may not be removed"]),
+    "a PUT without any annotation": (
+        pod_request("UPDATE", BARE_POD, BOUND_POD),
+        [f"{KEYS.gpus} was written by gpu-topology-extender"]),
+    "a status patch that changes the assignment": (
+        pod_request("UPDATE", with_annotation(BOUND_POD, KEYS.containers, "train=GPU-3"), BOUND_POD, user=KUBELET,
+                    sub_resource="status"),
+        [f"{KEYS.containers} is written"]),
+    "an ephemeral-container update that adds the annotation": (
+        pod_request("UPDATE", with_annotation(PENDING_POD, KEYS.gpus, "GPU-1"), PENDING_POD,
+                    sub_resource="ephemeralcontainers"),
+        [f"{KEYS.gpus} is written"]),
+    "another scheduler's Binding carries the annotations": (
+        pod_request("CREATE", binding(BOUND), user="system:serviceaccount:kube-system:volcano",
+                    sub_resource="binding"),
+        [f"{KEYS.gpus} is written"]),
+    "a user with pods/binding rights binds with a forged seal": (
+        pod_request("CREATE", binding({KEYS.seal: "v1.forged"}), sub_resource="binding"),
+        [f"{KEYS.seal} is written"]),
+    "the legacy bindings endpoint, even for the extender's ServiceAccount": (
+        pod_request("CREATE", binding(BOUND), user=EXTENDER_USER, resource="bindings"),
+        [f"{KEYS.gpus} is written"]),
+    "the extender patching a pod instead of binding it": (
+        pod_request("UPDATE", with_annotation(PENDING_POD, KEYS.gpus, "GPU-1"), PENDING_POD, user=EXTENDER_USER),
+        [f"{KEYS.gpus} is written"]),
+    "the extender's ServiceAccount creating a pod with them": (
+        pod_request("CREATE", with_annotation(PENDING_POD, KEYS.gpus, "GPU-1"), user=EXTENDER_USER),
+        [f"{KEYS.gpus} is written"]),
+    "written and removed at once": (
+        pod_request("UPDATE", with_annotation(with_annotation(BOUND_POD, KEYS.seal, None), KEYS.gpus, "GPU-9"),
+                    BOUND_POD),
+        [f"{KEYS.gpus} is written", f"{KEYS.seal} was written"]),
+}
+
+
+@pytest.mark.parametrize(("where", "expression"), BIND_EXPRESSIONS, ids=[where for where, _ in BIND_EXPRESSIONS])
+def test_bind_policy_expressions_compile_with_cel_python_and_call_only_portable_cel(where: str,
+                                                                                  expression: str) -> None:
+    program(expression)
+    assert not non_portable_calls(expression)
+
+
+def test_bind_policy_matches_pods_their_subresources_and_the_legacy_bindings() -> None:
+    spec = BIND_POLICY["spec"]
+    assert BIND_POLICY["apiVersion"] == "admissionregistration.k8s.io/v1"
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["apiVersions"]) == ([""], ["v1"])
+    assert sorted(rule["operations"]) == ["CREATE", "UPDATE"]
+    assert sorted(rule["resources"]) == ["bindings", "pods", "pods/*"]
+    assert all(validation["reason"] == "Forbidden" for validation in spec["validations"])
+    assert BIND_POLICY_BINDING["spec"] == {"policyName": BIND_POLICY["metadata"]["name"], "validationActions": ["Deny"]}
+    # What reaches admission, and whether the policy looks at it.
+    seen = {
+        ("CREATE", "pods", ""): True,
+        ("UPDATE", "pods", ""): True,
+        ("CREATE", "pods", "binding"): True,  # the Binding, which BindingREST copies into the Pod unadmitted
+        ("CREATE", "bindings", ""): True,  # POST /api/v1/namespaces/NS/bindings (LegacyBindingREST)
+        ("UPDATE", "pods", "status"): True,
+        ("UPDATE", "pods", "ephemeralcontainers"): True,
+        ("UPDATE", "pods", "resize"): True,
+        ("CREATE", "pods", "eviction"): True,
+        ("DELETE", "pods", ""): False,  # freeing the GPUs is what deletion is for
+        ("CONNECT", "pods", "exec"): False,
+        ("CONNECT", "pods", "portforward"): False,
+        ("UPDATE", "nodes", ""): False,
+        ("UPDATE", "configmaps", ""): False,
+    }
+    for (operation, resource, sub_resource), expected in seen.items():
+        request = pod_request(operation, PENDING_POD, sub_resource=sub_resource, resource=resource)
+        assert BIND.matches_constraints(request) is expected, (operation, resource, sub_resource)
+
+
+def test_bind_policy_names_exactly_the_keys_the_extender_writes() -> None:
+    assert policy_variable(BIND_POLICY, "prefix") == KEYS.prefix + "/"
+    (keys,) = [v["expression"] for v in BIND_POLICY["spec"]["variables"] if v["name"] == "keys"]
+    prefix = celtypes.StringType(policy_variable(BIND_POLICY, "prefix"))
+    value = program(keys).evaluate({"variables": celtypes.MapType({celtypes.StringType("prefix"): prefix})})
+    assert [str(key) for key in value] == BIND_KEYS
+    # The extender's bind puts these and only these into the Binding (extender/bind.py).
+    source = (ROOT / "extender" / "bind.py").read_text()
+    written = set(re.findall(r"state\.keys\.(\w+): ", source)) | set(re.findall(r"annotations\[state\.keys\.(\w+)\]",
+                                                                             source))
+    assert written == {"gpus", "containers", "seal", "ring_bandwidth"}
+
+
+@pytest.mark.parametrize(
+    ("user", "resource", "sub_resource", "selected"),
+    [
+        (EXTENDER_USER, "pods", "binding", False),  # the extender's Binding: the way the annotations arrive
+        (EXTENDER_USER, "pods", "", True),
+        (EXTENDER_USER, "pods", "status", True),
+        (EXTENDER_USER, "bindings", "", True),
+        ("system:kube-scheduler", "pods", "binding", True),
+        ("system:serviceaccount:other:gpu-topology-extender", "pods", "binding", True),
+        (f"{EXTENDER_USER}x", "pods", "binding", True),
+        (USER, "pods", "binding", True),
+        (USER, "pods", "", True),
+    ],
+)
+def test_bind_policy_exempts_only_the_extenders_binding(user: str, resource: str, sub_resource: str,
+                                                        selected: bool) -> None:
+    request = pod_request("CREATE", PENDING_POD, user=user, sub_resource=sub_resource, resource=resource)
+    result = BIND.condition("not-the-extenders-binding", request)
+    assert isinstance(result, celtypes.BoolType) and bool(result) is selected
+
+
+def test_the_extenders_own_binding_is_let_through() -> None:
+    verdict = BIND.admit(pod_request("CREATE", binding(BOUND), user=EXTENDER_USER, sub_resource="binding"))
+    assert not verdict.applies and verdict.allowed
+
+
+@pytest.mark.parametrize("case", list(BIND_ALLOWED))
+def test_bind_policy_allows_every_other_pod_write(case: str) -> None:
+    verdict = BIND.admit(BIND_ALLOWED[case])
+    assert verdict.applies
+    assert verdict.allowed, verdict.messages
+
+
+@pytest.mark.parametrize("case", list(BIND_DENIED))
+def test_bind_policy_denies_forging_changing_or_removing_the_bind_annotations(case: str) -> None:
+    request, expected = BIND_DENIED[case]
+    verdict = BIND.admit(request)
+    assert verdict.applies and not verdict.allowed
+    assert not [m for m in verdict.messages if m.startswith("evaluation error")], verdict.messages
+    assert len(verdict.messages) == len(expected), verdict.messages
+    for part in expected:
+        assert any(part in message for message in verdict.messages), (part, verdict.messages)
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        pod_request("CREATE", {"apiVersion": "v1", "kind": "Pod"}),  # no metadata at all
+        pod_request("UPDATE", {"apiVersion": "v1", "kind": "Pod", "metadata": {}}, {"metadata": {}}),
+        pod_request("CREATE", binding(None) | {"metadata": {"name": "train-0"}}, user="system:kube-scheduler",
+                    sub_resource="binding"),
+        pod_request("UPDATE", BARE_POD, {"apiVersion": "v1", "kind": "Pod"}),
+    ],
+    ids=["pod without metadata", "empty metadata", "binding with a bare name", "old pod without metadata"],
+)
+def test_bind_policy_is_total_on_sparse_objects(request_: Doc) -> None:
+    # failurePolicy Fail and every Pod write of the cluster: an evaluation error would refuse writes that have
+    # nothing to do with GPUs. Sparse objects evaluate cleanly, and are allowed.
+    verdict = BIND.admit(request_)
+    assert verdict.applies and verdict.allowed, verdict.messages
 
 
 # ---------------------------------------------------------------------------------------------------------------
