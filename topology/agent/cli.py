@@ -1,5 +1,7 @@
-"""`gpu-topology-agent`: publish this node's GPU topology and GPU state as node annotations (DESIGN §6), and with
-`--mode deliver` serve the kubelet device plugin that makes containers get exactly the GPUs the extender bound.
+"""`gpu-topology-agent`: publish this node's GPU topology and state, and optionally serve its GPU device plugin.
+
+The topology and state are node annotations (DESIGN §6); with `--mode deliver` the agent also serves the
+kubelet device plugin that makes containers get exactly the GPUs the extender bound.
 
 Exit codes: 0 after SIGTERM/SIGINT, or after a successful `--once`; 1 when NVML or the Kubernetes API cannot
 be used (the DaemonSet restarts it); 2 for bad arguments or a capture it cannot read (one line, no traceback).
