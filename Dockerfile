@@ -1,4 +1,6 @@
-# gpu-topology-extender: the scheduler extender's image (scheduler-config/extender.yaml runs it).
+# gpu-topology-extender: the image of the scheduler extender (scheduler-config/extender.yaml runs it) and of the node
+# agent (scheduler-config/agent.yaml and agent-deliver.yaml run its other console script, gpu-topology-agent, as
+# uid 0 with every capability dropped, for the kubelet's root-owned sockets).
 #   docker build -t gpu-topology-extender:0.1.0 .
 # Two stages on the same base: the first installs the package into a virtual environment, the second copies
 # only that environment, so no build tools or sources end up in the image.
@@ -18,7 +20,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 # A numeric, non-root user with no entry in /etc/passwd: Kubernetes' runAsNonRoot can only verify a numeric
-# USER. 65532 is the conventional "nonroot" id; the Deployment runs as the same.
+# USER. 65532 is the conventional "nonroot" id; the extender's Deployment runs as the same. The agents' DaemonSets
+# override it with runAsUser: 0.
 USER 65532:65532
 EXPOSE 8443
 ENTRYPOINT ["gpu-topology-extender"]
