@@ -154,18 +154,35 @@ class ClusterState:
             view = self._views.get(node)
             if view is None or view.compiled is None:
                 return
-            used = set(view.reported_used - self.ledger.released_since(node, view.observed))
-            for entry in self.ledger.entries(node):
-                if not entry.confirmed and not self._reported(view, entry):
-                    used |= entry.gpus
-            free = view.compiled.full_mask & ~view.mask(used) & ~view.unhealthy
+            taken = view.mask(view.reported_used - self.ledger.released_since(node, view.observed))
+            for entry in sorted(self.ledger.entries(node), key=lambda entry: entry.at):
+                if entry.confirmed or self._covered(view, entry):
+                    continue
+                reserved = view.mask(entry.gpus)
+                # GPUs the kubelet has given to another pod meanwhile (a plugin that ignores us): this pod will
+                # get as many others, so count it as many more, the lowest free ones, as the stock plugin picks.
+                own = view.mask(view.reported_pods.get(entry.pod_key, ()))
+                clash = (reserved & taken & ~own).bit_count()
+                taken |= reserved
+                for _ in range(clash):
+                    spare = view.compiled.full_mask & ~taken & ~view.unhealthy
+                    taken |= spare & -spare
+            free = view.compiled.full_mask & ~taken & ~view.unhealthy
             if free != view.free:
                 self._store(replace(view, free=free))
 
     @staticmethod
-    def _reported(view: NodeView, entry: Assignment) -> bool:
-        """The report, taken after this reservation, names its pod: the kubelet has allocated it."""
-        return view.observed is not None and entry.at <= view.observed and entry.pod_key in view.reported_pods
+    def _covered(view: NodeView, entry: Assignment) -> bool:
+        """The report, taken after this reservation, shows the pod with all its GPUs: the kubelet allocated it.
+
+        A pod the kubelet is still admitting is listed with the containers done so far; and GPUs that only
+        its plain init containers hold are never listed (pod-resources shows app containers and sidecars),
+        though the kubelet keeps them allocated. So a report that shows fewer GPUs than reserved covers
+        nothing: the reservation still counts, beside the GPUs reported."""
+        if view.observed is None or entry.at > view.observed:
+            return False
+        allocated = view.reported_pods.get(entry.pod_key)
+        return allocated is not None and len(allocated) >= len(entry.gpus)
 
     def record(self, assignment: Assignment) -> None:
         with self.ledger.lock:
@@ -205,7 +222,7 @@ class ClusterState:
         if view is None or not view.reported_pods:
             return
         for entry in self.ledger.entries(node):
-            if not self._reported(view, entry):
+            if not self._covered(view, entry):
                 continue
             allocated = view.reported_pods[entry.pod_key]
             if entry.confirmed and entry.gpus == allocated:

@@ -355,6 +355,11 @@ class FakeKubeApiServer:
     def pod(self, namespace: str, name: str) -> dict:
         return self._get(PODS, (namespace, name))
 
+    def pods_on(self, node: str) -> list[dict]:
+        """The pods bound to `node`, as the kubelet's pod source follows them (in-process, no HTTP)."""
+        with self._lock:
+            return [copy.deepcopy(pod) for pod in self._objects[PODS].values() if pod["spec"].get("nodeName") == node]
+
     def _key(self, resource: str, obj: dict) -> tuple[str, str]:
         meta = obj["metadata"]
         return (meta.setdefault("namespace", "default") if resource == PODS else "", meta["name"])

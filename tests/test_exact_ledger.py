@@ -165,3 +165,15 @@ def test_a_stale_bind_never_writes_on_the_recreated_pod(extender) -> None:
     assert all(request.method == "GET" for request in server.requests[writes:])
     assert service.state.view("gpu-1").free.bit_count() == 6
     assert service.state.ledger.get("new-uid").gpus == frozenset(annotations["gpu-topology.io/gpus"].split(","))
+
+
+def test_a_pending_reservation_whose_gpus_the_kubelet_gave_away_still_counts() -> None:
+    """The stock plugin gave the first pod the GPUs reserved for the second, not yet admitted: the second will
+    get as many others, so the node must still count both pods' GPUs."""
+    state, cluster, service = _demo("rtx-a6000-pairs")
+    first, second = cluster.create_pod("first", 2), cluster.create_pod("second", 2)
+    assert _bind(service, first) == "" and _bind(service, second) == ""
+    seconds = cluster.pods[second["metadata"]["uid"]]["metadata"]["annotations"]["gpu-topology.io/gpus"].split(",")
+    taken = sorted(_indices(state, state.view("n1").mask(seconds)))
+    _report(cluster, state, {"default/first": taken}, time.time() + 0.01)
+    assert state.view("n1").free.bit_count() == 4
