@@ -46,6 +46,7 @@ class Tally:
     placed: int = 0
     dropped: int = 0
     rings: list[tuple[int, float, bool]] = field(default_factory=list)  # (size, GB/s, all hops NVLink)
+    exact: int = 0  # pods whose every container got exactly the GPUs chosen for it
 
 
 def workload(count: int = 48, seed: int = 7) -> list[DemoPod]:
@@ -88,6 +89,8 @@ def run_demo(out=print) -> None:
     baseline = _count_only(cluster, pods)
     out("")
     out(_summary({"topology-aware (this extender)": ours, "count-only (kube-scheduler + first free GPUs)": baseline}))
+    out(f"\nDelivered by the kubelet exactly as chosen (node agent's device plugin): {ours.exact}/{ours.placed} pods. "
+        "Each decision line shows the GPUs chosen at bind and whether the kubelet delivered them.")
 
 
 def _drive_extender(cluster: DemoCluster, pods: list[DemoPod], port: int, out) -> Tally:
@@ -132,14 +135,20 @@ def _drive_extender(cluster: DemoCluster, pods: list[DemoPod], port: int, out) -
             cluster.finish_pod(uid)
             continue
         live[uid] = (pod, node)
-        gpus = _indices(cluster, node, cluster.pods[uid]["metadata"]["annotations"]["gpu-topology.io/gpus"])
+        annotations = cluster.pods[uid]["metadata"]["annotations"]
+        gpus = _indices(cluster, node, annotations["gpu-topology.io/gpus"])
+        chosen = {name: tuple(ids) for name, ids in orjson.loads(annotations["gpu-topology.io/containers"]).items()}
+        delivered = cluster.delivered[uid]
+        got = _indices(cluster, node, ",".join(gpu for ids in delivered.values() for gpu in ids))
         ring, nvlink = _ring(cluster, node, gpus)
         tally.placed += 1
+        tally.exact += chosen == delivered
         if pod.gpus > 1:
             tally.rings.append((pod.gpus, ring, nvlink))
         ranking = " ".join(f"{name}={scores[name]}" for name in sorted(passed, key=lambda n: -scores[n])[:3])
         hop = "" if pod.gpus == 1 else f"  ring {ring:.1f} GB/s {'NVLink' if nvlink else 'over PCIe'}"
-        out(f"{label}  -> {node:<12} GPUs {','.join(map(str, gpus)):<16}{hop:<28} scores {ranking}")
+        given = "delivered" if chosen == delivered else f"DELIVERED {','.join(map(str, got))}"
+        out(f"{label}  -> {node:<12} GPUs {','.join(map(str, gpus)):<16}{given:<10}{hop:<28} scores {ranking}")
     for uid in list(live):
         cluster.finish_pod(uid)
     connection.close()

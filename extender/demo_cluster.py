@@ -1,7 +1,8 @@
 """An in-memory cluster of real platforms for `serve --demo` and the tests: no Kubernetes needed.
 
-It plays the API server (it implements `KubeApi`: pod reads, Bindings with annotations, Events) and each
-node's agent (after every bind or pod end it republishes the node's `state` annotation with the GPUs its pods
+It plays the API server (it implements `KubeApi`: pod reads, Bindings with annotations, Events), each
+node's kubelet with the node agent's device plugin in `--mode deliver` (a bound pod is admitted container by
+container, each asking the agent's own attribution and answer, `topology.agent.claims`), and each node's agent (after every bind or pod end it republishes the node's `state` annotation with the GPUs its pods
 hold), and feeds the extender's `ClusterState` the same raw objects the watches would.
 """
 
@@ -18,9 +19,11 @@ from typing import Any
 
 from extender.kube import Conflict, KubeError
 from extender.state import ClusterState
+from topology.agent.claims import Allocation, Board, Delivered, Preferred, identify, read_pod, remember
 from topology.codec import NodeState, encode_state, encode_topology
 from topology.model import Topology
 from topology.platforms import PLATFORMS
+from topology.split import Kind, container_needs
 
 DEMO_NODES: tuple[tuple[str, str], ...] = (
     ("dgx-h100-1", "dgx-h100"), ("dgx-h100-2", "dgx-h100"),
@@ -49,6 +52,9 @@ class DemoCluster:
         self.topologies = {name: with_uuids(name, PLATFORMS[platform].topology()) for name, platform in nodes}
         self.platform_of = dict(nodes)
         self.pods: dict[str, dict[str, Any]] = {}
+        self.delivered: dict[str, dict[str, tuple[str, ...]]] = {}  # pod uid -> container -> the GPUs it got
+        self._boards = {name: Board(topology) for name, topology in self.topologies.items()}
+        self._answered: dict[str, Delivered] = {name: {} for name in self.topologies}  # the agents' records
         self.events: list[tuple[str, str, str, str]] = []
         self._generation = 0
         self._lock = threading.RLock()
@@ -73,7 +79,43 @@ class DemoCluster:
             pod["metadata"].setdefault("annotations", {}).update(annotations)
             self._bump(pod)
             self.state.pods.apply("MODIFIED", pod)
+            self._admit(node, pod)
             self.report(node)
+
+    def _admit(self, node: str, pod: dict[str, Any]) -> None:
+        """The kubelet admits the pod: each GPU container in its order draws from the init pool first, then
+        asks the agent's GetPreferredAllocation, takes what is free of the answer, fills the rest, and
+        Allocates; the agent attributes each call from the pods on the node and what the kubelet lists."""
+        board, resource, keys = self._boards[node], self.state.resource, self.state.keys
+        on_node = [other for other in self.pods.values() if other["spec"].get("nodeName") == node]
+        pods = [read for other in on_node if (read := read_pod(other, keys, resource, board.ids)) is not None]
+        listed = {(other["metadata"]["namespace"], other["metadata"]["name"]): dict(self.delivered[uid])
+                  for other in on_node if (uid := other["metadata"]["uid"]) in self.delivered}
+        needs = container_needs(pod["spec"], resource)
+        key, got = (pod["metadata"]["namespace"], pod["metadata"]["name"]), {}
+        listed[key] = {need.name: () for need in needs if need.kind is not Kind.INIT}
+        used = {gpu for ids in listed.values() for held in ids.values() for gpu in held}
+        pool: list[str] = []
+        for need in needs:
+            drawn = pool[:need.count]
+            available = [gpu for gpu in board.ids if gpu not in used]
+            chosen = list(drawn)
+            if len(chosen) < need.count:
+                ask = Preferred(tuple(available + drawn), tuple(drawn), need.count)
+                preferred = identify(ask, pods, listed, self._answered[node], board).ids
+                chosen += [gpu for gpu in preferred if gpu in available and gpu not in chosen]
+                chosen += [gpu for gpu in available if gpu not in chosen]
+                chosen = chosen[:need.count]
+            decision = identify(Allocation(tuple(chosen)), pods, listed, self._answered[node], board)
+            self._answered[node] = remember(self._answered[node], decision, pods)
+            got[need.name] = tuple(chosen)
+            used |= set(chosen)
+            if need.kind is Kind.INIT:
+                pool += [gpu for gpu in chosen if gpu not in pool]
+            else:
+                pool = [gpu for gpu in pool if gpu not in chosen]
+                listed[key][need.name] = tuple(chosen)
+        self.delivered[pod["metadata"]["uid"]] = got
 
     def emit_event(self, namespace: str, pod_name: str, pod_uid: str, reason: str, message: str,
                    event_type: str = "Warning") -> None:
@@ -116,6 +158,7 @@ class DemoCluster:
         """The pod ends: the watch drops it and the node's reporter no longer lists its GPUs."""
         with self._lock:
             pod = self.pods.pop(uid)
+            self.delivered.pop(uid, None)
             pod["status"]["phase"] = "Succeeded"
             self.state.pods.apply("DELETED", pod)
             if pod["spec"].get("nodeName"):
@@ -131,12 +174,12 @@ class DemoCluster:
             self.report(node)
 
     def _node(self, name: str) -> dict[str, Any]:
-        """The node as its agent reports it; the demo's kubelet delivers exactly what was bound."""
+        """The node as its agent reports it: what the kubelet allocated to each pod (its containers listed)."""
         self._generation += 1
         pods = {f"{pod['metadata']['namespace']}/{pod['metadata']['name']}":
-                frozenset((pod["metadata"].get("annotations", {}).get(self.state.keys.gpus) or "").split(","))
+                frozenset(gpu for held in self.delivered.get(pod["metadata"]["uid"], {}).values() for gpu in held)
                 for pod in self.pods.values() if pod["spec"].get("nodeName") == name}
-        pods = {key: gpus - {""} for key, gpus in pods.items() if gpus - {""}}
+        pods = {key: gpus for key, gpus in pods.items() if gpus}
         used = frozenset(gpu for gpus in pods.values() for gpu in gpus)
         state = NodeState(used, frozenset(), datetime.fromtimestamp(self.clock(), timezone.utc), self._generation,
                           pods)

@@ -13,6 +13,10 @@ def test_demo_places_multi_gpu_pods_on_nvlink_rings_where_count_only_does_not(ca
     decisions = [line for line in out.splitlines() if line.startswith("job-")]
     assert len(decisions) == 48
     assert all("->" in line or "pending" in line for line in decisions)
+    placed_lines = [line for line in decisions if "->" in line]
+    assert placed_lines and all(" delivered " in line for line in placed_lines), "the kubelet gave what was chosen"
+    exact = re.search(r"exactly as chosen \(node agent's device plugin\): (\d+)/(\d+) pods", out)
+    assert exact and exact.group(1) == exact.group(2) == str(len(placed_lines))
     rows = {}
     for line in out.splitlines():
         match = re.match(r"(topology-aware|count-only).*?\s+(\d+)\s+(\d+)\s+(\d+)/(\d+)\s+([\d.]+)\s+([\d.]+)$", line)
