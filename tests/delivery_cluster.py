@@ -6,6 +6,9 @@
   and its reporter loop, on real unix sockets, exactly as one agent process wires them;
 - per node, the kubelet's pod source: it follows the pods bound to its node and admits them one at a time
   in the order it sees them (creation time within a batch), and forgets the ones that are deleted.
+  `admit_delay` holds each bound pod back that long after the pod source first sees it, as the real kubelet's
+  watch and sync loop take tens to hundreds of milliseconds; `on_admitted` is called on the pod source's
+  thread after each admission (benchmarks: a lock released after Allocate, the time a pod got its GPUs).
 
 `mode="report"` runs the reporter only and gives the kubelet a stock-like plugin instead of ours: it
 registers the GPUs but ignores the extender (first free GPUs, as NVIDIA's plugin does for one GPU).
@@ -74,8 +77,11 @@ class NodeRig:
 
 class DeliveryCluster:
     def __init__(self, root: Path, nodes: tuple[tuple[str, str], ...], *, mode: str = "deliver",
-                 report_interval: float = 0.2) -> None:
+                 report_interval: float = 0.2, admit_delay: float = 0.0,
+                 on_admitted: Callable[[NodeRig, Admitted], None] | None = None) -> None:
         self.root, self.mode = root, mode
+        self.admit_delay = admit_delay  # may be changed while running; read on every pass of the pod source
+        self.on_admitted = on_admitted
         self.server = FakeKubeApiServer().start()
         self.stop_event = threading.Event()
         self.rigs: dict[str, NodeRig] = {}
@@ -142,25 +148,35 @@ class DeliveryCluster:
 
     def _pod_source(self, rig: NodeRig) -> None:
         seen: dict[str, dict] = {}
+        noticed: dict[str, float] = {}  # uid -> when the pod source first saw the pod on its node
         while not self.stop_event.is_set():
             if not rig.running.wait(0.05):
                 continue
             with rig.busy:
-                self._admit_new(rig, seen)
+                self._admit_new(rig, seen, noticed)
             self.stop_event.wait(0.01)
 
-    def _admit_new(self, rig: NodeRig, seen: dict[str, dict]) -> None:
+    def _admit_new(self, rig: NodeRig, seen: dict[str, dict], noticed: dict[str, float] | None = None) -> None:
         pods = {pod["metadata"]["uid"]: pod for pod in self.server.pods_on(rig.name)}
         for uid in set(seen) - set(pods):
             rig.kubelet.remove(uid)
             del seen[uid]
-        fresh = sorted((pod for uid, pod in pods.items() if uid not in seen),
+        ready = set(pods)
+        if noticed is not None:
+            now, delay = time.monotonic(), self.admit_delay
+            for uid in set(noticed) - set(pods):
+                del noticed[uid]
+            ready = {uid for uid in pods if now - noticed.setdefault(uid, now) >= delay}
+        fresh = sorted((pod for uid, pod in pods.items() if uid not in seen and uid in ready),
                        key=lambda pod: pod["metadata"].get("creationTimestamp", ""))
         for pod in fresh:
             seen[pod["metadata"]["uid"]] = pod
             admission = rig.kubelet.admit(pod)
             listed = self._listed(rig, pod) if admission.admitted else {}
-            rig.admitted.append(Admitted(pod, admission, listed))
+            entry = Admitted(pod, admission, listed)
+            rig.admitted.append(entry)
+            if self.on_admitted is not None:
+                self.on_admitted(rig, entry)
             if not admission.admitted:
                 failed = self.server.pod(pod["metadata"]["namespace"], pod["metadata"]["name"])
                 failed["status"] = {"phase": "Failed", "reason": admission.reason, "message": admission.message}
