@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench loadtest clean
+.PHONY: demo test bench bench-bind loadtest clean
 
 $(BIN)/activate: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,9 @@ bench: $(BIN)/activate
 
 loadtest: $(BIN)/activate
 	$(BIN)/python loadtests/load_extender.py --write BENCHMARKS.md
+
+bench-bind: $(BIN)/activate
+	$(BIN)/python loadtests/bind_throughput.py --write BENCHMARKS.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info
