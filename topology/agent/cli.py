@@ -52,6 +52,8 @@ def main(argv: Sequence[str] | None = None, *, nvml: ModuleType | None = None, s
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.holders:
+        return _holders(args, nvml, sysfs)
     stop = threading.Event()
     closers: list = []
     try:
@@ -67,6 +69,27 @@ def main(argv: Sequence[str] | None = None, *, nvml: ModuleType | None = None, s
         for close in reversed(closers):
             with contextlib.suppress(Exception):
                 close()
+
+
+def _holders(args: argparse.Namespace, nvml: ModuleType | None, sysfs: Path) -> int:
+    from topology.agent.holders import holders_table
+    from topology.agent.podresources import PodResourcesClient, PodResourcesUnavailable
+
+    try:
+        topology = load_topology(args.from_topo, args.gpu_model)[1] if args.from_topo else discover(nvml, sysfs)
+    except (CliError, TopoParseError, CodecError, ValueError) as error:
+        return _error(error, EXIT_USAGE)
+    except NvmlUnavailable as error:
+        return _error(error, EXIT_FAILURE)
+    client = PodResourcesClient(args.socket)
+    try:
+        listed = client.listed(args.gpu_resource)
+    except PodResourcesUnavailable as error:
+        return _error(error, EXIT_FAILURE)
+    finally:
+        client.close()
+    sys.stdout.write(holders_table(topology, listed))
+    return 0
 
 
 def _error(error: object, code: int) -> int:
@@ -112,6 +135,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--numa-topology", action="store_true",
                         help="report each GPU's NUMA node to the kubelet; the Topology Manager (best-effort, "
                              "restricted, single-numa-node) may then override the GPUs the extender chose")
+    parser.add_argument("--holders", action="store_true",
+                        help="print which container holds which GPUs on this node (the kubelet's pod-resources), "
+                             "with each set's ring bandwidth, then exit")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser
 
