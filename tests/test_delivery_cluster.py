@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 import pytest
 
-from delivery_cluster import DeliveryCluster, gpu_pod, workload
+from delivery_cluster import DeliveryCluster, workload
 from reporter_fakes import short_tmpdir
 
 NODES = (("v100", "dgx1-v100"), ("a6000", "rtx-a6000-pairs"), ("tree", "pcie-8gpu-switch-tree"),

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Iterable
+from itertools import combinations, islice
 from dataclasses import dataclass
 from enum import Enum
 from threading import Lock
@@ -166,6 +167,29 @@ def mask_of(gpus: Iterable[int]) -> int:
             raise ValueError(f"GPU index {gpu} is negative")
         mask |= 1 << gpu
     return mask
+
+
+_EXTENSIONS_TRIED = 2048  # sets compared when the answer must contain given GPUs
+
+
+def extend_best(selector: Selector, compiled: CompiledTopology, must: int, pool: int, extra: int) -> int:
+    """The `extra` GPUs of `pool` that make the best ring, then the most pair bandwidth, with all of `must`.
+
+    The kubelet asks for such sets: a container's devices drawn from its pod's init pool, then the rest.
+    Small cases are compared whole; past a few thousand candidate sets, the best set of `pool` alone.
+    """
+    members = bits(must)
+    candidates = bits(pool & ~must)
+    if not members or math.comb(len(candidates), extra) > _EXTENSIONS_TRIED:
+        choice = selector.select(compiled, mask_of(candidates), Request(extra))
+        return mask_of(choice.gpus) if isinstance(choice, Choice) else mask_of(candidates[:extra])
+    mbps = compiled.mbps
+
+    def score(added: tuple[int, ...]) -> tuple[float, int]:
+        chosen = members + list(added)
+        return ring_gbps(compiled, chosen) or 0.0, sum(mbps[i][j] for i in chosen for j in chosen if i < j)
+
+    return mask_of(max(islice(combinations(candidates, extra), _EXTENSIONS_TRIED), key=score))
 
 
 def ring_gbps(compiled: CompiledTopology, gpus: Iterable[int]) -> float | None:

@@ -18,15 +18,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from itertools import combinations, islice
-from math import comb
 from typing import Any
 
-from topology.compiled import CompiledTopology, bits
-from topology.select import Choice, Request, Selector, mask_of, ring_gbps
+from topology.compiled import CompiledTopology
+from topology.select import Choice, Request, Selector, extend_best, mask_of
 
 MAX_DEVICES_PER_CONTAINER = 1024  # far above any node; a larger request is refused, not planned
-_EXTENSIONS_TRIED = 2048  # sets compared when a container must extend the init pool
 
 
 class Kind(str, Enum):
@@ -112,7 +109,7 @@ def split(selector: Selector, compiled: CompiledTopology, pod_gpus: int,
             gpus = _best(selector, compiled, pool, need.count)
             exact = pool_known and need.count == pooled
         else:
-            gpus = pool | _extend(selector, compiled, pool, pod_gpus & ~given, need.count - pooled)
+            gpus = pool | extend_best(selector, compiled, pool, pod_gpus & ~given, need.count - pooled)
             exact = pool_known or not pool
         parts.append(Part(need, gpus, exact))
         given |= gpus
@@ -132,13 +129,3 @@ def _best(selector: Selector, compiled: CompiledTopology, free: int, count: int)
     choice = selector.select(compiled, free, Request(count))
     assert isinstance(choice, Choice), "any k of at least k free GPUs form some ring"
     return mask_of(choice.gpus)
-
-
-def _extend(selector: Selector, compiled: CompiledTopology, pool: int, rest: int, extra: int) -> int:
-    """The `extra` GPUs of `rest` that make the best ring with the whole pool (which the kubelet gives first)."""
-    if not pool or comb(rest.bit_count(), extra) > _EXTENSIONS_TRIED:
-        return _best(selector, compiled, rest, extra)
-    members = bits(pool)
-    best = max(islice(combinations(bits(rest), extra), _EXTENSIONS_TRIED),
-               key=lambda added: ring_gbps(compiled, members + list(added)) or 0.0)
-    return mask_of(best)

@@ -30,15 +30,14 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
-from itertools import combinations, islice
-from math import comb
+from itertools import islice
 from typing import Any
 
 from topology.annotations import AnnotationKeys
 from topology.assignment import GPU_ID_MAX, AssignmentError, decode_containers
-from topology.compiled import CompiledTopology, compile_topology
+from topology.compiled import CompiledTopology, bits, compile_topology
 from topology.model import Topology
-from topology.select import Choice, Request, Selector, mask_of, ring_gbps
+from topology.select import Selector, extend_best, mask_of
 from topology.split import ContainerNeed, container_needs, device_count
 from topology.agent.devices import GpuIds
 
@@ -46,7 +45,6 @@ log = logging.getLogger(__name__)
 
 MAX_IDS = 256  # ids read from one container request; a node has far fewer GPUs
 MAX_DELIVERED_PODS = 1024  # pods whose Allocate answers are remembered
-_EXTENSIONS_TRIED = 2048  # sets compared when the answer must contain given GPUs
 
 # (namespace, pod name) -> container name -> the device ids of our resource that pod-resources List shows
 Listed = Mapping[tuple[str, str], Mapping[str, tuple[str, ...]]]
@@ -367,26 +365,9 @@ def best_set(board: Board, available: Sequence[str], must: Sequence[str], size: 
     if len(free) < extra:  # all the free ones, then as few reserved ones as can be
         must, extra = must + free, extra - len(free)
         free = [gpu for gpu in known if gpu in reserved]
-    return board.ordered(must + _extend(board, [board.index[g] for g in must if g in board.index],
-                                        [board.index[g] for g in free], extra))
-
-
-def _extend(board: Board, must: list[int], pool: list[int], extra: int) -> list[str]:
-    """The `extra` GPUs of `pool` that make the best ring, and then the most pair bandwidth, with `must`."""
-    pool = sorted(pool)
-    if not must or comb(len(pool), extra) > _EXTENSIONS_TRIED:
-        choice = board.selector.select(board.compiled, mask_of(pool), Request(extra))
-        chosen = list(choice.gpus) if isinstance(choice, Choice) else pool[:extra]
-        return [board.ids[i] for i in chosen]
-    mbps = board.compiled.mbps
-
-    def score(added: tuple[int, ...]) -> tuple[float, int]:
-        members = must + list(added)
-        return (ring_gbps(board.compiled, members) or 0.0,
-                sum(mbps[i][j] for i in members for j in members if i < j))
-
-    best = max(islice(combinations(pool, extra), _EXTENSIONS_TRIED), key=score)
-    return [board.ids[i] for i in best]
+    added = extend_best(board.selector, board.compiled, mask_of(board.index[g] for g in must if g in board.index),
+                        mask_of(board.index[g] for g in free), extra)
+    return board.ordered(must + [board.ids[i] for i in bits(added)])
 
 
 def remember(delivered: Delivered, decision: Decision,
