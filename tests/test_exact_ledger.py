@@ -142,9 +142,10 @@ def test_a_lost_binding_answer_keeps_the_gpus_until_the_watch_tells(extender, tr
     second = _watched(service, server.add_pod(make_pod(f"second-{trial}", gpus=8)))
     server.watch_delay = 0.2  # the Binding commits, its answer is lost, and the watch lags behind
     server.lose("POST", f"/api/v1/namespaces/default/pods/first-{trial}/binding")
-    assert "outcome is unknown" in _bind(service, first, "gpu-1")
+    lost = _bind(service, first, "gpu-1")
     assert server.pod("default", f"first-{trial}")["spec"]["nodeName"] == "gpu-1", "the API server committed it"
-    assert _bind(service, second, "gpu-1").startswith("node gpu-1: needs 8 GPUs, 0 free")
+    assert _bind(service, second, "gpu-1").startswith("node gpu-1: needs 8 GPUs, 0 free"), "never the same GPUs"
+    assert "outcome is unknown" in lost
     wait_until(lambda: service.state.ledger.get(first["metadata"]["uid"]).phase is Phase.BOUND,
                what="the watch to show the Binding")
     assert [b["metadata"]["name"] for b in server.bindings] == [f"first-{trial}"]
