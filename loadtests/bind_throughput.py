@@ -537,6 +537,25 @@ def summary(all_rows: list[Row], delays: Sequence[float]) -> list[str]:
     return lines
 
 
+def growth(all_rows: list[Row], delays: Sequence[float]) -> list[str]:
+    by = {(r.delay, r.node, r.config): r for r in all_rows}
+    ordered = sorted(delays)
+    lines = []
+    for node in BATCH:
+        costs = {}
+        for delay in ordered:
+            ours, poll = by.get((delay, node, "ours")), by.get((delay, node, "lock+poll"))
+            if ours and poll:
+                costs[delay] = statistics.median(poll.makespans) - statistics.median(ours.makespans)
+        if len(costs) < 2:
+            continue
+        n = BATCH[node][0]
+        first, last = min(costs), max(costs)
+        lines.append(f"- {BOARD[node]} (n = {n}): " + ", ".join(f"{costs[d]:+.2f} s at {_delay(d)}" for d in costs)
+                     + f"; measured change {costs[last] - costs[first]:+.2f} s, model {(n - 1) * (last - first):+.2f} s.")
+    return lines
+
+
 def section(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float, results: list[BatchResult],
             all_rows: list[Row], bench_rewatches: int) -> str:
     rounds = max(b.round for b in results) + 1
@@ -594,7 +613,10 @@ def section(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float
         "the previous one's whole path, bind to Allocate: n x (d + a + the lock's calls) even with the ideal "
         "retry. The lock's cost is therefore about (n - 1) x d plus its calls, growing with the time from bind to "
         "Allocate and with the pods racing to a node (the ratio tends to n as d grows); with kube-scheduler's "
-        "backoff the retry waves, not the node, set the pace.",
+        "backoff the retry waves, not the node, set the pace. Measured, lock+poll's extra time per batch over "
+        "ours (medians), against that model's growth (n - 1) x (change in d):",
+        "",
+        *growth(all_rows, args.delays),
         "",
         "### Per node and configuration",
         "",
