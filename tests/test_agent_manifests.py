@@ -8,7 +8,16 @@ that confines it to its own Node's annotations.
   the labels involved: each GPU node runs exactly one agent, and the deliver agent never runs where the GPU
   operator's device plugin does (its DaemonSet's own nodeSelector, quoted below).
 - The DaemonSets, the namespace and the RBAC are read field by field against what each mode needs and no more; the
-  deliver agent's init container is run for real against a live and a stale Unix socket.
+  deliver agent's init container that waits for NVIDIA's plugin is run for real against a live and a stale Unix
+  socket.
+- The deliver agent's other init container, which writes the CDI spec the agent's CDI device names need (NVIDIA's
+  plugin writes it at its start; with that plugin off the node nothing else does, and /var/run/cdi is a tmpfs): its
+  mounts, privileges and values are read against the agent's (the kind, DEFAULT_CDI_KIND of
+  topology/agent/allocate.py; the directory the agent checks; device names = the agent's device ids, the UUIDs), and
+  its script is run for real with a stand-in for nvidia-ctk that accepts only the flags of the real command
+  (NVIDIA/nvidia-container-toolkit cmd/nvidia-ctk/cdi/generate/generate.go and cdi/transform/root/root.go, v1.18.0,
+  the oldest image the manifest allows) and performs the root transform as the real one does
+  (pkg/nvcdi/transform/root). No GPU, driver or NVIDIA image is involved.
 - The policy's CEL is not re-implemented here: every expression is taken from agent-policy.yaml as it is, compiled
   with cel-python (a CEL implementation from PyPI) and evaluated against realistic AdmissionRequests and Nodes, in
   the order the API server applies a ValidatingAdmissionPolicy (manifest_checks.AdmissionPolicy). The expressions
@@ -20,7 +29,10 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import os
+import posixpath
+import re
 import socket
 import subprocess
 import sys
@@ -35,6 +47,9 @@ import kubernetes_validate
 import pytest
 from celpy import celtypes
 from kube_api_server import merge_patch  # RFC 7386, as the API server applies the agent's PATCH
+from topology.agent.allocate import DEFAULT_CDI_KIND, Delivery
+from topology.agent.deviceplugin import CDI_SPEC_DIRS as AGENTS_CDI_SPEC_DIRS
+
 from manifest_checks import (
     CONFIG,
     KUBERNETES_VERSION,
@@ -92,7 +107,9 @@ FLAGS = flag_values(MAIN["args"])
 DELIVER_POD = DELIVER["spec"]["template"]["spec"]
 DELIVER_MAIN = container(DELIVER)
 DELIVER_FLAGS = flag_values(DELIVER_MAIN["args"])
-(WAIT,) = DELIVER_POD["initContainers"]
+INIT_CONTAINERS = {each["name"]: each for each in DELIVER_POD["initContainers"]}
+WAIT = INIT_CONTAINERS["wait-for-nvidia-plugin-to-stop"]
+GENERATE = INIT_CONTAINERS["generate-cdi-spec"]
 SERVICE_ACCOUNT = obj("ServiceAccount", NAME, NAMESPACE)
 DELIVER_SERVICE_ACCOUNT = obj("ServiceAccount", DELIVER_NAME, NAMESPACE)
 POLICY = obj("ValidatingAdmissionPolicy", POLICY_NAME)
@@ -164,8 +181,11 @@ def test_kustomization_installs_both_agents_with_the_extenders_image() -> None:
     (image,) = kustomization["images"]
     for daemonset in AGENTS.values():
         for each in all_containers(daemonset):
+            if each is GENERATE:
+                continue  # NVIDIA's container toolkit image (below), which `images:` leaves alone
             assert each["image"] == container(EXTENDER)["image"], each["name"]
             assert each["image"].split(":")[0] == image["name"]  # so `images:` rewrites the agents' images too
+    assert GENERATE["image"].split(":")[0] != image["name"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -315,6 +335,342 @@ def test_the_init_container_waits_only_while_a_plugin_listens() -> None:
         for leftover in Path(directory).iterdir():
             leftover.unlink()
         os.rmdir(directory)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The CDI spec: the init container generate-cdi-spec (deliver agent only)
+# ---------------------------------------------------------------------------------------------------------------
+
+CDI_VENDOR, CDI_CLASS = DEFAULT_CDI_KIND.split("/")
+# NVIDIA's container toolkit image, as the GPU operator deploys it (ClusterPolicy spec.toolkit: repository
+# nvcr.io/nvidia/k8s, image container-toolkit, version v1.20.0 in deployments/gpu-operator/values.yaml at v26.7.0).
+# From v1.18.0 on it has /bin/sh and nvidia-ctk at /artifacts/deb/usr/bin/nvidia-ctk (deployments/container/Dockerfile:
+# the installer's extracted deb packages; packaging/debian/nvidia-container-toolkit-base.install puts nvidia-ctk in
+# /usr/bin).
+TOOLKIT_IMAGE = re.compile(r"nvcr\.io/nvidia/k8s/container-toolkit:v(\d+)\.(\d+)\.(\d+)")
+OLDEST_TOOLKIT = (1, 18, 0)
+NVIDIA_CTK = "/artifacts/deb/usr/bin/nvidia-ctk"
+# The GPU operator's driver roots (cmd/nvidia-validator/driver.go getDriverInfo; controllers/object_controls.go
+# DefaultDriverInstallDir) and where its toolkit installs nvidia-cdi-hook (transformDevicePluginCtrForCDI:
+# <toolkit.installDir>/toolkit/nvidia-cdi-hook, installDir defaulting to /usr/local/nvidia).
+OPERATOR_DRIVER_ROOTS = ("/run/nvidia/driver", "/")
+OPERATOR_CDI_HOOK = "/usr/local/nvidia/toolkit/nvidia-cdi-hook"
+SERVICE_ACCOUNT_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # DefaultAPITokenMountPath
+# The flags of `nvidia-ctk cdi generate` and `nvidia-ctk cdi transform root` in the oldest image allowed (v1.18.0:
+# cmd/nvidia-ctk/cdi/generate/generate.go and cmd/nvidia-ctk/cdi/transform/root/root.go; v1.20.0 only adds more).
+GENERATE_FLAGS = {
+    "config-search-path", "output", "format", "mode", "discovery-mode", "dev-root", "device-name-strategy",
+    "driver-root", "library-search-path", "nvidia-cdi-hook-path", "nvidia-ctk-path", "ldconfig-path", "vendor",
+    "cdi-vendor", "class", "cdi-class", "csv.file", "csv.ignore-pattern", "disable-hook", "disable-hooks",
+    "enable-hook", "enable-hooks", "feature-flag", "feature-flags",
+}
+TRANSFORM_ROOT_FLAGS = {"from", "input", "output", "relative-to", "to"}
+
+
+def generate_env() -> dict[str, str]:
+    return {item["name"]: item["value"] for item in GENERATE["env"]}
+
+
+def volume(daemonset: Doc, name: str) -> Doc:
+    (found,) = [each for each in daemonset["spec"]["template"]["spec"]["volumes"] if each["name"] == name]
+    return found
+
+
+def mount_paths(each: Doc) -> dict[str, Doc]:
+    return {mount["name"]: mount for mount in each.get("volumeMounts", [])}
+
+
+SETTING = re.compile(r"([a-z_]+)=(/\S*)$")
+
+
+def script_settings(script: str) -> dict[str, str]:
+    """The `name=/path` lines that open the script: its paths in the container."""
+    settings = {}
+    for line in script.splitlines()[1:]:
+        found = SETTING.fullmatch(line)
+        if not found:
+            break
+        settings[found[1]] = found[2]
+    return settings
+
+
+def test_only_the_deliver_agent_writes_the_cdi_spec_after_nvidias_plugin_has_stopped() -> None:
+    assert "initContainers" not in POD  # the report agent hands out nothing: NVIDIA's plugin writes its own spec
+    # After the wait: NVIDIA's plugin writes the same file at its start, and must not be starting any more.
+    assert [each["name"] for each in DELIVER_POD["initContainers"]] == [WAIT["name"], GENERATE["name"]]
+    for each in all_containers(REPORT):
+        assert not TOOLKIT_IMAGE.match(each["image"]), each["name"]
+    (toolkit,) = [each for each in all_containers(DELIVER) if TOOLKIT_IMAGE.match(each["image"])]
+    assert toolkit is GENERATE
+
+
+def test_the_cdi_spec_is_written_where_the_agent_checks_for_its_kind() -> None:
+    settings = script_settings(GENERATE["command"][2])
+    spec = PurePosixPath(settings["spec"])
+    # The directory: read-write here, read-only in the agent, the same host directory, one the agent checks at start
+    # (topology/agent/deviceplugin.py) and the container runtime reads (CDI's default directories).
+    mounts = mount_paths(GENERATE)
+    assert str(spec.parent) == mounts["cdi-run"]["mountPath"] == "/var/run/cdi"
+    assert not mounts["cdi-run"].get("readOnly", False)
+    assert volume(DELIVER, "cdi-run")["hostPath"]["path"] == str(spec.parent)
+    assert mount_paths(DELIVER_MAIN)["cdi-run"]["mountPath"] == str(spec.parent)
+    assert str(spec.parent) in AGENTS_CDI_SPEC_DIRS and str(spec.parent) in CDI_SPEC_DIRS
+    # The file: NVIDIA's plugin's own name for it, <vendor>-<class>.json (internal/cdi/cdi.go CreateSpecFile:
+    # cdiapi.GenerateNameForSpec), so one replaces the other; two files defining the same devices in one directory
+    # would make the runtime drop those devices.
+    assert spec.name == f"{CDI_VENDOR}-{CDI_CLASS}.json"
+    # The kind it defines is the one the agent hands out: no --cdi-kind, so the agent's default.
+    assert DELIVER_FLAGS.get("--cdi-kind", DEFAULT_CDI_KIND) == DEFAULT_CDI_KIND
+    script = GENERATE["command"][2]
+    assert f"--vendor={CDI_VENDOR} " in script and f"--class={CDI_CLASS} " in script
+
+
+def test_the_cdi_init_container_mounts_the_driver_root_and_dev_read_only_and_writes_only_the_spec() -> None:
+    settings = script_settings(GENERATE["command"][2])
+    env = generate_env()
+    assert host_path_mounts(DELIVER, GENERATE) == {
+        # The driver root, read-only, at a fixed path; NVIDIA_DRIVER_ROOT says where it is on the host.
+        env["NVIDIA_DRIVER_ROOT"]: ("Directory", settings["driver_root"], True),
+        # The host's /dev, read-only, for a driver root without a dev directory of its own.
+        "/dev": ("Directory", settings["host_dev"] + "/dev", True),
+        # Where the spec goes.
+        "/var/run/cdi": ("DirectoryOrCreate", "/var/run/cdi", False),
+    }
+    mounts = mount_paths(GENERATE)
+    assert set(mounts) == {"driver-root", "host-dev", "cdi-run", "cdi-work", "no-api-token"}
+    for name in ("driver-root", "host-dev"):
+        assert mounts[name]["recursiveReadOnly"] == "IfPossible"
+    # The spec before its root transforms: an emptyDir, as the root filesystem is read-only.
+    assert "emptyDir" in volume(DELIVER, "cdi-work") and mounts["cdi-work"]["mountPath"] == settings["work"]
+    # No ServiceAccount token: a mount at its path keeps the API server's ServiceAccount admission from adding one
+    # (plugin/pkg/admission/serviceaccount/admission.go, mountServiceAccountToken).
+    assert mounts["no-api-token"] == {"name": "no-api-token", "mountPath": SERVICE_ACCOUNT_TOKEN_DIR, "readOnly": True}
+    assert "emptyDir" in volume(DELIVER, "no-api-token")
+    # The agent itself mounts neither the driver root nor /dev, and the CDI directory only read-only (above).
+    assert not {"driver-root", "host-dev", "cdi-work", "no-api-token"} & set(mount_paths(DELIVER_MAIN))
+
+
+def test_the_cdi_init_container_runs_the_operators_toolkit_with_the_operators_paths() -> None:
+    image = TOOLKIT_IMAGE.fullmatch(GENERATE["image"])
+    assert image, GENERATE["image"]
+    assert tuple(int(part) for part in image.groups()) >= OLDEST_TOOLKIT
+    assert GENERATE["imagePullPolicy"] == "IfNotPresent"  # the operator's toolkit DaemonSet pulled it already
+    assert GENERATE["command"][:2] == ["/bin/sh", "-c"]
+    assert script_settings(GENERATE["command"][2])["ctk"] == NVIDIA_CTK
+    env = generate_env()
+    assert env["NVIDIA_DRIVER_ROOT"] in OPERATOR_DRIVER_ROOTS
+    assert volume(DELIVER, "driver-root")["hostPath"]["path"] == env["NVIDIA_DRIVER_ROOT"]  # kept in step
+    assert env["NVIDIA_CDI_HOOK_PATH"] == OPERATOR_CDI_HOOK
+    # NVML, to list the GPUs and their UUIDs, through the nvidia runtime class as the agent has it: the runtime adds
+    # the device nodes, so the container need not be privileged (the security test below checks it is not).
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert DELIVER_POD["runtimeClassName"] == "nvidia"
+
+
+# A stand-in for nvidia-ctk: the two commands the script runs, each refusing flags the real one does not define,
+# recorded one JSON line per call. `cdi generate` writes a spec as nvcdi lays it out (host paths under the driver
+# root and the dev root, one device per GPU and name strategy); `cdi transform root` moves host paths from one root
+# to another as pkg/nvcdi/transform/root does relative to the host (host-root.go, root.go transformPath).
+FAKE_NVIDIA_CTK = """#!{python}
+import json, os, posixpath, sys
+
+GENERATE, TRANSFORM = {generate!r}, {transform!r}
+LIBCUDA = "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
+
+
+def flags(args, known):
+    values = {{}}
+    while args:
+        arg = args.pop(0)
+        if not arg.startswith("--"):
+            sys.exit("unexpected argument " + arg)
+        name, _, value = arg[2:].partition("=")
+        if name not in known:
+            sys.exit("flag provided but not defined: -" + name)
+        if not _:
+            value = args.pop(0)
+        values.setdefault(name, []).append(value)
+    return values
+
+
+def moved(path, root, target):
+    root = root if root.endswith("/") else root + "/"
+    if not (path + "/").startswith(root):
+        return path
+    return posixpath.normpath(posixpath.join(target, (path + "/")[len(root):]))
+
+
+def save(spec, path):
+    with open(path, "w") as out:
+        json.dump(spec, out)
+
+
+with open(os.environ["FAKE_CTK_LOG"], "a") as log:
+    log.write(json.dumps(sys.argv[1:]) + "\\n")
+if sys.argv[1:3] == ["cdi", "generate"]:
+    given = flags(sys.argv[3:], GENERATE)
+    one = {{name: values[-1] for name, values in given.items()}}
+    if os.environ.get("FAKE_CTK_FAIL"):
+        sys.exit("failed to generate CDI spec: failed to create device CDI specs: failed to initialize NVML")
+    driver_root = one.get("driver-root", "/")
+    dev_root = one.get("dev-root", driver_root)
+    if not os.path.exists(driver_root + LIBCUDA):
+        sys.exit("failed to locate driver libraries in " + driver_root)
+    uuids = os.environ["FAKE_GPUS"].split(",")
+    strategies = [s for values in given.get("device-name-strategy", ["index,uuid"]) for s in values.split(",")]
+    devices = []
+    for strategy in strategies:
+        for index, uuid in enumerate(uuids):
+            node = "/dev/nvidia%d" % index
+            if not os.path.exists(dev_root + node):
+                sys.exit("device node %s not found under %s" % (node, dev_root))
+            name = {{"uuid": uuid, "index": str(index)}}[strategy]
+            devices.append({{"name": name, "containerEdits": {{"deviceNodes": [
+                {{"path": node, "hostPath": posixpath.normpath(dev_root + node)}}]}}}})
+    hook = one.get("nvidia-cdi-hook-path", "/usr/bin/nvidia-cdi-hook")
+    save({{
+        "cdiVersion": "0.5.0",
+        "kind": one.get("vendor", "nvidia.com") + "/" + one.get("class", "gpu"),
+        "devices": devices,
+        "containerEdits": {{
+            "deviceNodes": [{{"path": "/dev/nvidiactl", "hostPath": posixpath.normpath(dev_root + "/dev/nvidiactl")}}],
+            "mounts": [{{"hostPath": posixpath.normpath(driver_root + LIBCUDA), "containerPath": LIBCUDA,
+                         "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"]}}],
+            "hooks": [{{"hookName": "createContainer", "path": hook,
+                        "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", "/usr/lib/x86_64-linux-gnu"]}}],
+        }},
+    }}, one["output"])
+elif sys.argv[1:4] == ["cdi", "transform", "root"]:
+    one = {{name: values[-1] for name, values in flags(sys.argv[4:], TRANSFORM).items()}}
+    if one.get("relative-to", "host") != "host":
+        sys.exit("only host-relative transforms are faked")
+    with open(one["input"]) as source:
+        spec = json.load(source)
+    root, target = one["from"], one.get("to", "")
+    for edits in [spec["containerEdits"], *(device["containerEdits"] for device in spec["devices"])]:
+        for node in edits.get("deviceNodes", []):
+            node["hostPath"] = moved(node.get("hostPath") or node["path"], root, target)
+        for mount in edits.get("mounts", []):
+            mount["hostPath"] = moved(mount["hostPath"], root, target)
+        for hook in edits.get("hooks", []):
+            if hook["hookName"] != "startContainer":
+                hook["path"] = moved(hook["path"], root, target)
+    save(spec, one["output"])
+else:
+    sys.exit("not faked: " + " ".join(sys.argv[1:]))
+"""
+
+FAKE_GPUS = ("GPU-2f1b6c0e-8f0a-4d7e-9c1a-0b5e6f7a8b9c", "GPU-7a3d9e21-5b4c-4f6a-8e2d-1c0b9a8f7e6d")
+
+
+def run_generate(tmp: Path, *, driver_root: str, own_dev: bool, fail: bool = False) -> tuple[
+        subprocess.CompletedProcess[str], list[list[str]], Path]:
+    """The init container's script with its container paths moved under `tmp`, a fake driver root (with or without
+    a dev directory of its own) and a fake host /dev, and the stand-in for nvidia-ctk."""
+    script = GENERATE["command"][2]
+    settings = script_settings(script)
+    fake = {
+        "ctk": tmp / "nvidia-ctk",
+        "driver_root": tmp / "driver-root",
+        "host_dev": tmp / "host-dev",
+        "spec": tmp / "cdi" / PurePosixPath(settings["spec"]).name,
+        "work": tmp / "work",
+    }
+    assert set(settings) == set(fake)
+    for name, value in settings.items():
+        script = script.replace(f"\n{name}={value}\n", f"\n{name}={fake[name]}\n", 1)
+    fake["ctk"].write_text(FAKE_NVIDIA_CTK.format(python=sys.executable, generate=sorted(GENERATE_FLAGS),
+                                                  transform=sorted(TRANSFORM_ROOT_FLAGS)))
+    fake["ctk"].chmod(0o755)
+    libcuda = fake["driver_root"] / "usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
+    libcuda.parent.mkdir(parents=True)
+    libcuda.touch()
+    dev_dirs = [fake["host_dev"] / "dev", *([fake["driver_root"] / "dev"] if own_dev else [])]
+    for dev in dev_dirs:
+        dev.mkdir(parents=True)
+        for node in ["nvidiactl", *(f"nvidia{index}" for index in range(len(FAKE_GPUS)))]:
+            (dev / node).touch()
+    fake["spec"].parent.mkdir()
+    fake["work"].mkdir()
+    log = tmp / "calls.jsonl"
+    env = {**generate_env(), "NVIDIA_DRIVER_ROOT": driver_root, "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+           "FAKE_CTK_LOG": str(log), "FAKE_GPUS": ",".join(FAKE_GPUS), **({"FAKE_CTK_FAIL": "1"} if fail else {})}
+    result = subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, text=True, timeout=60,
+                            check=False)
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return result, calls, fake["spec"]
+
+
+def call_flags(call: list[str]) -> dict[str, str]:
+    return dict(arg[2:].split("=", 1) for arg in call if arg.startswith("--"))
+
+
+# Where the driver is on the host, and whether its root has a dev directory of its own: NVIDIA's plugin then takes
+# the device nodes from there, else from the host's /dev (cmd/nvidia-device-plugin/root.go getDevRoot); the GPU
+# operator's validator decides the same for NVIDIA_DEV_ROOT (cmd/nvidia-validator/driver.go getDriverInfo).
+DRIVER_LAYOUTS = {
+    "the operator's driver container, its own /dev": ("/run/nvidia/driver", True, "/run/nvidia/driver/dev"),
+    "the operator's driver container, nodes in the host's /dev": ("/run/nvidia/driver", False, "/dev"),
+    "a driver installed on the host (its root / has /dev)": ("/", True, "/dev"),
+}
+
+
+@pytest.mark.parametrize("layout", list(DRIVER_LAYOUTS))
+def test_the_cdi_init_container_writes_the_agents_kind_with_host_paths(layout: str, tmp_path: Path) -> None:
+    driver_root, own_dev, dev_dir = DRIVER_LAYOUTS[layout]
+    result, calls, spec_path = run_generate(tmp_path, driver_root=driver_root, own_dev=own_dev)
+    assert result.returncode == 0, result.stderr
+    assert f"wrote {spec_path}" in result.stdout
+    generate, *transforms = calls
+    assert generate[:2] == ["cdi", "generate"]
+    assert [call[:3] for call in transforms] == [["cdi", "transform", "root"]] * 2
+    flags = call_flags(generate)
+    # The agent's kind, devices named by UUID only (nvidia-ctk's default is index and uuid), the operator's hook.
+    assert f"{flags['vendor']}/{flags['class']}" == DEFAULT_CDI_KIND
+    assert flags["device-name-strategy"] == "uuid"
+    assert flags["nvidia-cdi-hook-path"] == OPERATOR_CDI_HOOK
+    assert {call_flags(call)["relative-to"] for call in transforms} == {"host"}
+
+    spec = json.loads(spec_path.read_text())
+    assert spec["kind"] == DEFAULT_CDI_KIND
+    assert [device["name"] for device in spec["devices"]] == list(FAKE_GPUS)
+    # Every CDI name the agent's Allocate gives for these GPUs (its device ids) is a device of this spec.
+    answer = Delivery().answer(list(FAKE_GPUS), "response")
+    assert answer.cdi_devices == tuple(f"{DEFAULT_CDI_KIND}={uuid}" for uuid in FAKE_GPUS)
+    for qualified in answer.cdi_devices:
+        kind, name = qualified.split("=")
+        assert kind == spec["kind"] and name in {device["name"] for device in spec["devices"]}
+    # Host paths as the runtime on the host sees them: nothing of the container's paths is left.
+    nodes = [node["hostPath"] for edits in [spec["containerEdits"], *(d["containerEdits"] for d in spec["devices"])]
+             for node in edits.get("deviceNodes", [])]
+    assert nodes and all(posixpath.dirname(node) == dev_dir for node in nodes), nodes
+    (mount,) = spec["containerEdits"]["mounts"]
+    assert mount["hostPath"] == posixpath.join(driver_root, mount["containerPath"].lstrip("/"))
+    assert spec["containerEdits"]["hooks"][0]["path"] == OPERATOR_CDI_HOOK
+    assert str(tmp_path) not in spec_path.read_text()
+    assert sorted(path.name for path in spec_path.parent.iterdir()) == [spec_path.name]
+
+
+def test_the_cdi_init_container_fails_visibly_and_writes_nothing_without_a_driver(tmp_path: Path) -> None:
+    result, calls, spec_path = run_generate(tmp_path, driver_root="/run/nvidia/driver", own_dev=True, fail=True)
+    # A failed init container is run again by the kubelet (with backoff); the agent does not start before.
+    assert result.returncode != 0
+    assert len(calls) == 1 and not spec_path.exists()
+    assert "NVIDIA_DRIVER_ROOT=/run/nvidia/driver" in result.stderr and "was not written" in result.stderr
+
+
+def test_the_fake_nvidia_ctk_refuses_flags_the_real_one_does_not_define(tmp_path: Path) -> None:
+    # The stand-in is strict, so the script's flags above are known to the real command.
+    path = tmp_path / "nvidia-ctk"
+    path.write_text(FAKE_NVIDIA_CTK.format(python=sys.executable, generate=sorted(GENERATE_FLAGS),
+                                           transform=sorted(TRANSFORM_ROOT_FLAGS)))
+    path.chmod(0o755)
+    env = {**os.environ, "FAKE_CTK_LOG": str(tmp_path / "log"), "FAKE_GPUS": FAKE_GPUS[0]}
+    for command in (["cdi", "generate", "--cdi-kind=k8s.device-plugin.nvidia.com/gpu"],
+                    ["cdi", "transform", "root", "--driver-root=/"]):
+        result = subprocess.run([str(path), *command], env=env, capture_output=True, text=True, timeout=30,
+                                check=False)
+        assert result.returncode != 0 and "flag provided but not defined" in result.stderr
 
 
 # ---------------------------------------------------------------------------------------------------------------
