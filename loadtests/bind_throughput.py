@@ -217,6 +217,16 @@ class NodeLock:
             self.refusals += 1
 
 
+def listen_overflows() -> int | None:
+    """The kernel's count of connections dropped for a full listen backlog (machine-wide), if readable."""
+    try:
+        lines = [line.split() for line in Path("/proc/net/netstat").read_text().splitlines()
+                 if line.startswith("TcpExt:")]
+        return int(dict(zip(lines[0], lines[1]))["ListenOverflows"])
+    except (OSError, KeyError, IndexError, ValueError):
+        return None
+
+
 def _rfc3339() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -276,6 +286,9 @@ class Bench:
         # Go's net/http, so kube-apiserver, sets TCP_NODELAY on every connection; Python's http.server does not,
         # and then each answer (headers, then body) waits ~40 ms for the client's delayed ACK on loopback.
         kube_api_server._Handler.disable_nagle_algorithm = True
+        # Go listens with the kernel's somaxconn; socketserver's backlog of 5 overflows when a batch's binds open
+        # connections at once, and a dropped SYN is sent again only after 1 s.
+        kube_api_server._Server.request_queue_size = 4096
         self.cluster = DeliveryCluster(short_tmpdir(), NODES, on_admitted=self._on_admitted)
         self.lock = NodeLock(self.cluster.server.url)
         self.cycle = threading.Lock()  # kube-scheduler runs one scheduling cycle at a time
@@ -557,7 +570,7 @@ def growth(all_rows: list[Row], delays: Sequence[float]) -> list[str]:
 
 
 def section(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float, results: list[BatchResult],
-            all_rows: list[Row], bench_rewatches: int) -> str:
+            all_rows: list[Row], bench_rewatches: int, overflows: str) -> str:
     rounds = max(b.round for b in results) + 1
     calls = []
     for config in CONFIGS[1:]:
@@ -642,18 +655,21 @@ def section(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float
         "would cost the baseline more. The backoff is the nominal 1, 2, 4, 8, 10 s; the real kube-scheduler v1.36 "
         "captured in `shared/kube-scheduler/INDEX.md` (scenario 7) retried an erroring pod about 1 s later than "
         "that on every gap after the first, so lock+backoff is, if anything, flattered.",
-        "- Pods refused by the lock fail at about the same moment, so with the backoff they retry in waves, and a "
-        "wave lets about one pod through: the H100's last pod waits for the 7th retry wave (1+2+4+8+10+10+10 s).",
+        "- Pods refused by the lock fail at about the same moment, so with the backoff they retry in waves. A wave "
+        "lets one pod through, or a few when the holder is admitted before the wave's last retry is scheduled "
+        "(the in-process kubelet); cycles per pod in the table count the waves. After k refusals a pod has waited "
+        "1+2+4+... s, capped at 10 s a step: 45 s after seven.",
         "- The in-process API server answers a GET in about 0.5 ms and a PATCH in about 1 ms; a real kube-apiserver "
         "commits each PATCH to etcd, so the lock's two writes per pod would cost more there. The run sets "
         "TCP_NODELAY on the test API server's connections, as Go's net/http does on every connection: without it "
         "Python's http.server makes each answer wait ~40 ms for a delayed ACK, which would have charged the lock's "
-        "extra calls (and our own bind) for an artefact of the test server.",
-        f"- The extender's reflectors logged {bench_rewatches} broken watches during the run (they ask for 30 s "
-        "watches; under load the next watch request sometimes failed with `Remote end closed connection without "
-        "response` and was retried after its ~0.2 s backoff), a pause in the extender's events in whichever "
-        "configuration ran then.",
-    ]
+        "extra calls (and our own bind) for an artefact of the test server. Likewise its listen backlog is raised "
+        "from socketserver's 5 (Go listens with the kernel's somaxconn): a batch's binds open connections at once, "
+        "and an overflowing backlog drops a SYN that is sent again only after 1 s. Connections the kernel dropped "
+        f"for a full listen backlog during the run (machine-wide): {overflows}.",
+    ] + ([f"- The extender's reflectors logged {bench_rewatches} broken watches during the run (a new watch "
+          "request that failed and was retried after the reflector's ~0.2 s backoff), each a pause in the "
+          "extender's events in whichever configuration ran then."] if bench_rewatches else [])
     return "\n".join(lines)
 
 
@@ -687,6 +703,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     began = time.monotonic()
+    before = listen_overflows()
     bench = Bench(args)
     results: list[BatchResult] = []
     try:
@@ -708,10 +725,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         bench.close()
     elapsed = time.monotonic() - began
+    after = listen_overflows()
     print()
     all_rows = report(results, args.delays)
     if args.write:
-        write_section(args.write, section(args, argv, elapsed, results, all_rows, bench.rewatches.count), BEGIN, END)
+        overflows = "unknown" if before is None or after is None else str(after - before)
+        write_section(args.write, section(args, argv, elapsed, results, all_rows, bench.rewatches.count, overflows),
+                      BEGIN, END)
     return 0
 
 
