@@ -583,7 +583,7 @@ def section(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float
     lines = run_header("Bind throughput per node: no lock against a node lock", "bind_throughput.py", argv,
                        elapsed, "; everything in one process (the API server on 127.0.0.1, unix sockets)")
     lines += [
-        f"- Cluster: `tests/delivery_cluster.py`: the in-process API server, the real extender (watches, filter, "
+        "- Cluster: `tests/delivery_cluster.py`: the in-process API server, the real extender (watches, filter, "
         "bind through the `kubernetes` client), and per node the kubelet stand-in, the agent's device plugin "
         "(`--mode deliver`) and reporter on unix sockets, and a pod source that admits the node's bound pods one "
         "at a time. The kubelet delay holds each bound pod back that long before the pod source sees it (the "
