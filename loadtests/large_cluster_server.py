@@ -25,6 +25,7 @@ in the in-process API server, churn counts, garbage-collector pauses) and `POST 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import gc
 import hashlib
@@ -39,7 +40,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +127,7 @@ class LoadCluster(DemoCluster):
 
     DemoCluster finds a pod by scanning every pod, and builds a node's state from every pod; here a pod is
     found by (namespace, name) and a node's state is built from the pods bound to it. Time spent inside the
-    API calls the extender makes (patch and Binding, including the watch events they apply to the extender's
+    API calls the extender makes (the Binding, including the watch events they apply to the extender's
     state synchronously) is added up for the report.
     """
 
@@ -144,14 +145,7 @@ class LoadCluster(DemoCluster):
             self._uid_of[(stored["metadata"]["namespace"], stored["metadata"]["name"])] = stored["metadata"]["uid"]
             return stored
 
-    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
-        started = time.perf_counter()
-        try:
-            super().patch_pod_annotations(namespace, name, annotations)
-        finally:
-            self._count(started)
-
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
         started = time.perf_counter()
         try:
             with self._lock:
@@ -159,7 +153,7 @@ class LoadCluster(DemoCluster):
                 fresh = uid not in members
                 members.add(uid)  # before the bind, which republishes the node's state from its members
                 try:
-                    super().bind(namespace, name, uid, node)
+                    super().bind(namespace, name, uid, node, annotations)
                 except Exception:
                     if fresh:
                         members.discard(uid)
@@ -182,14 +176,23 @@ class LoadCluster(DemoCluster):
 
     def _node(self, name: str) -> dict[str, Any]:
         """DemoCluster's node object, built from the pods on this node only."""
-        with self._lock:
-            everything = self.pods
-            members = self._on_node.get(name, ())
-            self.pods = {uid: everything[uid] for uid in members if uid in everything}
-            try:
-                return super()._node(name)
-            finally:
-                self.pods = everything
+        with self._lock, self._only_on(name):
+            return super()._node(name)
+
+    def _admit(self, node: str, pod: dict[str, Any]) -> None:
+        """DemoCluster's kubelet admission, which reads the pods on this node only."""
+        with self._lock, self._only_on(node):
+            super()._admit(node, pod)
+
+    @contextlib.contextmanager
+    def _only_on(self, node: str) -> Iterator[None]:
+        everything = self.pods
+        members = self._on_node.get(node, ())
+        self.pods = {uid: everything[uid] for uid in members if uid in everything}
+        try:
+            yield
+        finally:
+            self.pods = everything
 
     def _count(self, started: float) -> None:
         self.api_seconds += time.perf_counter() - started

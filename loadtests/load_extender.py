@@ -593,7 +593,7 @@ class Report:
                 if runs:
                     pauses.append(f"gen{generation} {runs} runs, {1000 * (new['seconds'] - old['seconds']):.1f} ms "
                                   f"in all, longest {1000 * new['longest']:.2f} ms (over the process's life)")
-            lines.append(f"- {size:,} names: the in-process API server (patch + Binding, with the watch events "
+            lines.append(f"- {size:,} names: the in-process API server (the Binding and the kubelet's admission, with the watch events "
                          f"they apply to the extender's state) took {api / max(binds, 1):.3f} ms per bind "
                          f"({calls} calls); pods created {after['pending_created'] - before['pending_created']}, "
                          f"ended {after['pods_ended'] - before['pods_ended']}; garbage collector: "
@@ -645,10 +645,11 @@ def header(argv: Sequence[str] | None, args: argparse.Namespace, elapsed: float,
         f"(bounded at {args.point_seconds:g} s). Sustained phase: {args.sustain_seconds:g} s per size. "
         "Percentiles are nearest-rank; the client runs with its garbage collector off in its loops, the servers "
         "with theirs as shipped.",
-        "- In-process API server: the extender's bind patches the pod and posts the Binding to a DemoCluster in "
+        "- In-process API server: the extender's bind posts one Binding (with its annotations) to a DemoCluster in "
         "the same process (with name and node indexes, `LoadCluster`), which also applies the resulting watch "
-        "events to the extender's state before returning; so bind's server time includes work that a real API "
-        "server and the watch thread would do, and excludes the network round trips a real API server costs."])
+        "events to the extender's state and admits the pod through the node agent's attribution before "
+        "returning; so bind's server time includes work that a real API server, the watch thread and the "
+        "kubelet would do, and excludes the network round trips a real API server costs."])
 
 
 if __name__ == "__main__":
