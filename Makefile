@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench bench-bind loadtest clean
+.PHONY: demo test bench bench-bind loadtest soak clean
 
 $(BIN)/activate: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ loadtest: $(BIN)/activate
 
 bench-bind: $(BIN)/activate
 	$(BIN)/python loadtests/bind_throughput.py --write BENCHMARKS.md
+
+soak: $(BIN)/activate
+	$(BIN)/pip install --quiet -e '.[harness]'
+	$(BIN)/python loadtests/soak.py --write BENCHMARKS.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info
