@@ -1124,7 +1124,6 @@ def test_scheduler_rbac_is_the_built_in_scheduler_roles_and_its_own_lease() -> N
 BIND_POLICY = obj("ValidatingAdmissionPolicy", "gpu-topology-bind-annotations")
 BIND_POLICY_BINDING = obj("ValidatingAdmissionPolicyBinding", "gpu-topology-bind-annotations")
 BIND = AdmissionPolicy(BIND_POLICY)
-BIND_EXPRESSIONS = policy_expressions(BIND_POLICY)
 EXTENDER_USER = f"system:serviceaccount:{NAMESPACE}:gpu-topology-extender"
 KEYS = AnnotationKeys(flag_values(container(EXTENDER)["args"][1:])["--annotation-prefix"])
 BIND_KEYS = [KEYS.gpus, KEYS.containers, KEYS.seal, KEYS.ring_bandwidth]
@@ -1297,9 +1296,17 @@ BIND_DENIED: dict[str, tuple[Doc, list[str]]] = {
 }
 
 
-@pytest.mark.parametrize(("where", "expression"), BIND_EXPRESSIONS, ids=[where for where, _ in BIND_EXPRESSIONS])
-def test_bind_policy_expressions_compile_with_cel_python_and_call_only_portable_cel(where: str,
-                                                                                  expression: str) -> None:
+POD_POLICY_EXPRESSIONS = [
+    (f"{policy['metadata']['name']}/{where}", expression)
+    for policy in (BIND_POLICY, obj("ValidatingAdmissionPolicy", "gpu-topology-extender-pod-writes"))
+    for where, expression in policy_expressions(policy)
+]
+
+
+@pytest.mark.parametrize(("where", "expression"), POD_POLICY_EXPRESSIONS,
+                         ids=[where for where, _ in POD_POLICY_EXPRESSIONS])
+def test_pod_policy_expressions_compile_with_cel_python_and_call_only_portable_cel(where: str,
+                                                                                 expression: str) -> None:
     program(expression)
     assert not non_portable_calls(expression)
 
@@ -1383,8 +1390,12 @@ def test_bind_policy_allows_every_other_pod_write(case: str) -> None:
 
 @pytest.mark.parametrize("case", list(BIND_DENIED))
 def test_bind_policy_denies_forging_changing_or_removing_the_bind_annotations(case: str) -> None:
-    request, expected = BIND_DENIED[case]
-    verdict = BIND.admit(request)
+    assert_denied(BIND, *BIND_DENIED[case])
+
+
+def assert_denied(policy: AdmissionPolicy, request: Doc, expected: list[str]) -> None:
+    """The policy denies the request with one message per expected part, none an evaluation error."""
+    verdict = policy.admit(request)
     assert verdict.applies and not verdict.allowed
     assert not [m for m in verdict.messages if m.startswith("evaluation error")], verdict.messages
     assert len(verdict.messages) == len(expected), verdict.messages
@@ -1408,6 +1419,117 @@ def test_bind_policy_is_total_on_sparse_objects(request_: Doc) -> None:
     # nothing to do with GPUs. Sparse objects evaluate cleanly, and are allowed.
     verdict = BIND.admit(request_)
     assert verdict.applies and verdict.allowed, verdict.messages
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the extender's own ServiceAccount may write on pods (extender-policy.yaml), evaluated with cel-python
+# ---------------------------------------------------------------------------------------------------------------
+
+EXTENDER_POLICY = obj("ValidatingAdmissionPolicy", "gpu-topology-extender-pod-writes")
+EXTENDER_POLICY_BINDING = obj("ValidatingAdmissionPolicyBinding", "gpu-topology-extender-pod-writes")
+EXTENDER_WRITES = AdmissionPolicy(EXTENDER_POLICY)
+# What the PodTopologyLabels admission plugin adds to a Binding from the target Node before validation.
+NODE_TOPOLOGY_LABELS = {"topology.kubernetes.io/zone": "eu-west-1a", "topology.kubernetes.io/region": "eu-west-1",
+                        "topology.k8s.io/rack": "r12", "block.topology.k8s.io/nvl": "b3"}
+
+
+def binding_with(annotations: dict[str, str] | None, labels: dict[str, str]) -> Doc:
+    made = binding(annotations)
+    made["metadata"]["labels"] = labels
+    return made
+
+
+EXTENDER_ALLOWED: dict[str, Doc] = {
+    "its Binding with the four bind annotations": pod_request(
+        "CREATE", binding(BOUND), user=EXTENDER_USER, sub_resource="binding"),
+    "its Binding of a 1-GPU pod (no ring bandwidth)": pod_request(
+        "CREATE", binding({k: v for k, v in BOUND.items() if k != KEYS.ring_bandwidth}), user=EXTENDER_USER,
+        sub_resource="binding"),
+    "its Binding without annotations": pod_request("CREATE", binding(None), user=EXTENDER_USER,
+                                                   sub_resource="binding"),
+    "its Binding with the Node's topology labels the API server added": pod_request(
+        "CREATE", binding_with(BOUND, NODE_TOPOLOGY_LABELS), user=EXTENDER_USER, sub_resource="binding"),
+}
+
+EXTENDER_DENIED: dict[str, tuple[Doc, str]] = {
+    "a Binding that sets another annotation": (
+        pod_request("CREATE", binding({**BOUND, "example.com/owner": "mallory"}), user=EXTENDER_USER,
+                    sub_resource="binding"),
+        "may carry only the bind annotations, not example.com/owner"),
+    "a Binding that sets a pod's own request annotation": (
+        pod_request("CREATE", binding({**BOUND, KEYS.interconnect: "any"}), user=EXTENDER_USER,
+                    sub_resource="binding"),
+        f"may carry only the bind annotations, not {KEYS.interconnect}"),
+    "a Binding that labels the pod into another Service": (
+        pod_request("CREATE", binding_with(BOUND, {"app": "payments"}), user=EXTENDER_USER, sub_resource="binding"),
+        "not app"),
+    "a Binding with a label that only looks topological": (
+        pod_request("CREATE", binding_with(BOUND, {"topology.k8s.io.example.com/x": "y"}), user=EXTENDER_USER,
+                    sub_resource="binding"),
+        "not topology.k8s.io.example.com/x"),
+    "a patch of a pod (PATCH reaches admission as UPDATE)": (
+        pod_request("UPDATE", with_annotation(PENDING_POD, KEYS.gpus, "GPU-1"), PENDING_POD, user=EXTENDER_USER),
+        "not by UPDATE on pods"),
+    "a change of a pod's spec": (
+        pod_request("UPDATE", {**PENDING_POD, "spec": {**PENDING_POD["spec"], "priorityClassName": "x"}},
+                    PENDING_POD, user=EXTENDER_USER),
+        "not by UPDATE on pods"),
+    "creating a pod": (pod_request("CREATE", PENDING_POD, user=EXTENDER_USER), "not by CREATE on pods"),
+    "deleting a pod": (pod_request("DELETE", None, BOUND_POD, user=EXTENDER_USER), "not by DELETE on pods"),
+    "a status write": (
+        pod_request("UPDATE", {**BOUND_POD, "status": {"phase": "Failed"}}, BOUND_POD, user=EXTENDER_USER,
+                    sub_resource="status"),
+        "not by UPDATE on pods/status"),
+    "an eviction": (pod_request("CREATE", evict(), user=EXTENDER_USER, sub_resource="eviction"),
+                    "not by CREATE on pods/eviction"),
+    "an ephemeral container": (
+        pod_request("UPDATE", BOUND_POD, BOUND_POD, user=EXTENDER_USER, sub_resource="ephemeralcontainers"),
+        "not by UPDATE on pods/ephemeralcontainers"),
+    "the legacy bindings endpoint": (
+        pod_request("CREATE", binding(BOUND), user=EXTENDER_USER, resource="bindings"),
+        "not by CREATE on bindings"),
+}
+
+
+def test_extender_policy_matches_every_pod_write_and_denies() -> None:
+    spec = EXTENDER_POLICY["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["apiVersions"]) == ([""], ["v1"])
+    assert sorted(rule["operations"]) == ["CREATE", "DELETE", "UPDATE"]
+    assert sorted(rule["resources"]) == ["bindings", "pods", "pods/*"]
+    assert all(validation["reason"] == "Forbidden" for validation in spec["validations"])
+    assert EXTENDER_POLICY_BINDING["spec"] == {"policyName": EXTENDER_POLICY["metadata"]["name"],
+                                               "validationActions": ["Deny"]}
+    # The same keys as the policy that keeps them the extender's, and the extender's own prefix.
+    assert policy_variable(EXTENDER_POLICY, "prefix") == KEYS.prefix + "/"
+    (keys,) = [v["expression"] for v in spec["variables"] if v["name"] == "keys"]
+    (bind_keys,) = [v["expression"] for v in BIND_POLICY["spec"]["variables"] if v["name"] == "keys"]
+    assert keys == bind_keys
+
+
+def test_extender_policy_concerns_only_the_extenders_service_account() -> None:
+    # The user is the ServiceAccount the Deployment runs as.
+    account = EXTENDER["spec"]["template"]["spec"]["serviceAccountName"]
+    assert EXTENDER_USER == f"system:serviceaccount:{EXTENDER['metadata']['namespace']}:{account}"
+    for user in (USER, "system:kube-scheduler", REPLICASET_CONTROLLER, KUBELET, f"{EXTENDER_USER}x",
+                 "system:serviceaccount:other:gpu-topology-extender"):
+        request = pod_request("UPDATE", with_annotation(PENDING_POD, "example.com/x", "y"), PENDING_POD, user=user)
+        assert not EXTENDER_WRITES.admit(request).applies, user
+
+
+@pytest.mark.parametrize("case", list(EXTENDER_ALLOWED))
+def test_extender_policy_allows_the_extenders_binding(case: str) -> None:
+    verdict = EXTENDER_WRITES.admit(EXTENDER_ALLOWED[case])
+    assert verdict.applies and verdict.allowed, verdict.messages
+    # And the bind-annotation policy lets the same Binding through (it exempts exactly this request).
+    assert BIND.admit(EXTENDER_ALLOWED[case]).allowed
+
+
+@pytest.mark.parametrize("case", list(EXTENDER_DENIED))
+def test_extender_policy_denies_every_other_write_of_the_extender(case: str) -> None:
+    request, expected = EXTENDER_DENIED[case]
+    assert_denied(EXTENDER_WRITES, request, [expected])
 
 
 # ---------------------------------------------------------------------------------------------------------------
