@@ -16,8 +16,9 @@ same JSON kube-scheduler would send. The pod is shaped like the pod kube-schedul
 `shared/kube-scheduler/annotated-nvlink--filter.json`.
 
 Added to the product app, under /loadtest/ only, for the generator's report: `GET /loadtest/stats` (time spent
-in the in-process API server, churn counts, garbage-collector pauses) and `POST /loadtest/profile/start|stop`
-(cProfile of the event-loop thread).
+in the in-process API server, churn counts, garbage-collector pauses), `POST /loadtest/profile/start|stop`
+(cProfile of the event-loop thread), and for the soak `POST /loadtest/replace-board` (a node with no pods gets
+a board the extender has not seen).
 
     python loadtests/large_cluster_server.py --nodes 5000 [--fill 0.45] [--window 2000] [--port 0]
 """
@@ -41,6 +42,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +51,11 @@ from fastapi.responses import JSONResponse
 
 from extender.app import create_app
 from extender.cli import freeze_when_synced
-from extender.demo_cluster import DEMO_NODES, DemoCluster
+from extender.demo_cluster import DEMO_NODES, DemoCluster, with_uuids
 from extender.service import ExtenderService
 from extender.state import ClusterState, NodeKey
 from extender.wire import BindingArgs
+from topology.agent.claims import Board
 from topology.annotations import AnnotationKeys
 
 KEYS = AnnotationKeys()
@@ -137,6 +140,7 @@ class LoadCluster(DemoCluster):
         self.api_calls = 0
         self.api_seconds = 0.0
         self.on_bound = lambda uid, name: None
+        self.boards_replaced = 0
         super().__init__(state, nodes)
 
     def add_pod(self, pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -161,6 +165,25 @@ class LoadCluster(DemoCluster):
         finally:
             self._count(started)
         self.on_bound(uid, name)
+
+    def replace_board(self, rng: random.Random) -> str | None:
+        """A node with no pods gets another board (a GPU swap, or a reporter publishing shapes nobody has seen):
+        new GPU ids and its NUMA ids moved on by one, so its topology is one the extender has not compiled yet.
+        Returns the node, or None when every node holds pods."""
+        with self._lock:
+            empty = [name for name in self.topologies if not self._on_node.get(name)]
+            if not empty:
+                return None
+            name = rng.choice(empty)
+            self.boards_replaced += 1
+            gpus = tuple(replace(gpu, numa_node=None if gpu.numa_node is None else (gpu.numa_node + 1) % 64)
+                         for gpu in self.topologies[name].gpus)
+            topology = with_uuids(f"{name}#{self.boards_replaced}", replace(self.topologies[name], gpus=gpus))
+            self.topologies[name] = topology
+            self._boards[name] = Board(topology)
+            self._answered[name] = {}
+            self.report(name)
+            return name
 
     def finish_pod(self, uid: str) -> None:
         with self._lock:
@@ -299,10 +322,16 @@ def serve(service: ExtenderService, cluster: LoadCluster, churn: Churn, facts: d
     async def stats() -> JSONResponse:
         return JSONResponse({"api_calls": cluster.api_calls, "api_seconds": cluster.api_seconds,
                              "pending_created": churn.created, "pods_ended": churn.ended,
-                             "running": len(churn.running),
+                             "running": len(churn.running), "boards_replaced": cluster.boards_replaced,
                              "gc": [{"runs": n, "seconds": total, "longest": longest}
                                     for n, total, longest in pauses.runs],
                              "gc_threshold": gc.get_threshold()})
+
+    replacements = random.Random(facts["nodes"])
+
+    @app.post("/loadtest/replace-board")
+    async def replace_board() -> JSONResponse:
+        return JSONResponse({"node": cluster.replace_board(replacements)})
 
     profiler = cProfile.Profile()
 

@@ -83,9 +83,9 @@ class Cycle:
 
 
 class Client:
-    def __init__(self, port: int, floor_port: int, nodes: int) -> None:
+    def __init__(self, port: int, floor_port: int | None, nodes: int) -> None:
         self.ours = _connect(port)
-        self.floor = _connect(floor_port)
+        self.floor = _connect(floor_port) if floor_port is not None else None
         self.names = node_names(nodes)
         self.next_pod = 0
         self.windows: dict[int, list[tuple[list[str], bytes]]] = {}
@@ -126,6 +126,7 @@ class Client:
         return cycle
 
     def floor_echo(self, cycle: Cycle, samples: Samples) -> None:
+        assert self.floor is not None, "a client with no floor server"
         _post(self.floor, "/filter", cycle.filter_body, samples, "filter", floor=True)
         if cycle.prioritize_body is not None:
             _post(self.floor, "/prioritize", cycle.prioritize_body, samples, "prioritize", floor=True)
