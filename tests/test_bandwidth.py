@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from topology.bandwidth import pair_gbps
+from topology import bounds
+from topology.bandwidth import PCIE_X16_GBPS, pair_gbps, pcie_gbps
+from topology.model import Gpu
 from topology.platforms import PLATFORMS
 
 
@@ -33,3 +35,12 @@ def test_nvlink_always_beats_pcie_on_the_same_board() -> None:
         pcie = [pair_gbps(topology, i, j) for i, j in topology.pairs() if not topology.nvlink_count(i, j)]
         if nvlink and pcie:
             assert min(nvlink) > max(pcie), platform.name
+
+
+def test_every_pcie_link_within_the_bounds_has_a_positive_rate_no_faster_than_x16() -> None:
+    """Generations 1 and 2 are slower than Gen3, not taken for it; widths only ever lower the rate."""
+    for generation in bounds.PCIE_GENERATIONS:
+        for width in bounds.PCIE_WIDTHS:
+            rate = pcie_gbps(Gpu(0, "unknown", pcie_gen=generation, pcie_width=width))
+            assert 0 < rate <= PCIE_X16_GBPS[generation]
+    assert pcie_gbps(Gpu(0, "unknown", pcie_gen=1, pcie_width=16)) < pcie_gbps(Gpu(0, "unknown", pcie_gen=3))

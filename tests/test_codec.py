@@ -16,7 +16,7 @@ from topology.platforms import PLATFORMS
 
 def _with_identities(topology: Topology) -> Topology:
     gpus = tuple(replace(g, uuid=f"GPU-{g.index:08x}-1c2d-3e4f-5a6b-7c8d9e0f1a2b",
-                         pci_bus_id=f"00000000:{0x10 + g.index * 0x10:02X}:00.0") for g in topology.gpus)
+                         pci_bus_id=f"00000000:{0x10 + g.index * 0x08:02X}:00.0") for g in topology.gpus)
     return replace(topology, gpus=gpus)
 
 
@@ -47,7 +47,7 @@ def _document(name: str = "dgx1-v100") -> dict:
     (lambda d: d["pcie"][0].__setitem__(4, "QPI"), r"pcie\[0\]\[4\]: unknown PCIe level 'QPI'"),
     (lambda d: d["pcie"].pop(), "rows for 8 GPUs"),
     (lambda d: d["nvlink"].pop(0), "neither NVLink nor a known PCIe path"),
-    (lambda d: d["nvlink"].__setitem__(0, [0, 1, 2]), "does not match the content"),
+    (lambda d: d["gpus"][0].update(numa=5), "does not match the content"),
     (lambda d: d.update(gpus=[]), "0 GPUs"),
 ])
 def test_bad_topologies_are_refused_with_the_field(mutate, message: str) -> None:
@@ -76,8 +76,8 @@ def test_state_round_trip_and_refusals() -> None:
     for bad, message in [
         ('{"v":1,"used":[],"unhealthy":[],"observed":"yesterday","generation":1}', "not an RFC 3339 time"),
         ('{"v":1,"used":[],"unhealthy":[],"observed":"2026-11-21T19:00:00","generation":1}', "no time zone"),
-        ('{"v":1,"used":[1],"unhealthy":[],"observed":"2026-11-21T19:00:00Z","generation":1}', "non-empty string"),
-        ('{"v":1,"used":[],"unhealthy":[],"observed":"2026-11-21T19:00:00Z","generation":-1}', ">= 0"),
+        ('{"v":1,"used":[1],"unhealthy":[],"observed":"2026-11-21T19:00:00Z","generation":1}', "is not a GPU id"),
+        ('{"v":1,"used":[],"unhealthy":[],"observed":"2026-11-21T19:00:00Z","generation":-1}', "expected 0 to"),
         ('{"v":1,"used":[],"unhealthy":[],"observed":"2026-11-21T19:00:00Z"}', "missing generation"),
         ('{"v":1,"used":[],"unhealthy":[],"pods":{},"observed":"2026-11-21T19:00:00Z","generation":1}',
          "unknown field pods"),

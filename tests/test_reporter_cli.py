@@ -271,8 +271,8 @@ def test_a_topology_over_its_budget_is_refused():
     from topology.levels import Level
     from topology.model import Gpu, Topology
     from topology.agent.loop import PrintingNode, Reporter
-    n = 48
-    gpus = tuple(Gpu(i, "M" * 250, uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000") for i in range(n))
+    n = 64
+    gpus = tuple(Gpu(i, "M" * 96, uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000") for i in range(n))
     pcie = tuple(tuple(None if i == j else Level.SYS for j in range(n)) for i in range(n))
     big = Topology(gpus, (), False, pcie)
     with pytest.raises(CodecError, match=f"over its {TOPOLOGY_MAX_BYTES}-byte budget"):

@@ -19,7 +19,7 @@ NVLINK_GBPS_PER_LINK: dict[NvLinkGen, float] = {
     NvLinkGen.BRIDGE_GA102: 14.0,
 }
 
-PCIE_X16_GBPS: dict[int, float] = {3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0}
+PCIE_X16_GBPS: dict[int, float] = {1: 4.0, 2: 8.0, 3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0}
 
 PCIE_PATH_FACTOR: dict[Level, float] = {
     Level.PIX: 1.0,
@@ -41,7 +41,7 @@ def nvlink_gbps_per_link(gpu: Gpu) -> float:
 
 
 def pcie_gbps(gpu: Gpu) -> float:
-    generation = gpu.pcie_gen if gpu.pcie_gen in PCIE_X16_GBPS else DEFAULT_PCIE_GEN
+    generation = gpu.pcie_gen or DEFAULT_PCIE_GEN
     width = gpu.pcie_width or DEFAULT_PCIE_WIDTH
     return PCIE_X16_GBPS[generation] * min(width, 16) / 16
 

@@ -7,23 +7,21 @@ a `CodecError` that says which field is wrong; it never yields a half-read topol
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 import orjson
 
+from topology import bounds
+from topology.bounds import MAX_GPUS, STATE_MAX_BYTES, TOPOLOGY_MAX_BYTES
 from topology.catalog import NvLinkGen
 from topology.levels import PCIE_CODES, Level
 from topology.model import Gpu, NvLinkPair, Topology, TopologyError
 
 VERSION = 1  # of the topology annotation
 STATE_VERSION = 2  # v2 adds `pods`; v1 (without it) is still read
-TOPOLOGY_MAX_BYTES = 16 * 1024
-STATE_MAX_BYTES = 32 * 1024  # 64 GPUs held by 64 pods with the longest names fit
-MAX_GPUS = 64
-POD_KEY_MAX = 317  # namespace (63) / name (253)
 
 _TOPOLOGY_KEYS = frozenset({"v", "fp", "nvswitch", "gpus", "nvlink", "pcie"})
 _GPU_KEYS = frozenset({"i", "uuid", "bus", "numa", "model", "mem", "nvl", "pcie"})
@@ -33,6 +31,10 @@ _STATE_KEYS = {1: frozenset({"v", "used", "unhealthy", "observed", "generation"}
 
 class CodecError(ValueError):
     """An annotation that cannot be trusted, with the reason."""
+
+
+class StateAheadError(CodecError):
+    """A state observed later than the reader's clock allows: it would never go stale."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +124,8 @@ def encode_state(state: NodeState) -> str:
 def decode_state(text: str | bytes) -> NodeState:
     document = _load(text, STATE_MAX_BYTES, "state")
     version = document.get("v")
-    if version not in _STATE_KEYS or isinstance(version, bool):
+    # `type is int`: JSON true and 1.0 compare equal to 1 in Python.
+    if type(version) is not int or version not in _STATE_KEYS:
         raise CodecError(f"state: version {version!r} is not supported (this build reads 1 and {STATE_VERSION})")
     _exact_keys(document, _STATE_KEYS[version], "state")
     used = _uuids(document["used"], "state.used")
@@ -138,20 +141,32 @@ def decode_state(text: str | bytes) -> NodeState:
     if observed.tzinfo is None:
         raise CodecError(f"state.observed: {observed_text!r} has no time zone")
     generation = _int(document["generation"], "state.generation")
-    if generation < 0:
-        raise CodecError("state.generation: must be >= 0")
+    if not 0 <= generation <= bounds.MAX_GENERATION:
+        raise CodecError(f"state.generation: expected 0 to {bounds.MAX_GENERATION}")
     return NodeState(used, unhealthy, observed, generation, pods)
+
+
+def check_state(state: NodeState, gpu_ids: Collection[str], now: float) -> None:
+    """The state against the node it describes and the reader's clock: it may name only the topology's GPUs,
+    and may not be observed further ahead than clocks drift, or the node would never go stale."""
+    unknown = (state.used | state.unhealthy) - frozenset(gpu_ids)
+    if unknown:
+        raise CodecError(f"state: names GPU {min(unknown)!r}, which the node's topology does not have")
+    ahead = state.observed.timestamp() - now
+    if ahead > bounds.MAX_OBSERVED_AHEAD_SECONDS:
+        raise StateAheadError(f"state.observed: {ahead:.0f} s ahead of this clock; at most "
+                              f"{bounds.MAX_OBSERVED_AHEAD_SECONDS:.0f} s is allowed")
 
 
 def _pods(value: Any, used: frozenset[str]) -> dict[str, frozenset[str]]:
     if not isinstance(value, dict):
         raise CodecError("state.pods: expected an object from namespace/name to GPU ids")
-    if len(value) > 4 * MAX_GPUS:
+    if len(value) > bounds.MAX_STATE_PODS:
         raise CodecError(f"state.pods: {len(value)} pods is more than any node's GPUs can hold")
     pods = {}
     for key, gpus in value.items():
         namespace, slash, name = key.partition("/")
-        if not slash or not namespace or not name or len(key) > POD_KEY_MAX:
+        if not slash or not namespace or not name or len(key) > bounds.MAX_POD_KEY_LENGTH:
             raise CodecError(f"state.pods: {key[:80]!r} is not a namespace/name")
         held = _uuids(gpus, f"state.pods[{key}]")
         if not held <= used:
@@ -182,7 +197,8 @@ def _exact_keys(document: Mapping[str, Any], expected: frozenset[str], where: st
 
 
 def _version(document: Mapping[str, Any], where: str) -> None:
-    if document["v"] != VERSION:
+    # `type is int`: JSON true and 1.0 compare equal to 1 in Python.
+    if type(document["v"]) is not int or document["v"] != VERSION:
         raise CodecError(f"{where}: version {document['v']!r} is not supported (this build reads {VERSION})")
 
 
@@ -238,8 +254,9 @@ def _optional_int(value: Any, where: str) -> int | None:
 
 
 def _text(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value or len(value) > 256:
-        raise CodecError(f"{where}: expected a non-empty string of at most 256 characters")
+    """A string; what it may hold is the model's to check (topology/bounds.py)."""
+    if not isinstance(value, str):
+        raise CodecError(f"{where}: expected a string")
     return value
 
 
@@ -249,6 +266,13 @@ def _optional_text(value: Any, where: str) -> str | None:
 
 def _uuids(value: Any, where: str) -> frozenset[str]:
     items = _list(value, where)
-    if len(items) > 4 * MAX_GPUS:
-        raise CodecError(f"{where}: {len(items)} entries is more than any node has GPUs")
-    return frozenset(_text(item, where) for item in items)
+    if len(items) > MAX_GPUS:
+        raise CodecError(f"{where}: {len(items)} entries is more than any node has GPUs ({MAX_GPUS})")
+    for item in items:
+        if not isinstance(item, str) or not bounds.valid_id(item):
+            raise CodecError(f"{where}: {str(item)[:80]!r} is not a GPU id (1 to {bounds.MAX_ID_LENGTH} printable "
+                             "characters without spaces or commas)")
+    ids = frozenset(items)
+    if len(ids) != len(items):
+        raise CodecError(f"{where}: lists a GPU twice")
+    return ids

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from topology import bounds
 from topology.catalog import NvLinkGen
 from topology.levels import PCIE_LEVELS, Level
 
@@ -51,21 +52,38 @@ class Topology:
 
     def __post_init__(self) -> None:
         n = len(self.gpus)
-        if n == 0:
-            raise TopologyError("a topology needs at least one GPU")
+        if not 1 <= n <= bounds.MAX_GPUS:
+            raise TopologyError(f"{n} GPUs; a node has 1 to {bounds.MAX_GPUS}")
         for position, gpu in enumerate(self.gpus):
             if gpu.index != position:
                 raise TopologyError(f"GPU at position {position} has index {gpu.index}; indices must be 0..{n - 1}")
+            _check_gpu(gpu)
+        for what, values in (("UUID", [gpu.uuid for gpu in self.gpus]),
+                             ("bus id", [gpu.pci_bus_id for gpu in self.gpus])):
+            known = [value for value in values if value is not None]
+            if len(set(known)) != len(known):
+                twice = next(value for value in known if known.count(value) > 1)
+                raise TopologyError(f"{what} {twice!r} belongs to two GPUs")
         links: dict[tuple[int, int], int] = {}
+        per_gpu = [0] * n
         for pair in self.nvlinks:
             if not (0 <= pair.a < pair.b < n):
                 raise TopologyError(f"NVLink pair ({pair.a}, {pair.b}) is not a pair of distinct GPUs 0..{n - 1} "
                                     "with a < b")
-            if pair.links <= 0:
-                raise TopologyError(f"NVLink pair ({pair.a}, {pair.b}) has {pair.links} links")
+            budget = min(bounds.max_nvlinks(self.gpus[pair.a].model), bounds.max_nvlinks(self.gpus[pair.b].model))
+            if not 1 <= pair.links <= budget:
+                raise TopologyError(f"NVLink pair ({pair.a}, {pair.b}) has {pair.links} links; these GPUs have "
+                                    f"1 to {budget}")
             if (pair.a, pair.b) in links:
                 raise TopologyError(f"NVLink pair ({pair.a}, {pair.b}) is listed twice")
             links[(pair.a, pair.b)] = pair.links
+            per_gpu[pair.a] += pair.links
+            per_gpu[pair.b] += pair.links
+        if not self.nvswitch:
+            for gpu, count in zip(self.gpus, per_gpu):
+                if count > bounds.max_nvlinks(gpu.model):
+                    raise TopologyError(f"GPU{gpu.index} has {count} NVLinks to its peers, more than the "
+                                        f"{bounds.max_nvlinks(gpu.model)} it has, and there is no NVSwitch")
         if len(self.pcie) != n or any(len(row) != n for row in self.pcie):
             raise TopologyError(f"the PCIe matrix must be {n}x{n}")
         for i in range(n):
@@ -117,3 +135,25 @@ class Topology:
             count = self.nvlink_count(i, j)
             parts.append(f"{i}-{j}:NV{count}" if count else f"{i}-{j}:{self.level(i, j).name}")
         return hashlib.sha256(";".join(parts).encode()).hexdigest()[:16]
+
+
+def _check_gpu(gpu: Gpu) -> None:
+    """Each fact within what real hardware reports (topology/bounds.py), so that nothing downstream overflows."""
+    where = f"GPU{gpu.index}"
+    if not bounds.MODEL_PATTERN.fullmatch(gpu.model):
+        raise TopologyError(f"{where} model: expected 1 to {bounds.MAX_MODEL_LENGTH} printable characters")
+    if gpu.uuid is not None and not bounds.valid_id(gpu.uuid):
+        raise TopologyError(f"{where} uuid {gpu.uuid[:80]!r}: expected 1 to {bounds.MAX_ID_LENGTH} printable "
+                            "characters without spaces or commas")
+    if gpu.pci_bus_id is not None and not bounds.BUS_ID_PATTERN.fullmatch(gpu.pci_bus_id):
+        raise TopologyError(f"{where} bus id {gpu.pci_bus_id[:80]!r}: expected domain:bus:device.function")
+    if gpu.numa_node is not None and not 0 <= gpu.numa_node <= bounds.MAX_NUMA_NODE:
+        raise TopologyError(f"{where} NUMA node {gpu.numa_node}: Linux numbers them 0 to {bounds.MAX_NUMA_NODE}")
+    if gpu.memory_mib is not None and not 1 <= gpu.memory_mib <= bounds.MAX_MEMORY_MIB:
+        raise TopologyError(f"{where} memory {gpu.memory_mib} MiB: expected 1 to {bounds.MAX_MEMORY_MIB}")
+    if gpu.pcie_gen is not None and gpu.pcie_gen not in bounds.PCIE_GENERATIONS:
+        raise TopologyError(f"{where} PCIe generation {gpu.pcie_gen}: expected {bounds.PCIE_GENERATIONS.start} to "
+                            f"{bounds.PCIE_GENERATIONS.stop - 1}")
+    if gpu.pcie_width is not None and gpu.pcie_width not in bounds.PCIE_WIDTHS:
+        raise TopologyError(f"{where} PCIe width x{gpu.pcie_width}: expected one of "
+                            f"{', '.join(f'x{w}' for w in sorted(bounds.PCIE_WIDTHS))}")

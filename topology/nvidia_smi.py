@@ -3,7 +3,8 @@
 Real captures vary by driver: tabs or runs of spaces, a header with or without leading whitespace, NIC rows
 named NICn or mlx5_*, legends (full, one-line or missing), and CPU/NUMA affinity columns that some drivers
 omit. The parser accepts all of those. It refuses, naming the row and column, anything it would otherwise
-have to guess: a missing row, an asymmetric pair, an unknown code, an unreadable affinity.
+have to guess: a missing row, a row the header lacks, an asymmetric pair, an unknown code, NVLink to a NIC, an
+unreadable affinity, and anything beyond what real hardware has (topology/bounds.py).
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from topology import catalog
+from topology import bounds, catalog
 from topology.levels import PCIE_CODES, Level
 from topology.model import Gpu, NvLinkPair, Topology, TopologyError
 
 _AFFINITY_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 _GPU_LABEL = re.compile(r"GPU(\d+)$")
-_NVLINK_CODE = re.compile(r"NV(\d+)$")
-_CPU_RANGE = re.compile(r"(\d+)(?:-(\d+))?$")
+# Digit counts cap what int() is asked to read; anything longer is no code nvidia-smi prints.
+_NVLINK_CODE = re.compile(r"NV([0-9]{1,6})$")
+_CPU_RANGE = re.compile(r"([0-9]{1,9})(?:-([0-9]{1,9}))?$")
 
 
 class TopoParseError(ValueError):
@@ -67,6 +69,10 @@ def _split_header(header: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     columns = tuple(header[:cut].split())
     if len(set(columns)) != len(columns):
         raise TopoParseError("header: a column label appears twice")
+    gpus = sum(1 for label in columns if _GPU_LABEL.match(label))
+    if gpus > bounds.MAX_GPUS or len(columns) - gpus > bounds.MAX_NICS:
+        raise TopoParseError(f"header: {gpus} GPU and {len(columns) - gpus} other columns; a node has at most "
+                             f"{bounds.MAX_GPUS} GPUs and {bounds.MAX_NICS} NICs")
     affinity: list[str] = []
     tail = header[cut:]
     while tail:
@@ -84,6 +90,8 @@ def _read_rows(lines: Sequence[str], columns: tuple[str, ...], affinity_columns:
     for line in lines:
         tokens = line.split()
         if not tokens or tokens[0] not in known:
+            if tokens and _GPU_LABEL.match(tokens[0]):
+                raise TopoParseError(f"row {tokens[0]}: the header has no column {tokens[0]}")
             break
         label, values = tokens[0], tokens[1:]
         if len(values) < len(columns):
@@ -133,6 +141,9 @@ def _check_symmetric(rows: Sequence[_Row], columns: tuple[str, ...]) -> None:
                 raise TopoParseError(f"row {label}, column {other}: X off the diagonal")
             if value not in PCIE_CODES and not _NVLINK_CODE.match(value):
                 raise TopoParseError(f"row {label}, column {other}: unknown code {value!r}")
+            if _NVLINK_CODE.match(value) and not (_GPU_LABEL.match(label) and _GPU_LABEL.match(other)):
+                raise TopoParseError(f"row {label}, column {other}: {value} between a GPU and a NIC; NVLink joins "
+                                     "only GPUs")
             if c > r and cell[other][label] != value:
                 raise TopoParseError(f"asymmetric pair: row {label}, column {other} says {value} but "
                                      f"row {other}, column {label} says {cell[other][label]}")
@@ -191,8 +202,9 @@ def _numa_value(row: _Row) -> int | None:
     value = row.affinity["NUMA Affinity"]
     if value == "N/A":
         return None
-    if not value.isdigit():
-        raise TopoParseError(f"row {row.label}, column NUMA Affinity: cannot read {value!r}")
+    if not re.fullmatch(r"[0-9]{1,6}", value) or int(value) > bounds.MAX_NUMA_NODE:
+        raise TopoParseError(f"row {row.label}, column NUMA Affinity: {value!r} is not a NUMA node "
+                             f"0..{bounds.MAX_NUMA_NODE}")
     return int(value)
 
 
@@ -208,5 +220,8 @@ def _cpu_set(label: str, value: str) -> frozenset[int]:
         high = int(match.group(2)) if match.group(2) else low
         if high < low:
             raise TopoParseError(f"row {label}, column CPU Affinity: range {part!r} runs backwards")
+        if high > bounds.MAX_CPU_ID:
+            raise TopoParseError(f"row {label}, column CPU Affinity: CPU {high} is beyond Linux's "
+                                 f"{bounds.MAX_CPU_ID + 1} CPUs")
         cpus.update(range(low, high + 1))
     return frozenset(cpus)

@@ -1,0 +1,71 @@
+"""Every bound on what a node may claim about its GPUs, each with the real hardware or Kubernetes limit behind it.
+
+Annotations are written by whoever can patch a Node, and `topo -m` text comes from anywhere, so the model,
+the codec and the parser refuse anything outside these bounds instead of scheduling on it. The bounds are
+loose enough for every shipping board and tight enough that no value can blow up memory, work or scores.
+"""
+
+from __future__ import annotations
+
+import re
+
+from topology import catalog
+
+# The largest single-OS boards ship 16 GPUs (DGX-2, HGX-2); 64 leaves room for PCIe expansion chassis.
+MAX_GPUS = 64
+
+# NIC columns of `nvidia-smi topo -m`: a DGX H100 shows 13; one dual-port NIC per GPU on 16 GPUs shows 32.
+MAX_NICS = 64
+
+
+def max_nvlinks(model: str) -> int:
+    """NVLink links per pair, and per GPU without NVSwitch: the catalog's link budget for the model (18, the
+    most any NVIDIA GPU has, for models it does not know). Only switches show a GPU more peer links."""
+    return catalog.max_nvlinks(model)
+
+
+# PCIe generations 1 to 6 exist; widths are the link widths the PCIe specification defines (x1..x32).
+PCIE_GENERATIONS = range(1, 7)
+PCIE_WIDTHS = frozenset({1, 2, 4, 8, 16, 32})
+
+# Linux MAX_NUMNODES is at most 1 << 10 (NODES_SHIFT 10).
+MAX_NUMA_NODE = 1023
+
+# Linux NR_CPUS is at most 8192, so CPU ids run 0..8191.
+MAX_CPU_ID = 8191
+
+# 1 TiB of memory on one GPU: the largest today (B300) has 288 GB.
+MAX_MEMORY_MIB = 1 << 20
+
+# GPU UUIDs are 40 characters (GPU-8-4-4-4-12 hex) and MIG UUIDs 44; printable ASCII without spaces, and
+# no comma: the bind annotation joins ids with commas.
+MAX_ID_LENGTH = 64
+ID_PATTERN = re.compile(rf"[!-+\--~]{{1,{MAX_ID_LENGTH}}}")
+
+# NVML names a device in at most 96 bytes (NVML_DEVICE_NAME_V2_BUFFER_SIZE).
+MAX_MODEL_LENGTH = 96
+MODEL_PATTERN = re.compile(rf"[ -~]{{1,{MAX_MODEL_LENGTH}}}")
+
+# PCI bus ids are domain:bus:device.function, "0000:07:00.0" (NVML pads the domain to 8 hex digits).
+BUS_ID_PATTERN = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]")
+
+# The state's `observed` may run this far ahead of the extender's clock (NTP keeps nodes within
+# milliseconds); further ahead, a dead reporter would keep its node fresh for as long as it likes.
+MAX_OBSERVED_AHEAD_SECONDS = 60.0
+
+# `generation` is a Kubernetes-style int64 counter.
+MAX_GENERATION = (1 << 63) - 1
+
+# Pods listed in a state: a GPU shared by time-slicing can be held by a few pods at once.
+MAX_STATE_PODS = 4 * MAX_GPUS
+
+# namespace (63) + "/" + name (253), as Kubernetes bounds them.
+MAX_POD_KEY_LENGTH = 317
+
+# Annotation sizes: a 16-GPU board encodes in about 5 KiB; 64 GPUs held by 64 pods with the longest names fit.
+TOPOLOGY_MAX_BYTES = 16 * 1024
+STATE_MAX_BYTES = 32 * 1024
+
+
+def valid_id(value: str) -> bool:
+    return ID_PATTERN.fullmatch(value) is not None
