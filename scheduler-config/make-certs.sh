@@ -8,7 +8,9 @@
 #   scheduler-config/make-certs.sh [OUT_DIR]      (default: a new directory under $TMPDIR)
 #
 # Keys are written with mode 0600. Keep OUT_DIR out of any git work tree (the script refuses one):
-# nothing secret belongs in this repository. ca.key is needed only to issue new certificates; keep it offline.
+# nothing secret belongs in this repository. ca.key never goes to the cluster: no Secret it prints carries it, so
+# no reader of a namespace can mint a kube-scheduler certificate and call /bind. It is needed only to issue new
+# certificates; keep it offline (a vault, an HSM or an encrypted disk), not on a node.
 # DAYS sets the leaf lifetime (default 365); the CA lasts ten years.
 set -euo pipefail
 umask 077
@@ -77,8 +79,9 @@ leaf() {
 svc="$SERVICE.$NAMESPACE.svc"
 leaf extender "$svc" "serverAuth, clientAuth" \
     "DNS:$SERVICE, DNS:$SERVICE.$NAMESPACE, DNS:$svc, DNS:$svc.cluster.local"
-# kube-scheduler's client certificate (tlsConfig.certFile/keyFile).
-leaf scheduler-client gpu-topology-scheduler "clientAuth"
+# kube-scheduler's client certificate (tlsConfig.certFile/keyFile), named kube-scheduler: the one client name the
+# extender accepts for its verbs (--client-name in extender.yaml).
+leaf scheduler-client kube-scheduler "clientAuth"
 rm -f ca.cnf
 chmod 0644 ca.crt extender.crt scheduler-client.crt
 
@@ -89,7 +92,7 @@ openssl rand -hex 32 > seal.key
 q() { printf '%q' "$1"; }
 cat <<MSG
 Wrote to $out:
-  ca.crt ca.key                          private CA (keep ca.key offline)
+  ca.crt ca.key                          private CA (ca.key stays off the cluster: keep it offline)
   extender.crt extender.key              serving certificate of $svc
   scheduler-client.crt scheduler-client.key   kube-scheduler's client certificate
   seal.key                               the extender's seal key (32 random bytes, hex)

@@ -97,6 +97,11 @@ def flag_values(args: list[str]) -> dict[str, str]:
     return flags
 
 
+def repeated_flag(args: list[str], name: str) -> list[str]:
+    """Every value of a flag that may be given more than once (--name=value form), in order."""
+    return [arg.split("=", 1)[1] for arg in args if arg.startswith(f"{name}=")]
+
+
 def flatten_rules(rules: list[Doc]) -> set[tuple[str, str, str, tuple[str, ...]]]:
     flat = set()
     for rule in rules:

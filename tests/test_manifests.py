@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import shutil
@@ -56,6 +57,7 @@ from manifest_checks import (
     policy_variable,
     program,
     quantity,
+    repeated_flag,
 )
 from manifest_checks import api_group as _group
 from manifest_checks import documents as _docs
@@ -129,7 +131,7 @@ def test_every_document_is_of_a_kind_this_suite_checks() -> None:
     checked = {
         SCHEDULER_CONFIG_GROUP: {"KubeSchedulerConfiguration"},
         KUSTOMIZE_GROUP: {"Kustomization"},
-        CERT_MANAGER_GROUP: {"Issuer", "Certificate"},
+        CERT_MANAGER_GROUP: {"Issuer", "ClusterIssuer", "Certificate"},
     }
     for file, doc in _docs():
         group = _group(doc)
@@ -152,9 +154,13 @@ def test_no_secret_material_is_committed() -> None:
 (KUSTOMIZATION,) = DOCS["kustomization.yaml"]
 
 
+# Installed by hand where their CRDs exist: cert-manager.yaml (TLS option 1, with its admission policy).
+OPTIONAL_FILES = {"cert-manager.yaml"}
+
+
 def test_kustomization_installs_every_manifest_but_the_optional_ones() -> None:
     files_with_api_objects = {file for file, _ in API_OBJECTS}
-    assert set(KUSTOMIZATION["resources"]) == files_with_api_objects
+    assert set(KUSTOMIZATION["resources"]) == files_with_api_objects - OPTIONAL_FILES
     (generator,) = KUSTOMIZATION["configMapGenerator"]
     assert generator["files"] == [f"config.yaml={SECONDARY_CONFIG}"]
     assert generator["namespace"] == NAMESPACE
@@ -183,7 +189,7 @@ def rendered() -> list[Doc]:
 def test_kustomize_output_validates_and_carries_the_scheduler_config(rendered: list[Doc]) -> None:
     for doc in rendered:
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
-    expected = {(doc["kind"], doc["metadata"]["name"]) for _, doc in API_OBJECTS}
+    expected = {(doc["kind"], doc["metadata"]["name"]) for file, doc in API_OBJECTS if file not in OPTIONAL_FILES}
     got = {(doc["kind"], doc["metadata"]["name"]) for doc in rendered if doc["kind"] != "ConfigMap"}
     assert got == expected
     (config_map,) = [doc for doc in rendered if doc["kind"] == "ConfigMap"]
@@ -980,11 +986,54 @@ def test_extender_deployment_is_hardened_and_sized() -> None:
     assert_hardened(EXTENDER)
 
 
-def test_extender_runs_once_and_never_beside_another_copy() -> None:
-    assert EXTENDER["spec"]["replicas"] == 1
-    assert EXTENDER["spec"]["strategy"] == {"type": "Recreate"}
-    # A PodDisruptionBudget on one replica would only block drains (README.md).
-    assert not [doc for _, doc in _docs() if doc.get("kind") == "PodDisruptionBudget"]
+LEASE_ROLE = obj("Role", "gpu-topology-extender-lease", NAMESPACE)
+LEASE_NAME = "gpu-topology-extender"  # the extender's --leader-elect-lease-name default
+
+
+def env_field(deployment: Doc, name: str) -> str:
+    """The downward-API field an environment variable of the only container is set from."""
+    (env,) = [e for e in container(deployment)["env"] if e["name"] == name]
+    return env["valueFrom"]["fieldRef"]["fieldPath"]
+
+
+def test_extender_runs_two_replicas_on_two_nodes_with_one_leader() -> None:
+    spec = EXTENDER["spec"]
+    labels = spec["template"]["metadata"]["labels"]
+    assert spec["replicas"] == 2
+    # Never both on one node.
+    (term,) = spec["template"]["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= labels.items()
+    # Leader election on the Lease that the Role names, in the Pod's own namespace, as the Pod's own name.
+    args = container(EXTENDER)["args"]
+    flags = flag_values(args[1:])
+    assert "--leader-elect" in args
+    assert flags["--leader-elect-lease-name"] == LEASE_NAME
+    assert flags["--leader-elect-namespace"] == "$(POD_NAMESPACE)" and env_field(EXTENDER, "POD_NAMESPACE") == (
+        "metadata.namespace")
+    assert flags["--leader-elect-identity"] == "$(POD_NAME)" and env_field(EXTENDER, "POD_NAME") == "metadata.name"
+    assert LEASE_ROLE["metadata"]["namespace"] == EXTENDER["metadata"]["namespace"]
+    assert {name for rule in LEASE_ROLE["rules"] for name in rule.get("resourceNames", [])} == {LEASE_NAME}
+
+
+def test_a_rollout_keeps_the_leader_and_the_deployment_stays_available() -> None:
+    # Only the leader is ready (/readyz), so at most one replica is ever available. The Deployment's floor,
+    # replicas - maxUnavailable, must be met by that one, or it reports itself unavailable for good and no rollout
+    # ever removes an old Pod; and maxUnavailable must stay below replicas, or a rollout stops both at once.
+    spec = EXTENDER["spec"]
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 1}}
+    assert spec["replicas"] - spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 1
+    # A new replica starts before an old one goes (surge), so it is warm when it takes the Lease.
+    assert spec["strategy"]["rollingUpdate"]["maxSurge"] >= 1
+
+
+def test_a_disruption_budget_keeps_one_replica() -> None:
+    (budget,) = [doc for _, doc in _docs() if doc.get("kind") == "PodDisruptionBudget"]
+    assert budget["metadata"]["namespace"] == NAMESPACE
+    assert budget["spec"]["selector"] == EXTENDER["spec"]["selector"]
+    assert budget["spec"]["minAvailable"] == 1 and "maxUnavailable" not in budget["spec"]
+    # A standby that is taking over (not ready yet) is not evicted while no replica is ready.
+    assert budget["spec"]["unhealthyPodEvictionPolicy"] == "IfHealthyBudget"
 
 
 def test_extender_command_line_matches_the_manifests() -> None:
@@ -1089,7 +1138,15 @@ def test_extender_rbac_is_exactly_least_privilege() -> None:
         ("", "events", "create", ()),
     }
     assert bindings_of("gpu-topology-extender") == {
-        ("ClusterRoleBinding", None, "ClusterRole", "gpu-topology-extender")
+        ("ClusterRoleBinding", None, "ClusterRole", "gpu-topology-extender"),
+        ("RoleBinding", NAMESPACE, "Role", "gpu-topology-extender-lease"),
+    }
+    # Leader election (extender/leader.py: get, create, replace): create cannot name its object; get and update
+    # name the one Lease. In the extender's namespace only.
+    assert flatten_rules(LEASE_ROLE["rules"]) == {
+        ("coordination.k8s.io", "leases", "create", ()),
+        ("coordination.k8s.io", "leases", "get", (LEASE_NAME,)),
+        ("coordination.k8s.io", "leases", "update", (LEASE_NAME,)),
     }
 
 
@@ -1111,6 +1168,7 @@ def test_scheduler_rbac_is_the_built_in_scheduler_roles_and_its_own_lease() -> N
     roles = {(doc["kind"], doc["metadata"]["name"]) for _, doc in _docs() if doc.get("kind") in {"Role", "ClusterRole"}}
     assert roles == {
         ("ClusterRole", "gpu-topology-extender"),
+        ("Role", "gpu-topology-extender-lease"),
         ("Role", "gpu-topology-scheduler-lease"),
         ("ClusterRole", "gpu-topology-agent"),
         ("ClusterRole", "gpu-topology-agent-deliver"),
@@ -1296,17 +1354,17 @@ BIND_DENIED: dict[str, tuple[Doc, list[str]]] = {
 }
 
 
-POD_POLICY_EXPRESSIONS = [
+POLICY_EXPRESSIONS = [
     (f"{policy['metadata']['name']}/{where}", expression)
-    for policy in (BIND_POLICY, obj("ValidatingAdmissionPolicy", "gpu-topology-extender-pod-writes"))
+    for policy in (BIND_POLICY, obj("ValidatingAdmissionPolicy", "gpu-topology-extender-pod-writes"),
+                   obj("ValidatingAdmissionPolicy", "gpu-topology-ca-issuer-namespace"))
     for where, expression in policy_expressions(policy)
 ]
 
 
-@pytest.mark.parametrize(("where", "expression"), POD_POLICY_EXPRESSIONS,
-                         ids=[where for where, _ in POD_POLICY_EXPRESSIONS])
-def test_pod_policy_expressions_compile_with_cel_python_and_call_only_portable_cel(where: str,
-                                                                                 expression: str) -> None:
+@pytest.mark.parametrize(("where", "expression"), POLICY_EXPRESSIONS,
+                         ids=[where for where, _ in POLICY_EXPRESSIONS])
+def test_policy_expressions_compile_with_cel_python_and_call_only_portable_cel(where: str, expression: str) -> None:
     program(expression)
     assert not non_portable_calls(expression)
 
@@ -1537,7 +1595,12 @@ def test_extender_policy_denies_every_other_write_of_the_extender(case: str) -> 
 # ---------------------------------------------------------------------------------------------------------------
 
 CERT_MANAGER = [doc for _, doc in _docs(CERT_MANAGER_GROUP)]
-ISSUERS = {doc["metadata"]["name"]: doc for doc in CERT_MANAGER if doc["kind"] == "Issuer"}
+ISSUERS = {doc["metadata"]["name"]: doc for doc in CERT_MANAGER if doc["kind"] in {"Issuer", "ClusterIssuer"}}
+# cert-manager's cluster resource namespace: where a ClusterIssuer reads its CA Secret (its default).
+CA_NAMESPACE = "cert-manager"
+# The client names the extender accepts (--client-name), and the one kube-scheduler's certificate carries.
+CLIENT_NAMES = repeated_flag(container(EXTENDER)["args"], "--client-name")
+KUBE_SCHEDULER_NAME = "kube-scheduler"
 CERTIFICATES = {doc["spec"]["secretName"]: doc for doc in CERT_MANAGER if doc["kind"] == "Certificate"}
 # cert-manager.io/v1 fields, to catch typos; the CRD's own schema is not available here.
 _CERTIFICATE_SPEC_FIELDS = {
@@ -1557,21 +1620,27 @@ _KEY_USAGES = {
 def test_cert_manager_resources_are_well_formed() -> None:
     for doc in CERT_MANAGER:
         assert doc["apiVersion"] == "cert-manager.io/v1"
-        assert doc["kind"] in {"Issuer", "Certificate"}
+        assert doc["kind"] in {"Issuer", "ClusterIssuer", "Certificate"}
         assert set(doc) == {"apiVersion", "kind", "metadata", "spec"}
-        assert doc["metadata"]["namespace"] == NAMESPACE and doc["metadata"]["name"]
+        assert doc["metadata"]["name"]
+        assert ("namespace" in doc["metadata"]) is (doc["kind"] != "ClusterIssuer")
     for issuer in ISSUERS.values():
         (kind,) = issuer["spec"]  # exactly one issuer type
         assert kind in {"selfSigned", "ca"}
         if kind == "ca":
-            (ca,) = [c for c in CERTIFICATES.values() if c["spec"]["secretName"] == issuer["spec"]["ca"]["secretName"]]
+            # A CA issuer reads its Secret in its own namespace; a ClusterIssuer in cert-manager's.
+            namespace = issuer["metadata"].get("namespace", CA_NAMESPACE)
+            (ca,) = [c for c in CERTIFICATES.values() if c["spec"]["secretName"] == issuer["spec"]["ca"]["secretName"]
+                     and c["metadata"]["namespace"] == namespace]
             assert ca["spec"]["isCA"] is True
     for certificate in CERTIFICATES.values():
         spec = certificate["spec"]
         assert set(spec) <= _CERTIFICATE_SPEC_FIELDS, set(spec) - _CERTIFICATE_SPEC_FIELDS
         assert spec["secretName"]
-        assert spec["issuerRef"] == {"group": "cert-manager.io", "kind": "Issuer", "name": spec["issuerRef"]["name"]}
-        assert spec["issuerRef"]["name"] in ISSUERS
+        issuer = ISSUERS[spec["issuerRef"]["name"]]
+        assert spec["issuerRef"] == {"group": "cert-manager.io", "kind": issuer["kind"], "name": issuer["metadata"]["name"]}
+        if issuer["kind"] == "Issuer":  # a namespaced Issuer serves its own namespace only
+            assert issuer["metadata"]["namespace"] == certificate["metadata"]["namespace"]
         assert set(spec.get("usages", [])) <= _KEY_USAGES
         assert spec["privateKey"]["algorithm"] in {"RSA", "ECDSA", "Ed25519"}
         if "renewBefore" in spec:
@@ -1589,6 +1658,75 @@ def test_cert_manager_issues_the_secrets_the_deployments_mount() -> None:
     # Both leaves come from the one CA that both sides trust (ca.crt in each Secret).
     assert extender["issuerRef"]["name"] == client["issuerRef"]["name"]
     assert "ca" in ISSUERS[extender["issuerRef"]["name"]]["spec"]
+
+
+def test_the_extender_accepts_only_kube_schedulers_certificate_and_its_own() -> None:
+    # Pinned by name: kube-scheduler's client certificate, and the extender's own for its probes.
+    assert "--client-ca" in flag_values(container(EXTENDER)["args"][1:])
+    assert sorted(CLIENT_NAMES) == sorted([KUBE_SCHEDULER_NAME, CERTIFICATES[EXTENDER_TLS_SECRET]["spec"]["commonName"]])
+    assert CERTIFICATES[SCHEDULER_TLS_SECRET]["spec"]["commonName"] == KUBE_SCHEDULER_NAME
+    assert "dnsNames" not in CERTIFICATES[SCHEDULER_TLS_SECRET]["spec"]
+    # No other certificate of the CA carries a pinned name.
+    for secret, certificate in CERTIFICATES.items():
+        if secret not in {EXTENDER_TLS_SECRET, SCHEDULER_TLS_SECRET}:
+            names = {certificate["spec"].get("commonName"), *certificate["spec"].get("dnsNames", [])}
+            assert not names & set(CLIENT_NAMES), secret
+
+
+def test_the_ca_key_stays_out_of_the_extenders_namespace() -> None:
+    (ca,) = [c for c in CERTIFICATES.values() if c["spec"].get("isCA")]
+    assert ca["metadata"]["namespace"] == CA_NAMESPACE != NAMESPACE
+    # The leaves are signed by a ClusterIssuer that reads the CA Secret where it is, in cert-manager's namespace.
+    for secret in (EXTENDER_TLS_SECRET, SCHEDULER_TLS_SECRET):
+        leaf = CERTIFICATES[secret]
+        assert leaf["metadata"]["namespace"] == NAMESPACE
+        issuer = ISSUERS[leaf["spec"]["issuerRef"]["name"]]
+        assert issuer["kind"] == "ClusterIssuer" and issuer["spec"]["ca"]["secretName"] == ca["spec"]["secretName"]
+    # The self-signed issuer that made the CA cannot be used from any other namespace.
+    self_signed = ISSUERS[ca["spec"]["issuerRef"]["name"]]
+    assert self_signed["kind"] == "Issuer" and self_signed["metadata"]["namespace"] == CA_NAMESPACE
+    # The Deployments mount the leaf Secrets only.
+    mounted = {v["secret"]["secretName"] for d in (EXTENDER, SCHEDULER) for v in d["spec"]["template"]["spec"]["volumes"]
+               if "secret" in v}
+    assert ca["spec"]["secretName"] not in mounted
+
+
+CA_POLICY = AdmissionPolicy(obj("ValidatingAdmissionPolicy", "gpu-topology-ca-issuer-namespace"))
+
+
+def certificate_request(namespace: str, issuer_ref: Doc, *, kind: str = "Certificate") -> Doc:
+    """An AdmissionRequest that creates a cert-manager Certificate or CertificateRequest naming an issuer."""
+    resource = {"Certificate": "certificates", "CertificateRequest": "certificaterequests"}[kind]
+    version = {"group": "cert-manager.io", "version": "v1"}
+    new = {"apiVersion": "cert-manager.io/v1", "kind": kind, "metadata": {"name": "x", "namespace": namespace},
+           "spec": {"issuerRef": issuer_ref, "commonName": KUBE_SCHEDULER_NAME, "secretName": "x"}}
+    return {"uid": "1", "kind": {**version, "kind": kind}, "resource": {**version, "resource": resource},
+            "name": "x", "namespace": namespace, "operation": "CREATE",
+            "userInfo": {"username": USER, "groups": ["system:authenticated"]}, "object": new, "oldObject": None}
+
+
+OUR_CA = {"group": "cert-manager.io", "kind": "ClusterIssuer", "name": "gpu-topology-ca"}
+
+
+@pytest.mark.parametrize(("namespace", "issuer_ref", "kind", "allowed"), [
+    (NAMESPACE, OUR_CA, "Certificate", True),
+    (NAMESPACE, OUR_CA, "CertificateRequest", True),
+    (NAMESPACE, {"kind": "ClusterIssuer", "name": "gpu-topology-ca"}, "Certificate", True),
+    ("ml", OUR_CA, "Certificate", False),
+    ("ml", OUR_CA, "CertificateRequest", False),
+    ("ml", {"kind": "ClusterIssuer", "name": "gpu-topology-ca"}, "CertificateRequest", False),  # group defaulted
+    ("ml", {"name": "gpu-topology-ca"}, "Certificate", None),  # a namespaced Issuer of that name in "ml": not ours
+    ("ml", {"kind": "ClusterIssuer", "name": "letsencrypt"}, "Certificate", None),
+    ("ml", {**OUR_CA, "group": "other.example.com"}, "Certificate", None),
+])
+def test_only_the_extenders_namespace_may_have_the_ca_sign(namespace: str, issuer_ref: Doc, kind: str,
+                                                           allowed: bool | None) -> None:
+    verdict = CA_POLICY.admit(certificate_request(namespace, issuer_ref, kind=kind))
+    if allowed is None:
+        assert not verdict.applies
+    else:
+        assert verdict.applies and verdict.allowed is allowed, verdict.messages
+        assert not [m for m in verdict.messages if m.startswith("evaluation error")], verdict.messages
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1697,6 +1835,16 @@ def test_make_certs_prints_the_secrets_the_deployments_mount(certs: tuple[Path, 
         check=False, capture_output=True, text=True, timeout=30,
     )
     assert verify.returncode == 0, verify.stdout + verify.stderr
+    # kube-scheduler's certificate carries the name the extender pins; the CA key goes into no Secret.
+    assert certificate_subject(secret_files(printed, SCHEDULER_TLS_SECRET)["tls.crt"]) == f"CN={KUBE_SCHEDULER_NAME}"
+    commands = printed.split("Create the Secrets", 1)[1]  # every kubectl and install command it prints
+    assert "kubectl" in commands and "ca.crt" in commands and "ca.key" not in commands
+
+
+def certificate_subject(path: Path) -> str:
+    out = subprocess.run(["openssl", "x509", "-in", str(path), "-noout", "-subject", "-nameopt", "RFC2253"],
+                         check=True, capture_output=True, text=True, timeout=30).stdout
+    return out.strip().removeprefix("subject=")
 
 
 def seal_secret_files(printed: str) -> dict[str, Path]:
@@ -1836,13 +1984,17 @@ def mtls_server(certs: tuple[Path, str]) -> Iterator[int]:
         thread.join(timeout=5)
 
 
-def _get(port: int, context: ssl.SSLContext, server_name: str, path: str) -> int:
-    """GET over TLS to 127.0.0.1, checking the certificate for `server_name` (the urlPrefix host)."""
+def _get(port: int, context: ssl.SSLContext, server_name: str, path: str, body: bytes | None = None) -> int:
+    """GET (POST with a body) over TLS to 127.0.0.1, checking the certificate for `server_name` (the urlPrefix
+    host): the status."""
     connection = HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
     raw = socket.create_connection(("127.0.0.1", port), timeout=10)
     connection.sock = context.wrap_socket(raw, server_hostname=server_name)
     try:
-        connection.request("GET", path)
+        if body is None:
+            connection.request("GET", path)
+        else:
+            connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
         return connection.getresponse().status
     finally:
         connection.close()
@@ -1883,7 +2035,24 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_the_real_extender_runs_the_deployments_command_line_with_mtls(certs: tuple[Path, str]) -> None:
+def intruder_certificate(out: Path, tmp_path: Path, name: str) -> tuple[str, str]:
+    """A client certificate named `name`, signed by the CA that make-certs.sh wrote to `out`: (cert, key)."""
+    key, csr, cert = tmp_path / "intruder.key", tmp_path / "intruder.csr", tmp_path / "intruder.crt"
+    extensions = tmp_path / "intruder.ext"
+    extensions.write_text("basicConstraints = critical, CA:FALSE\nkeyUsage = critical, digitalSignature\n"
+                          "extendedKeyUsage = clientAuth\n")
+    for command in (
+        ["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(key)],
+        ["openssl", "req", "-new", "-key", str(key), "-subj", f"/CN={name}", "-out", str(csr)],
+        ["openssl", "x509", "-req", "-in", str(csr), "-CA", str(out / "ca.crt"), "-CAkey", str(out / "ca.key"),
+         "-set_serial", "0x1234", "-days", "1", "-extfile", str(extensions), "-out", str(cert)],
+    ):
+        subprocess.run(command, check=True, capture_output=True, timeout=30)
+    return str(cert), str(key)
+
+
+def test_the_real_extender_runs_the_deployments_command_line_with_mtls(certs: tuple[Path, str],
+                                                                       tmp_path: Path) -> None:
     """The Deployment's own args, with --demo for --in-cluster, loopback for 0.0.0.0 and the files of
     make-certs.sh for the Secret, start the real server; kube-scheduler's client and the probes get in."""
     pytest.importorskip("extender.cli")
@@ -1897,6 +2066,8 @@ def test_the_real_extender_runs_the_deployments_command_line_with_mtls(certs: tu
     local = {"--in-cluster": "--demo", "--host=0.0.0.0": "--host=127.0.0.1", "--port=8443": f"--port={port}"}
     args = []
     for arg in container(EXTENDER)["args"]:
+        if arg.startswith("--leader-elect"):
+            continue  # --demo has no API server to hold a Lease on (tests/test_leader.py runs the election)
         arg = local.get(arg, arg)
         for key, path in extender_files.items():
             arg = arg.replace(f"{tls_dir}/{key}", str(path))
@@ -1923,6 +2094,15 @@ def test_the_real_extender_runs_the_deployments_command_line_with_mtls(certs: tu
         anonymous = ssl.create_default_context(cafile=str(scheduler_files["ca.crt"]))
         with pytest.raises((ssl.SSLError, ConnectionError)):
             _get(port, anonymous, host, "/healthz")
+        # Another certificate of the same CA (the name kube-scheduler's had before it was pinned) gets nothing.
+        filter_call = json.dumps({"Pod": {"metadata": {"name": "p", "namespace": "d"}}, "NodeNames": []}).encode()
+        assert _get(port, client, host, "/filter", filter_call) == 200
+        intruder = ssl.create_default_context(cafile=str(scheduler_files["ca.crt"]))
+        intruder.load_cert_chain(*intruder_certificate(certs[0], tmp_path, "gpu-topology-scheduler"))
+        try:
+            assert _get(port, intruder, host, "/filter", filter_call) in {401, 403}
+        except (ssl.SSLError, ConnectionError):
+            pass  # refused in the handshake
         command = container(EXTENDER)["livenessProbe"]["exec"]["command"]
         script = command[2].replace('127.0.0.1", 8443', f'127.0.0.1", {port}')
         for key, path in extender_files.items():
