@@ -788,8 +788,9 @@ def test_agent_runs_as_its_own_service_account_with_its_token(daemonset: Doc, ac
     pod = daemonset["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == account["metadata"]["name"]
     assert account["metadata"]["namespace"] == daemonset["metadata"]["namespace"] == NAMESPACE
-    assert pod.get("automountServiceAccountToken", True) is True
-    assert account.get("automountServiceAccountToken", True) is True
+    # The Pod asks for the token it uses; the account gives none to a Pod that does not ask.
+    assert pod["automountServiceAccountToken"] is True
+    assert account["automountServiceAccountToken"] is False
 
 
 # ---------------------------------------------------------------------------------------------------------------

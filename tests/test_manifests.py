@@ -1104,6 +1104,46 @@ def test_scheduler_deployment_is_hardened_and_probed() -> None:
     assert SCHEDULER["spec"]["template"]["spec"]["serviceAccountName"] == "gpu-topology-scheduler"
 
 
+WORKLOADS = [(f"{doc['kind']}/{doc['metadata']['name']}", doc) for _, doc in _docs()
+             if doc.get("kind") in {"Deployment", "DaemonSet", "StatefulSet", "Job", "CronJob"}]
+# uid 0 where the kubelet's root-owned sockets demand it, and only there: the node agent connects to
+# pod-resources/kubelet.sock (agent.yaml) and creates its device-plugin socket next to the kubelet's (agent-deliver.yaml).
+# scheduler-config/README.md ("Least privilege, and why root") says why no capability or group makes that unneeded.
+ROOT_FOR_KUBELET_SOCKETS = {"DaemonSet/gpu-topology-agent", "DaemonSet/gpu-topology-agent-deliver"}
+
+
+@pytest.mark.parametrize(("name", "workload"), WORKLOADS, ids=[name for name, _ in WORKLOADS])
+def test_every_container_is_hardened(name: str, workload: Doc) -> None:
+    pod = workload["spec"]["template"]["spec"]
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not {"hostNetwork", "hostPID", "hostIPC"} & set(pod)
+    if name in ROOT_FOR_KUBELET_SOCKETS:
+        assert pod["securityContext"]["runAsUser"] == 0 and pod["securityContext"]["runAsNonRoot"] is False
+    else:
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] > 0
+    for each in pod.get("initContainers", []) + pod["containers"]:
+        security = each["securityContext"]
+        assert security["readOnlyRootFilesystem"] is True, each["name"]
+        assert security["allowPrivilegeEscalation"] is False, each["name"]
+        assert security["capabilities"] == {"drop": ["ALL"]}, each["name"]  # and nothing added
+        assert security.get("privileged", False) is False, each["name"]
+        assert "runAsUser" not in security or security["runAsUser"] == pod["securityContext"]["runAsUser"]
+        assert "seccompProfile" not in security  # the Pod's RuntimeDefault holds for every container
+    # Every workload here talks to the API server, so it asks for its token, and only its Pod gets one: the
+    # ServiceAccount automounts nothing.
+    assert pod["automountServiceAccountToken"] is True
+    (account,) = [doc for _, doc in _docs() if doc.get("kind") == "ServiceAccount"
+                  and doc["metadata"]["name"] == pod["serviceAccountName"]
+                  and doc["metadata"]["namespace"] == workload["metadata"]["namespace"]]
+    assert account["automountServiceAccountToken"] is False
+
+
+def test_every_service_account_automounts_nothing() -> None:
+    accounts = [doc for _, doc in _docs() if doc.get("kind") == "ServiceAccount"]
+    assert len(accounts) == 4
+    assert all(account["automountServiceAccountToken"] is False for account in accounts)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # RBAC: exactly the least privilege, nothing more
 # ---------------------------------------------------------------------------------------------------------------
