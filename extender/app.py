@@ -76,9 +76,8 @@ def create_app(service: ExtenderService) -> FastAPI:
 
     @app.get("/readyz")
     async def readyz() -> PlainTextResponse:
-        if service.state.ready:
-            return PlainTextResponse("ok")
-        return PlainTextResponse("caches not synced", status_code=503)
+        why = service.readiness()
+        return PlainTextResponse("ok") if why is None else PlainTextResponse(why, status_code=503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
+import signal
+import socket
 import ssl
 import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import uvicorn
 
@@ -17,6 +21,7 @@ from extender.app import create_app
 from extender.demo import run_demo
 from extender.demo_cluster import DemoCluster
 from extender.kube import KubeError, KubernetesApi
+from extender.leader import LeaderElector, Timings
 from extender.pod_request import DEFAULT_GPU_RESOURCE
 from extender.reflector import Reflector
 from extender.service import ExtenderService
@@ -26,6 +31,9 @@ from topology.annotations import DEFAULT_PREFIX, AnnotationKeys
 
 log = logging.getLogger("gpu-topology-extender")
 DEMO_HEARTBEAT_SECONDS = 30.0
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+LEASE_NAME = "gpu-topology-extender"
+DEFAULT_TIMINGS = Timings()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,6 +77,20 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-timeout", type=float, default=1.2, metavar="SECONDS",
                        help="bound on each API call; bind makes one write (two calls after a conflict), which must "
                             "finish inside kube-scheduler's httpTimeout (3 s in scheduler-config/)")
+    election = serve.add_argument_group(
+        "leader election", "with several replicas, only the holder of a coordination.k8s.io Lease binds and reports "
+        "ready (the timings are client-go's and kube-scheduler's flags of the same names)")
+    election.add_argument("--leader-elect", action="store_true", help="take part in leader election (off by default)")
+    election.add_argument("--leader-elect-lease-name", default=LEASE_NAME, metavar="NAME")
+    election.add_argument("--leader-elect-namespace", metavar="NAMESPACE",
+                          help="default: the service account's namespace, else 'default'")
+    election.add_argument("--leader-elect-identity", metavar="ID", help="default: $POD_NAME, else the host name")
+    election.add_argument("--leader-elect-lease-duration", type=int, default=DEFAULT_TIMINGS.lease_duration,
+                          metavar="SECONDS", help="how long a Lease not renewed stays with its holder (default 15)")
+    election.add_argument("--leader-elect-renew-deadline", type=float, default=DEFAULT_TIMINGS.renew_deadline,
+                          metavar="SECONDS", help="how long a leader that cannot renew keeps acting (default 10)")
+    election.add_argument("--leader-elect-retry-period", type=float, default=DEFAULT_TIMINGS.retry_period,
+                          metavar="SECONDS", help="how often to renew, or to try to acquire (default 2)")
     serve.set_defaults(run=_serve)
     demo = commands.add_parser("demo", help="drive a mixed workload through the demo server and compare")
     demo.set_defaults(run=_demo)
@@ -80,6 +102,8 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError("--tls-cert and --tls-key go together")
     if args.client_ca and not args.tls_cert:
         raise ValueError("--client-ca needs --tls-cert and --tls-key")
+    if args.leader_elect and args.demo:
+        raise ValueError("--leader-elect needs a cluster (--kubeconfig or --in-cluster), not --demo")
     if args.seal_key_file:
         seal = Seal.from_file(args.seal_key_file)
     else:
@@ -88,22 +112,56 @@ def _serve(args: argparse.Namespace) -> int:
         seal = Seal.ephemeral()
     state = ClusterState(AnnotationKeys(args.annotation_prefix), args.gpu_resource, args.stale_after, seal=seal,
                          bind_outcome_seconds=args.bind_outcome_seconds)
+    elector: LeaderElector | None = None
     if args.demo:
         kube = DemoCluster(state)
         _heartbeat(kube)
+        service = ExtenderService(state, kube)
     else:
         kube = (KubernetesApi.in_cluster(timeout=args.api_timeout) if args.in_cluster
                 else KubernetesApi.from_kubeconfig(args.kubeconfig, timeout=args.api_timeout))
-        for name, list_fn, watch_fn, sink in (("nodes", kube.list_nodes, kube.watch_nodes, state.nodes),
-                                              ("pods", kube.list_pods, kube.watch_pods, state.pods)):
-            Reflector(list_fn, watch_fn, sink, name=name).start()
-    service = ExtenderService(state, kube)
+        nodes = Reflector(kube.list_nodes, kube.watch_nodes, state.nodes, name="nodes")
+        pods = Reflector(kube.list_pods, kube.watch_pods, state.pods, name="pods")
+        if args.leader_elect:
+            elector = _elector(args, kube)
+        service = ExtenderService(state, kube, leader=elector, pods=pods if elector else None)
+        nodes.start()
+        pods.start()
+        if elector is not None:
+            elector.start()
     threading.Thread(target=freeze_when_synced, args=(state,), name="gc-freeze", daemon=True).start()
-    # No access log: kube-scheduler calls several times per pod; the metrics count and time every verb.
-    uvicorn.run(create_app(service), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                ssl_certfile=args.tls_cert, ssl_keyfile=args.tls_key, ssl_ca_certs=args.client_ca,
-                ssl_cert_reqs=ssl.CERT_REQUIRED if args.client_ca else ssl.CERT_NONE)
+    # uvicorn stops serving on SIGTERM, then raises it again: exit cleanly, through the `finally` below.
+    signal.signal(signal.SIGTERM, _exit)
+    try:
+        # No access log: kube-scheduler calls several times per pod; the metrics count and time every verb.
+        uvicorn.run(create_app(service), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                    ssl_certfile=args.tls_cert, ssl_keyfile=args.tls_key, ssl_ca_certs=args.client_ca,
+                    ssl_cert_reqs=ssl.CERT_REQUIRED if args.client_ca else ssl.CERT_NONE)
+    finally:
+        if elector is not None:  # no request is served any more: hand the Lease over at once
+            elector.stop()
     return 0
+
+
+def _exit(_signum: int, _frame: object) -> None:
+    raise SystemExit(0)
+
+
+def _elector(args: argparse.Namespace, kube: KubernetesApi) -> LeaderElector:
+    timings = Timings(args.leader_elect_lease_duration, args.leader_elect_renew_deadline,
+                      args.leader_elect_retry_period)
+    namespace = args.leader_elect_namespace or _service_account_namespace()
+    identity = args.leader_elect_identity or os.environ.get("POD_NAME") or socket.gethostname()
+    log.info("leader election on Lease %s/%s as %s", namespace, args.leader_elect_lease_name, identity)
+    return LeaderElector(kube, namespace, args.leader_elect_lease_name, identity, timings)
+
+
+def _service_account_namespace() -> str:
+    """The pod's own namespace, where its Lease lives; 'default' outside a cluster."""
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
+    except OSError:
+        return "default"
 
 
 def freeze_when_synced(state: ClusterState) -> None:

@@ -219,6 +219,7 @@ class KubernetesApi:
         instance: str | None = None,
     ) -> None:
         self._core = k8s.CoreV1Api(api_client)
+        self._coordination = k8s.CoordinationV1Api(api_client)
         self.timeout = timeout
         self.list_timeout = list_timeout
         self.instance = instance or os.environ.get("POD_NAME") or socket.gethostname()
@@ -332,6 +333,36 @@ class KubernetesApi:
             binding,
             _request_timeout=(self.timeout, self.timeout),
         )
+
+    # -- the leader election's Lease (extender.leader.LeaseApi) --------------------------------------------------
+
+    def _lease_call(self, what: str, method: Any, /, *args: Any) -> dict:
+        body = self._call(what, method, *args, _request_timeout=(self.timeout, self.timeout))
+        lease = _parse(body, what)
+        if not isinstance(lease, dict):
+            raise KubeError(f"{what}: the answer is not a Lease")
+        return lease
+
+    def get_lease(self, namespace: str, name: str) -> dict | None:
+        """The Lease, or None when there is none yet."""
+        try:
+            return self._lease_call(f"get lease {namespace}/{name}", self._coordination.read_namespaced_lease,
+                                    name, namespace)
+        except KubeError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def create_lease(self, namespace: str, lease: dict) -> dict:
+        """Create the Lease; a 409 (`Conflict`) when another replica created it first."""
+        name = (lease.get("metadata") or {}).get("name")
+        return self._lease_call(f"create lease {namespace}/{name}", self._coordination.create_namespaced_lease,
+                                namespace, lease)
+
+    def replace_lease(self, namespace: str, name: str, lease: dict) -> dict:
+        """Update the Lease at the resourceVersion in `lease`; a 409 (`Conflict`) when it changed meanwhile."""
+        return self._lease_call(f"update lease {namespace}/{name}", self._coordination.replace_namespaced_lease,
+                                name, namespace, lease)
 
     def emit_event(
         self, namespace: str, pod_name: str, pod_uid: str, reason: str, message: str, event_type: str = "Warning"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from extender.state import ClusterState
@@ -11,7 +13,7 @@ _GBPS_BUCKETS = (5, 10, 20, 50, 100, 150, 200, 300, 450, 600, 900)
 
 
 class Metrics:
-    def __init__(self, state: ClusterState) -> None:
+    def __init__(self, state: ClusterState, leading: Callable[[], bool] = lambda: True) -> None:
         self.registry = CollectorRegistry()
         self.request_seconds = Histogram("gpu_topology_extender_request_seconds", "Time to answer a verb, server side",
                                          ["verb"], buckets=_LATENCY_BUCKETS, registry=self.registry)
@@ -30,3 +32,6 @@ class Metrics:
         stale.set_function(state.stale_count)
         nodes = Gauge("gpu_topology_extender_nodes", "Nodes with a usable GPU topology", registry=self.registry)
         nodes.set_function(lambda: sum(1 for view in state.views().values() if view.compiled is not None))
+        leader = Gauge("gpu_topology_extender_leader", "1 while this replica leads (always, without leader election)",
+                       registry=self.registry)
+        leader.set_function(lambda: 1 if leading() else 0)

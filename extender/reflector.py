@@ -9,6 +9,11 @@ it, so an API server that is down or misbehaving never meets a tight loop.
 
 The reflector is resource-agnostic: it is given a list function, a watch function and a sink. BOOKMARK
 events only move the resourceVersion on; they never reach the sink.
+
+`relist()` asks for a fresh list at once (the open watch is closed) and returns a ticket; `listed(ticket)`
+tells when a list that began after the request has reached the sink. A new leader uses it to rebuild its
+ledger: a list is a consistent read, so it holds every bind the previous leader made, however far behind the
+watch was.
 """
 
 from __future__ import annotations
@@ -71,12 +76,15 @@ class Reflector:
         # Watches resume fast after a blip: 0.2 s first, doubling to 30 s, +-20 %.
         self._backoff = backoff or Backoff(initial=0.2, maximum=30.0, jitter=0.2)
         self._stopping = threading.Event()
+        self._lock = threading.Lock()
         self._sleep = sleep or self._stopping.wait
         self._clock = clock
         self._synced = threading.Event()
         self._stream: Iterable[tuple[str, dict]] | None = None
         self._thread: threading.Thread | None = None
         self.resource_version: str | None = None  # the last one seen; None means "list next"
+        self._wanted = 0  # relists asked for (tickets handed out)
+        self._listed = 0  # the last ticket a finished list answered
 
     @property
     def has_synced(self) -> bool:
@@ -84,6 +92,22 @@ class Reflector:
 
     def wait_for_sync(self, timeout: float | None = None) -> bool:
         return self._synced.wait(timeout)
+
+    def relist(self) -> int:
+        """Ask for a new list now; the ticket is answered once a list that began after this call is in the sink."""
+        with self._lock:
+            self._wanted += 1
+            ticket = self._wanted
+        self._close_stream()
+        return ticket
+
+    def listed(self, ticket: int) -> bool:
+        with self._lock:
+            return self._listed >= ticket
+
+    def _relist_wanted(self) -> bool:
+        with self._lock:
+            return self._wanted > self._listed
 
     def start(self) -> None:
         if self._thread is not None:
@@ -105,7 +129,7 @@ class Reflector:
     def _run(self) -> None:
         while not self._stopping.is_set():
             try:
-                if self.resource_version is None:
+                if self.resource_version is None or self._relist_wanted():
                     self._list()
                 self._watch()
             except KubeError as exc:
@@ -131,9 +155,13 @@ class Reflector:
             self._sleep(self._backoff.next())
 
     def _list(self) -> None:
+        with self._lock:
+            ticket = self._wanted
         items, resource_version = self._list_fn()
         self._sink.replace(items)
         self.resource_version = resource_version
+        with self._lock:
+            self._listed = max(self._listed, ticket)
         log.debug("reflector %s: listed %d at %s", self.name, len(items), resource_version)
         if not self._synced.is_set():
             self._synced.set()
@@ -146,7 +174,7 @@ class Reflector:
         stream = self._watch_fn(self.resource_version, self.watch_timeout)
         self._stream = stream
         try:
-            if self._stopping.is_set():
+            if self._stopping.is_set() or self._relist_wanted():
                 return
             for event_type, obj in stream:
                 if event_type in CHANGES:
@@ -159,12 +187,12 @@ class Reflector:
                 if not delivered:
                     delivered = True
                     self._backoff.reset()
-                if self._stopping.is_set():
+                if self._stopping.is_set() or self._relist_wanted():
                     return
         finally:
             self._stream = None
             _close(stream)
-        if not delivered:
+        if not delivered and not self._relist_wanted():
             if self._clock() - started >= self.healthy_watch:
                 self._backoff.reset()
             else:  # ended at once with nothing in it: do not spin

@@ -1,6 +1,11 @@
 """The extender's one object: state, selector, Kubernetes client and metrics, with one method per verb.
 
 Handlers in `app.py` parse, call one of these, and serialize; everything here is free of HTTP.
+
+With leader election, only the leader binds and reports ready, so the Service sends kube-scheduler to it
+alone and two replicas never hand out the same GPU. A replica that starts leading first rebuilds its ledger:
+it lists the pods afresh (a consistent read, holding every bind its predecessor made, which stopped binding
+before this replica could win) and reports ready, and binds, only once that list is in the ledger.
 """
 
 from __future__ import annotations
@@ -10,8 +15,8 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from extender.bind import BindError, Bound, bind_pod
 from extender.filter import FilterOutcome, Verdict, filter_nodes
@@ -32,12 +37,37 @@ _POD_CACHE_SIZE = 4096
 _EVENT_QUEUE_SIZE = 1024
 
 
+class Leadership(Protocol):
+    """The leader election, as the service sees it (`extender.leader.LeaderElector`)."""
+
+    identity: str
+
+    def term(self) -> int | None: ...  # the current term while leading, else None
+
+    def on_new_term(self, listener: Callable[[int], None]) -> None: ...
+
+
+class Relister(Protocol):
+    """The pod reflector, as the service sees it: a fresh list on demand (`extender.reflector.Reflector`)."""
+
+    def relist(self) -> int: ...
+
+    def listed(self, ticket: int) -> bool: ...
+
+
 class ExtenderService:
-    def __init__(self, state: ClusterState, kube: KubeApi, selector: Selector | None = None) -> None:
+    def __init__(self, state: ClusterState, kube: KubeApi, selector: Selector | None = None, *,
+                 leader: Leadership | None = None, pods: Relister | None = None) -> None:
+        if (leader is None) != (pods is None):
+            raise ValueError("leader election needs the pod reflector, to rebuild the ledger on each win")
         self.state = state
         self.kube = kube
         self.selector = selector or Selector()
-        self.metrics = Metrics(state)
+        self.leader, self._pod_lists = leader, pods
+        self._rebuild: tuple[int, int] | None = None  # (term, ticket of the pod list that rebuilds its ledger)
+        if leader is not None:
+            leader.on_new_term(self._new_term)
+        self.metrics = Metrics(state, leading=lambda: leader is None or leader.term() is not None)
         self._verdicts: ShapeMemo[Verdict] = ShapeMemo()
         self._offers: ShapeMemo[Offer | None] = ShapeMemo()
         self._pods: OrderedDict[str, tuple[str, PodRequest]] = OrderedDict()  # uid -> (resourceVersion, request)
@@ -66,8 +96,38 @@ class ExtenderService:
         self.metrics.decisions.labels("preempt", "dropped").inc(len(args.victims) - len(kept))
         return kept
 
+    def readiness(self) -> str | None:
+        """None when this replica should get kube-scheduler's calls, else why not."""
+        if not self.state.ready:
+            return "caches not synced"
+        return self._not_leading()
+
+    def ready(self) -> bool:
+        return self.readiness() is None
+
+    def _new_term(self, term: int) -> None:
+        """Called by the election on each win: list the pods afresh before binding."""
+        assert self._pod_lists is not None
+        self._rebuild = (term, self._pod_lists.relist())
+
+    def _not_leading(self) -> str | None:
+        """None when this replica may bind: no election, or leading with the ledger rebuilt in this term."""
+        if self.leader is None:
+            return None
+        term, rebuild = self.leader.term(), self._rebuild
+        if term is None:
+            return f"replica {self.leader.identity} is not the leader"
+        assert self._pod_lists is not None
+        if rebuild is None or rebuild[0] != term or not self._pod_lists.listed(rebuild[1]):
+            return f"replica {self.leader.identity} has just become the leader and is rebuilding its GPU ledger"
+        return None
+
     def bind(self, args: BindingArgs) -> str:
         """Bind the pod; returns "" or the error kube-scheduler should see."""
+        standby = self._not_leading()
+        if standby is not None:
+            self.metrics.decisions.labels("bind", "not-leader").inc()
+            return f"binding {args.pod_namespace}/{args.pod_name} refused: {standby}; kube-scheduler will retry the pod"
         self.state.sweep()
         try:
             bound: Bound = bind_pod(self.state, self.selector, self.kube, args)

@@ -8,13 +8,16 @@ serves (core/v1 only):
     PATCH /api/v1/nodes/{name}, /api/v1/namespaces/{ns}/pods/{name}     merge-patch (strategic = merge)
     POST  /api/v1/namespaces/{ns}/pods/{name}/binding, /api/v1/namespaces/{ns}/bindings
     POST  /api/v1/namespaces/{ns}/events
+    GET, PUT, DELETE /apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}; POST .../leases
 
 Semantics kept from the real server: one resourceVersion counter for everything (like etcd's revision);
 lists carry it in `metadata.resourceVersion`; a watch from version N streams every change after N as
 newline-delimited `{"type","object"}` JSON in chunks, and ends after `timeoutSeconds`; a watch from a
 version older than the retained window gets an ERROR event with a 410 Expired Status; `fieldSelector`
 (`=`, `==`, `!=`) filters lists and watches, and an object that stops matching arrives as DELETED;
-binding a bound pod, or with the wrong UID, is a 409 Conflict Status.
+binding a bound pod, or with the wrong UID, is a 409 Conflict Status; a Lease is created once (409
+AlreadyExists after) and updated only at its current resourceVersion (409 Conflict otherwise, 422 without
+one), as leader election relies on.
 
 Test controls: `add_*`/`update_*`/`delete_*` change objects and notify watchers; `events`, `bindings`,
 `patches` and `requests` record what clients did; `fail`, `drop` and `hang` make the next matching
@@ -35,14 +38,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
 import orjson
 import pytest
 
-NODES, PODS = "nodes", "pods"
-_KINDS = {NODES: "Node", PODS: "Pod"}
+NODES, PODS, LEASES = "nodes", "pods", "leases"
+_KINDS = {NODES: "Node", PODS: "Pod", LEASES: "Lease"}
+COORDINATION = "coordination.k8s.io/v1"
 # The fields the real API server lets a fieldSelector name (a typo is a 400 there, and here).
 _SELECTABLE = {
     NODES: {"metadata.name", "spec.unschedulable"},
@@ -261,7 +266,7 @@ class FakeKubeApiServer:
     def __init__(self, *, retain: int = 10_000, port: int = 0, first_resource_version: int = 1000) -> None:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
-        self._objects: dict[str, dict[tuple[str, str], dict]] = {NODES: {}, PODS: {}}
+        self._objects: dict[str, dict[tuple[str, str], dict]] = {NODES: {}, PODS: {}, LEASES: {}}
         self._log: list[_Change] = []
         self._retain = retain
         self._rv = first_resource_version
@@ -318,6 +323,17 @@ class FakeKubeApiServer:
         self._thread.join(10)
         self._httpd = None
 
+    def write_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig that points a process (an extender, an agent) at this server."""
+        path.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: test, cluster: {{server: "{self.url}"}}}}]
+users: [{{name: client, user: {{token: test-token}}}}]
+contexts: [{{name: test, context: {{cluster: test, user: client}}}}]
+current-context: test
+""")
+        return path
+
     def __enter__(self) -> Self:
         return self.start()
 
@@ -362,7 +378,7 @@ class FakeKubeApiServer:
 
     def _key(self, resource: str, obj: dict) -> tuple[str, str]:
         meta = obj["metadata"]
-        return (meta.setdefault("namespace", "default") if resource == PODS else "", meta["name"])
+        return (meta.setdefault("namespace", "default") if resource in (PODS, LEASES) else "", meta["name"])
 
     def _get(self, resource: str, key: tuple[str, str]) -> dict:
         with self._lock:
@@ -591,6 +607,61 @@ class FakeKubeApiServer:
             self._commit(PODS, "MODIFIED", new, old)
         return status_body(201, "", "")
 
+    def lease(self, namespace: str, name: str) -> dict:
+        return self._get(LEASES, (namespace, name))
+
+    def create_lease(self, namespace: str, lease: Any) -> dict:
+        meta = self._lease_meta(namespace, lease)
+        with self._lock:
+            key = (namespace, meta.get("name") or "")
+            if key in self._objects[LEASES]:
+                raise ApiError(409, "AlreadyExists", f'leases.coordination.k8s.io "{key[1]}" already exists',
+                               {"name": key[1], "group": "coordination.k8s.io", "kind": "leases"})
+            new = copy.deepcopy(lease)
+            new["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339())
+            new["kind"], new["apiVersion"] = "Lease", COORDINATION
+            return self._commit(LEASES, "ADDED", new, None)
+
+    def replace_lease(self, namespace: str, name: str, lease: Any) -> dict:
+        meta = self._lease_meta(namespace, lease)
+        if meta.get("name") != name:
+            raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL")
+        with self._lock:
+            old = self._objects[LEASES].get((namespace, name))
+            if old is None:
+                raise ApiError(404, "NotFound", f'leases.coordination.k8s.io "{name}" not found', {"name": name})
+            if not meta.get("resourceVersion"):
+                raise ApiError(422, "Invalid", f'Lease.coordination.k8s.io "{name}" is invalid: '
+                               "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update")
+            if meta["resourceVersion"] != old["metadata"]["resourceVersion"]:
+                raise _conflict("leases.coordination.k8s.io", name, "the object has been modified; please apply "
+                                "your changes to the latest version and try again")
+            new = copy.deepcopy(lease)
+            for keep in ("uid", "creationTimestamp"):
+                new["metadata"][keep] = old["metadata"][keep]
+            new["kind"], new["apiVersion"] = "Lease", COORDINATION
+            return self._commit(LEASES, "MODIFIED", new, old)
+
+    def delete_lease(self, namespace: str, name: str) -> dict:
+        return self._delete(LEASES, (namespace, name))
+
+    @staticmethod
+    def _lease_meta(namespace: str, lease: Any) -> dict:
+        """The checks kube-apiserver makes on a Lease body that leader election could get wrong."""
+        if not isinstance(lease, dict) or lease.get("kind", "Lease") != "Lease":
+            raise ApiError(400, "BadRequest", "the body is not a Lease")
+        meta = lease.setdefault("metadata", {})
+        if meta.setdefault("namespace", namespace) != namespace:
+            raise ApiError(400, "BadRequest",
+                           "the namespace of the provided object does not match the namespace sent on the request")
+        spec = lease.get("spec") or {}
+        duration, transitions = spec.get("leaseDurationSeconds"), spec.get("leaseTransitions")
+        if not meta.get("name") or (duration is not None and (type(duration) is not int or duration <= 0)) or (
+                transitions is not None and (type(transitions) is not int or transitions < 0)):
+            raise ApiError(422, "Invalid", "Lease is invalid: a name, leaseDurationSeconds > 0 and "
+                           "leaseTransitions >= 0 are required")
+        return meta
+
     def create_event(self, namespace: str, event: Any) -> dict:
         if not isinstance(event, dict) or event.get("kind", "Event") != "Event":
             raise ApiError(400, "BadRequest", "the body is not an Event")
@@ -761,6 +832,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _route(self, method: str, parts: list[str], query: dict, body: Any, watch: bool) -> None:
         api = self.api
+        if parts[:3] == ["apis", *COORDINATION.split("/")]:
+            self._route_lease(method, parts[3:], body)
+            return
         if parts[:2] != ["api", "v1"]:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         rest = parts[2:]
@@ -794,6 +868,20 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ApiError(
                     405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
                 )
+            case _:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+    def _route_lease(self, method: str, rest: list[str], body: Any) -> None:
+        api = self.api
+        match (method, rest):
+            case ("GET", ["namespaces", namespace, "leases", name]):
+                self._send(200, api.lease(namespace, name))
+            case ("POST", ["namespaces", namespace, "leases"]):
+                self._send(201, api.create_lease(namespace, body))
+            case ("PUT", ["namespaces", namespace, "leases", name]):
+                self._send(200, api.replace_lease(namespace, name, body))
+            case ("DELETE", ["namespaces", namespace, "leases", name]):
+                self._send(200, api.delete_lease(namespace, name))
             case _:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
 

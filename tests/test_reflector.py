@@ -326,3 +326,22 @@ def test_backoff_steps_and_bounds():
     assert [round(high.next(), 2) for _ in range(10)][-1] == 36.0
     low.reset()
     assert low.next() == pytest.approx(0.16)
+
+
+def test_relist_closes_a_quiet_watch_and_lists_at_once(kube_server, api, running):
+    """A new leader asks for a fresh list: it must not wait for a quiet watch to end (60 s) or back off."""
+    kube_server.add_pod(make_pod("a"))
+    sink = RecordingSink()
+    sleep = RecordingSleep()
+    reflector = running(pod_reflector(api, sink, sleep=sleep, watch_timeout=600))
+    reflector.wait_for_sync(20)
+    assert kube_server.wait_for_watchers(PODS)
+    kube_server.hang("GET", "/api/v1/pods", watch=False)  # the relist: held until the test lets it go
+    ticket = reflector.relist()
+    wait_until(lambda: kube_server.list_count(PODS) == 2, what="the relist request")
+    assert not reflector.listed(ticket), "a list still under way answers no ticket"
+    kube_server.release_hangs()  # that list fails; the next one succeeds
+    wait_until(lambda: reflector.listed(ticket), what="the relist in the sink")
+    assert sink.replaces() == [["a"], ["a"]] and kube_server.list_count(PODS) == 3
+    assert reflector.listed(ticket - 1) and not reflector.listed(ticket + 1)
+    assert sink.calls.count(("synced",)) == 1

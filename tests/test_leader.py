@@ -1,0 +1,389 @@
+"""Leader election on a Lease (extender.leader), and what it gates: only the leader binds and is ready.
+
+The election rules run over the real client and the in-process API server (Leases with resourceVersion
+conflicts, as kube-apiserver keeps them), on a fake clock: no test waits for a lease to expire. The
+failover test at the end runs two real `gpu-topology-extender serve` processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import kubernetes.client as k8s
+import orjson
+import pytest
+from extender_harness import GPUS_KEY, held_gpus, node_annotations, start
+from kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node, make_pod, wait_until
+
+from extender.kube import KubernetesApi
+from extender.leader import LeaderElector, LeaseRecord, Timings, micro_time
+
+__all__ = ["kube_server_fixture"]
+
+NAMESPACE, LEASE = "gpu-system", "gpu-topology-extender"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Clock:
+    """A monotonic clock that moves only when told, and the wall time that goes with it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.25
+        self.epoch = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def wall(self) -> datetime:
+        return self.epoch + timedelta(seconds=self.now)
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def api(kube_server: FakeKubeApiServer) -> KubernetesApi:
+    return KubernetesApi.from_configuration(k8s.Configuration(host=kube_server.url), timeout=2.0)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def elector(api, clock: Clock, identity: str, *, lease_api=None) -> LeaderElector:
+    return LeaderElector(lease_api or api, NAMESPACE, LEASE, identity, Timings(), clock=clock, wall=clock.wall)
+
+
+def spec(server: FakeKubeApiServer) -> dict:
+    return server.lease(NAMESPACE, LEASE)["spec"]
+
+
+# -- the election rules --------------------------------------------------------------------------------------
+
+
+def test_the_first_candidate_creates_the_lease_and_the_second_waits(kube_server, api, clock):
+    a, b = elector(api, clock, "a"), elector(api, clock, "b")
+    assert a.step() and a.is_leader() and a.term() == 1
+    assert not b.step() and not b.is_leader() and b.term() is None
+    lease = spec(kube_server)
+    assert (lease["holderIdentity"], lease["leaseDurationSeconds"], lease["leaseTransitions"]) == ("a", 15, 0)
+    assert datetime.fromisoformat(lease["acquireTime"]) == datetime.fromisoformat(lease["renewTime"]) == clock.wall()
+
+
+def test_a_renewal_keeps_the_acquire_time_and_the_term(kube_server, api, clock):
+    a = elector(api, clock, "a")
+    a.step()
+    acquired = spec(kube_server)["acquireTime"]
+    for _ in range(5):
+        clock.advance(2)
+        assert a.step()
+    lease = spec(kube_server)
+    assert lease["acquireTime"] == acquired and datetime.fromisoformat(lease["renewTime"]) == clock.wall()
+    assert lease["leaseTransitions"] == 0 and a.term() == 1
+
+
+def test_a_lease_not_renewed_is_taken_over_after_the_lease_duration_seen_locally(kube_server, api, clock):
+    a, b = elector(api, clock, "a"), elector(api, clock, "b")
+    a.step()
+    assert not b.step()  # b sees a's record now, and times it from now
+    clock.advance(14.9)
+    assert not b.step()
+    clock.advance(0.1)
+    assert b.step() and b.term() == 1
+    lease = spec(kube_server)
+    assert (lease["holderIdentity"], lease["leaseTransitions"]) == ("b", 1)
+    assert not a.step() and not a.is_leader(), "a, back from its pause, finds the Lease held by b"
+
+
+def test_expiry_is_measured_on_this_replica_s_clock_not_the_holder_s_renew_time(kube_server, api, clock):
+    """A holder whose clock is a year behind still holds its Lease while it renews: only changes are timed."""
+    a = LeaderElector(api, NAMESPACE, LEASE, "a", Timings(), clock=clock,
+                      wall=lambda: clock.wall() - timedelta(days=365))
+    b = elector(api, clock, "b")
+    a.step()
+    for _ in range(20):
+        assert not b.step()
+        clock.advance(2)
+        assert a.step()
+    assert spec(kube_server)["holderIdentity"] == "a"
+
+
+class RacingLeases:
+    """The Lease API of a candidate that, once armed, is overtaken between its next read and its write."""
+
+    def __init__(self, api: KubernetesApi, between) -> None:
+        self.api, self.between, self.armed = api, between, False
+
+    def get_lease(self, namespace, name):
+        lease = self.api.get_lease(namespace, name)
+        if self.armed:
+            self.armed = False
+            self.between()
+        return lease
+
+    def create_lease(self, namespace, lease):
+        return self.api.create_lease(namespace, lease)
+
+    def replace_lease(self, namespace, name, lease):
+        return self.api.replace_lease(namespace, name, lease)
+
+
+@pytest.mark.parametrize("lease_exists", [False, True], ids=["create", "update"])
+def test_of_two_candidates_racing_for_the_lease_only_one_wins(kube_server, api, clock, lease_exists):
+    c = elector(api, clock, "c")
+    racing = RacingLeases(api, c.step)
+    b = elector(api, clock, "b", lease_api=racing)
+    if lease_exists:  # a Lease its holder stopped renewing, as a dead leader leaves it
+        elector(api, clock, "old").step()
+        assert not b.step() and not c.step()
+        clock.advance(15)
+    racing.armed = True
+    assert not b.step(), "c wrote between b's read and b's write: b's write is refused"
+    assert c.is_leader() and not b.is_leader() and b.term() is None
+    assert spec(kube_server)["holderIdentity"] == "c"
+
+
+def test_a_leader_that_cannot_renew_steps_down_before_anyone_can_take_over(kube_server, api, clock):
+    a, b = elector(api, clock, "a"), elector(api, clock, "b")
+    a.step()
+    b.step()
+    kube_server.fail(None, f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{LEASE}", times=5)
+    for _ in range(4):  # a retries every 2 s and every call fails
+        clock.advance(2)
+        assert not a.step() and a.is_leader()
+    clock.advance(2)  # 10 s since a's last renewal: the renew deadline
+    assert not a.step()
+    assert not a.is_leader() and a.term() is None, "a stops binding at the renew deadline"
+    assert not b.step(), "b cannot have the Lease yet: it was renewed 10 s ago, less than the lease duration"
+    clock.advance(5)
+    assert b.step() and b.is_leader()
+
+
+def test_each_win_starts_a_new_term_and_tells_the_listeners(kube_server, api, clock):
+    terms: list[int] = []
+    a, b = elector(api, clock, "a"), elector(api, clock, "b")
+    a.on_new_term(terms.append)
+    a.step()
+    clock.advance(2)
+    a.step()
+    b.step()
+    clock.advance(16)  # a paused (say, a long GC) and lost the Lease to b
+    assert b.step()
+    assert not a.step() and terms == [1]
+    b.release()
+    assert a.step() and terms == [1, 2] and a.term() == 2
+    assert spec(kube_server)["leaseTransitions"] == 2
+
+
+def test_release_hands_the_lease_over_at_once(kube_server, api, clock):
+    a, b = elector(api, clock, "a"), elector(api, clock, "b")
+    a.step()
+    b.step()
+    a.stop()
+    assert spec(kube_server)["holderIdentity"] == "" and not a.is_leader()
+    assert b.step() and spec(kube_server)["leaseTransitions"] == 1
+
+
+def test_a_mangled_lease_can_be_taken_over():
+    mangled = {"spec": {"holderIdentity": 7, "leaseDurationSeconds": "15", "leaseTransitions": -3,
+                        "renewTime": ["2026"]}}
+    assert LeaseRecord.from_lease(mangled) == LeaseRecord()
+    assert LeaseRecord.from_lease({"spec": None}) == LeaseRecord()
+
+
+@pytest.mark.parametrize(("lease", "renew", "retry"), [(15, 15, 2), (15, 10, 10), (10, 20, 2), (15, 10, 0)])
+def test_inconsistent_timings_are_refused(lease, renew, retry):
+    with pytest.raises(ValueError, match="lease duration > renew deadline"):
+        Timings(lease, renew, retry)
+
+
+def test_a_micro_time_always_has_its_fraction():
+    """The client passes it through datetime.isoformat, which would drop a zero fraction."""
+    assert micro_time(datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC)) == "2026-05-01T12:00:00.000001Z"
+
+
+# -- what the election gates, in one process -----------------------------------------------------------------
+
+
+@pytest.fixture
+def cluster(kube_server: FakeKubeApiServer) -> FakeKubeApiServer:
+    kube_server.add_node(make_node("gpu-1", annotations=node_annotations("gpu-1")))
+    return kube_server
+
+
+def test_only_the_leader_is_ready_and_binds(cluster, clock):
+    extenders = []
+    try:
+        for identity in ("a", "b"):
+            api = KubernetesApi.from_configuration(k8s.Configuration(host=cluster.url), timeout=2.0)
+            extenders.append(start(cluster, elector=elector(api, clock, identity)))
+        a, b = extenders
+        assert a.elector.step() and not b.elector.step()
+        wait_until(lambda: a.readyz() == (200, "ok"), what="the leader ready")
+        assert b.readyz() == (503, "replica b is not the leader")
+        pod = cluster.add_pod(make_pod("p", gpus=2))
+        wait_until(lambda: b.state.pod(pod["metadata"]["uid"]), what="the pod in b's cache")
+        assert b.filter(pod, ["gpu-1"])["NodeNames"] == ["gpu-1"], "a standby still filters"
+        assert b.bind(pod, "gpu-1") == ("binding default/p refused: replica b is not the leader; kube-scheduler "
+                                        "will retry the pod")
+        assert "nodeName" not in cluster.pod("default", "p")["spec"]
+        assert a.bind(pod, "gpu-1") == ""
+        assert "gpu_topology_extender_leader 1.0" in a.client.get("/metrics").text
+        assert "gpu_topology_extender_leader 0.0" in b.client.get("/metrics").text
+    finally:
+        for extender in extenders:
+            extender.stop()
+
+
+def test_a_new_leader_is_ready_only_once_a_pod_list_made_after_its_win_is_in_the_ledger(cluster, clock):
+    api = KubernetesApi.from_configuration(k8s.Configuration(host=cluster.url), timeout=2.0)
+    a = start(cluster, elector=elector(api, clock, "a"))
+    try:
+        pod = cluster.add_pod(make_pod("early", gpus=1))
+        wait_until(lambda: a.state.pod(pod["metadata"]["uid"]), what="the pod in the watch")
+        lists = cluster.list_count("pods")
+        cluster.hang("GET", "/api/v1/pods", watch=False)
+        assert a.elector.step() and a.elector.term() == 1
+        wait_until(lambda: cluster.list_count("pods") > lists, what="the relist after the win")
+        assert a.readyz() == (503, "replica a has just become the leader and is rebuilding its GPU ledger")
+        assert "rebuilding its GPU ledger" in a.bind(pod, "gpu-1")
+        cluster.release_hangs()  # the hung list fails; the next one rebuilds the ledger
+        wait_until(lambda: a.readyz() == (200, "ok"), what="ready after a list succeeded")
+        assert cluster.list_count("pods") == lists + 2
+        assert a.bind(pod, "gpu-1") == ""
+    finally:
+        a.stop()
+
+
+# -- failover between two processes --------------------------------------------------------------------------
+
+LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS = 3, 2.0, 0.4
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Replica:
+    """One `gpu-topology-extender serve --leader-elect` process."""
+
+    def __init__(self, identity: str, server: FakeKubeApiServer, tmp: Path) -> None:
+        self.identity, self.port = identity, free_port()
+        kubeconfig = server.write_kubeconfig(tmp / "kubeconfig")
+        script = Path(sys.executable).with_name("gpu-topology-extender")
+        command = [str(script)] if script.exists() else [sys.executable, "-m", "extender.cli"]
+        self.log = open(tmp / f"{identity}.log", "w+")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [*command, "serve", "--kubeconfig", str(kubeconfig), "--port", str(self.port),
+             "--seal-key-file", str(tmp / "seal.key"), "--leader-elect", "--leader-elect-namespace", NAMESPACE,
+             "--leader-elect-identity", identity, "--leader-elect-lease-duration", str(LEASE_SECONDS),
+             "--leader-elect-renew-deadline", str(RENEW_SECONDS), "--leader-elect-retry-period", str(RETRY_SECONDS)],
+            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+        except OSError:
+            return 0, ""
+
+    def bind(self, pod: dict, node: str) -> str:
+        metadata = pod["metadata"]
+        body = orjson.dumps({"PodName": metadata["name"], "PodNamespace": metadata["namespace"],
+                             "PodUID": metadata["uid"], "Node": node})
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/bind", data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return orjson.loads(answer.read())["Error"]
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)
+        self.log.close()
+
+
+@pytest.fixture
+def replicas(kube_server: FakeKubeApiServer, tmp_path: Path) -> Iterator[dict[str, Replica]]:
+    (tmp_path / "seal.key").write_text(os.urandom(32).hex())  # the Secret the replicas share
+    for node in ("gpu-1", "gpu-2"):
+        kube_server.add_node(make_node(node, annotations=node_annotations(node)))
+    started: dict[str, Replica] = {}
+    yield started
+    for replica in started.values():
+        replica.stop()
+
+
+def lease_writes(server: FakeKubeApiServer, identity: str) -> list[dict]:
+    return [r.body["spec"] for r in list(server.requests) if r.method in ("POST", "PUT")
+            and r.path.startswith("/apis/coordination.k8s.io/") and r.body["spec"]["holderIdentity"] == identity]
+
+
+def test_failover_between_two_processes_assigns_no_gpu_twice(kube_server, replicas, tmp_path):
+    replicas["a"] = a = Replica("a", kube_server, tmp_path)
+    wait_until(lambda: a.get("/readyz") == (200, "ok"), timeout=60, what=f"replica a ready: {a.output()}")
+    replicas["b"] = b = Replica("b", kube_server, tmp_path)
+    wait_until(lambda: b.get("/readyz") == (503, "replica b is not the leader"), timeout=60,
+               what="replica b up as a standby")
+    assert "gpu_topology_extender_leader 1.0" in a.get("/metrics")[1]
+    assert "gpu_topology_extender_leader 0.0" in b.get("/metrics")[1]
+
+    pods = [kube_server.add_pod(make_pod(f"p{i}", gpus=2)) for i in range(9)]
+    nodes = ["gpu-1", "gpu-2"]
+    assert "replica b is not the leader" in b.bind(pods[0], "gpu-1")
+    for i, pod in enumerate(pods[:4]):  # a binds half of the 16 GPUs
+        assert a.bind(pod, nodes[i % 2]) == "", a.output()
+    assert "nodeName" not in kube_server.pod("default", "p4")["spec"]
+
+    a.process.kill()  # no release: b has to wait for the Lease to expire
+    a.process.wait(10)
+    killed = time.monotonic()
+    wait_until(lambda: b.get("/readyz") == (200, "ok"), timeout=60, what=f"b to take over: {b.output()}")
+    print(f"failover: b ready {time.monotonic() - killed:.1f} s after a was killed (lease {LEASE_SECONDS} s)")
+    lease = spec(kube_server)
+    assert (lease["holderIdentity"], lease["leaseTransitions"]) == ("b", 1)
+    last_renewal = datetime.fromisoformat(lease_writes(kube_server, "a")[-1]["renewTime"])
+    assert datetime.fromisoformat(lease["acquireTime"]) - last_renewal >= timedelta(seconds=LEASE_SECONDS), \
+        "b took the Lease before it expired"
+
+    # b rebuilt its ledger from a's sealed binds: no reporter says they are used, yet b fills only the rest.
+    for i, pod in enumerate(pods[4:8]):
+        assert b.bind(pod, nodes[i % 2]) == "", b.output()
+    assert all(b.bind(pods[8], node) != "" for node in nodes), "both nodes are full"
+    for node in nodes:
+        held = held_gpus(kube_server, node)
+        assert len(held) == len(set(held)) == 8, f"{node}: {held}"
+    assert all(GPUS_KEY in kube_server.pod("default", f"p{i}")["metadata"]["annotations"] for i in range(8))
+    assert "Traceback" not in b.output()
+
+
+def test_a_stopped_leader_hands_over_at_once(kube_server, replicas, tmp_path):
+    replicas["a"] = a = Replica("a", kube_server, tmp_path)
+    wait_until(lambda: a.get("/readyz") == (200, "ok"), timeout=60, what=f"replica a ready: {a.output()}")
+    replicas["b"] = b = Replica("b", kube_server, tmp_path)
+    wait_until(lambda: b.get("/readyz")[0] == 503, timeout=60, what="replica b up")
+    a.process.send_signal(signal.SIGTERM)
+    assert a.process.wait(20) == 0, a.output()
+    assert "released" in a.output()
+    wait_until(lambda: b.get("/readyz") == (200, "ok"), timeout=60, what=f"b to take over: {b.output()}")
+    lease = spec(kube_server)
+    assert lease_writes(kube_server, ""), "a cleared the holder"
+    assert lease["holderIdentity"] == "b" and lease["leaseTransitions"] == 1
