@@ -38,6 +38,7 @@ DOCS: dict[str, list[Doc]] = {path.name: load_yaml(path) for path in sorted(CONF
 SCHEDULER_CONFIG_GROUP = "kubescheduler.config.k8s.io"
 KUSTOMIZE_GROUP = "kustomize.config.k8s.io"
 CERT_MANAGER_GROUP = "cert-manager.io"
+MONITORING_GROUP = "monitoring.coreos.com"
 
 
 def api_group(doc: Doc) -> str:
@@ -56,7 +57,7 @@ def documents(group: str | None = None) -> Iterator[tuple[str, Doc]]:
 API_OBJECTS = [
     (name, doc)
     for name, doc in documents()
-    if api_group(doc) not in {SCHEDULER_CONFIG_GROUP, KUSTOMIZE_GROUP, CERT_MANAGER_GROUP}
+    if api_group(doc) not in {SCHEDULER_CONFIG_GROUP, KUSTOMIZE_GROUP, CERT_MANAGER_GROUP, MONITORING_GROUP}
 ]
 
 

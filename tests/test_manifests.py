@@ -33,6 +33,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import kubernetes_validate
+import promql_parser
 import pytest
 import yaml
 from kubernetes_validate.utils import all_versions
@@ -44,6 +45,7 @@ from manifest_checks import (
     DOCS,
     KUBERNETES_VERSION,
     KUSTOMIZE_GROUP,
+    MONITORING_GROUP,
     ROOT,
     SCHEDULER_CONFIG_GROUP,
     AdmissionPolicy,
@@ -132,6 +134,7 @@ def test_every_document_is_of_a_kind_this_suite_checks() -> None:
         SCHEDULER_CONFIG_GROUP: {"KubeSchedulerConfiguration"},
         KUSTOMIZE_GROUP: {"Kustomization"},
         CERT_MANAGER_GROUP: {"Issuer", "ClusterIssuer", "Certificate"},
+        MONITORING_GROUP: {"PrometheusRule"},
     }
     for file, doc in _docs():
         group = _group(doc)
@@ -154,8 +157,9 @@ def test_no_secret_material_is_committed() -> None:
 (KUSTOMIZATION,) = DOCS["kustomization.yaml"]
 
 
-# Installed by hand where their CRDs exist: cert-manager.yaml (TLS option 1, with its admission policy).
-OPTIONAL_FILES = {"cert-manager.yaml"}
+# Installed by hand where their CRDs exist: cert-manager.yaml (TLS option 1, with its admission policy) and
+# prometheus-rule.yaml (the Prometheus Operator's).
+OPTIONAL_FILES = {"cert-manager.yaml", "prometheus-rule.yaml"}
 
 
 def test_kustomization_installs_every_manifest_but_the_optional_ones() -> None:
@@ -1767,6 +1771,54 @@ def test_only_the_extenders_namespace_may_have_the_ca_sign(namespace: str, issue
     else:
         assert verdict.applies and verdict.allowed is allowed, verdict.messages
         assert not [m for m in verdict.messages if m.startswith("evaluation error")], verdict.messages
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Alerts (prometheus-rule.yaml): PromQL that parses, on metrics the extender exports
+# ---------------------------------------------------------------------------------------------------------------
+
+(PROMETHEUS_RULE,) = [doc for _, doc in _docs(MONITORING_GROUP)]
+ALERTS = [rule for group in PROMETHEUS_RULE["spec"]["groups"] for rule in group["rules"]]
+_SERIES_SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum")}
+
+
+def exported_series() -> set[str]:
+    """The series names a real extender's /metrics can carry (a labelled metric exports no sample until used)."""
+    from extender.metrics import Metrics
+    from extender.state import ClusterState
+
+    families = Metrics(ClusterState()).registry.collect()
+    return {family.name + suffix for family in families for suffix in _SERIES_SUFFIXES[family.type]}
+
+
+def test_prometheus_rule_is_well_formed() -> None:
+    assert PROMETHEUS_RULE["apiVersion"] == "monitoring.coreos.com/v1"
+    assert PROMETHEUS_RULE["metadata"]["namespace"] == NAMESPACE
+    names = [rule["alert"] for rule in ALERTS]
+    assert len(names) == len(set(names)) and all(name.startswith("GPUTopologyExtender") for name in names)
+    for rule in ALERTS:
+        assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule["alert"]
+        assert rule["labels"]["severity"] in {"critical", "warning", "info"}
+        assert {"summary", "description"} <= set(rule["annotations"])
+        if "for" in rule:
+            assert parse_go_duration(rule["for"]) > 0
+
+
+@pytest.mark.parametrize("rule", ALERTS, ids=[rule["alert"] for rule in ALERTS])
+def test_alert_parses_and_names_only_metrics_the_extender_exports(rule: Doc) -> None:
+    promql_parser.parse(rule["expr"])  # raises on a syntax error
+    named = set(re.findall(r"\bgpu_topology_extender_\w+", rule["expr"]))
+    assert named, rule["expr"]
+    assert named <= exported_series(), named - exported_series()
+
+
+def test_the_alerts_cover_the_failures_readme_operating_names() -> None:
+    # README.md, "Operating": no leader, two leaders, slowness, refused nodes, stale nodes, refused requests.
+    covered = " ".join(rule["expr"] for rule in ALERTS)
+    for metric in ("gpu_topology_extender_leader", "gpu_topology_extender_request_seconds_bucket",
+                   "gpu_topology_extender_nodes_refused", "gpu_topology_extender_stale_nodes",
+                   "gpu_topology_extender_requests_refused_total", "gpu_topology_extender_decisions_total"):
+        assert metric in covered, metric
 
 
 # ---------------------------------------------------------------------------------------------------------------
