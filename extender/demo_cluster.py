@@ -39,7 +39,7 @@ def with_uuids(node: str, topology: Topology) -> Topology:
     def uuid(index: int) -> str:
         digest = hashlib.sha256(f"{node}/{index}".encode()).hexdigest()
         return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
-    gpus = tuple(replace(gpu, uuid=uuid(gpu.index), pci_bus_id=f"0000:{0x10 + gpu.index * 0x10:02x}:00.0")
+    gpus = tuple(replace(gpu, uuid=uuid(gpu.index), pci_bus_id=f"0000:{0x10 + gpu.index * 3:02x}:00.0")
                  for gpu in topology.gpus)
     return replace(topology, gpus=gpus)
 

@@ -17,8 +17,9 @@ same JSON kube-scheduler would send. The pod is shaped like the pod kube-schedul
 
 Added to the product app, under /loadtest/ only, for the generator's report: `GET /loadtest/stats` (time spent
 in the in-process API server, churn counts, garbage-collector pauses), `POST /loadtest/profile/start|stop`
-(cProfile of the event-loop thread), and for the soak `POST /loadtest/replace-board` (a node with no pods gets
-a board the extender has not seen).
+(cProfile of the event-loop thread), for the soak `POST /loadtest/replace-board` (a node with no pods gets
+a board the extender has not seen), and with `--hostile FILE` `POST /loadtest/hostile-rotate` (the hostile
+node publishes another set of used GPUs).
 
     python loadtests/large_cluster_server.py --nodes 5000 [--fill 0.45] [--window 2000] [--port 0]
 """
@@ -43,6 +44,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,8 @@ from extender.state import ClusterState, NodeKey
 from extender.wire import BindingArgs
 from topology.agent.claims import Board
 from topology.annotations import AnnotationKeys
+from topology.codec import NodeState, decode_topology, encode_state
+from topology.model import Topology
 
 KEYS = AnnotationKeys()
 LOAD_NAMESPACE = "ml-team"
@@ -66,6 +70,7 @@ FILL_SIZES = (1, 1, 2, 2, 4)
 # Nodes never go stale during a run: the reporters' heartbeats are not simulated (node updates come from binds
 # and pod ends only), so the staleness bound is set past any run's length.
 STALE_AFTER_SECONDS = 24 * 3600.0
+HOSTILE_NODE = "hostile-0"
 
 
 def node_names(count: int) -> list[str]:
@@ -141,6 +146,8 @@ class LoadCluster(DemoCluster):
         self.api_seconds = 0.0
         self.on_bound = lambda uid, name: None
         self.boards_replaced = 0
+        self.hostile: str | None = None
+        self.hostile_used: frozenset[str] = frozenset()
         super().__init__(state, nodes)
 
     def add_pod(self, pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -185,6 +192,25 @@ class LoadCluster(DemoCluster):
             self.report(name)
             return name
 
+    def add_hostile(self, name: str, topology: Topology) -> None:
+        """A node whose reporter publishes `topology` and a state of its own choosing (`rotate_hostile`)."""
+        with self._lock:
+            self.hostile = name
+            self.hostile_used = frozenset()
+            self.topologies[name] = topology
+            self._boards[name] = Board(topology)
+            self._answered[name] = {}
+            self.state.nodes.apply("ADDED", self._node(name))
+
+    def rotate_hostile(self, rng: random.Random) -> int:
+        """The hostile node publishes a new set of used GPUs (a free count uniform in 0..n), so no memo of a
+        previous answer helps with the next request; returns the free count."""
+        with self._lock:
+            ids = [gpu.uuid for gpu in self.topologies[self.hostile].gpus]
+            self.hostile_used = frozenset(rng.sample(ids, len(ids) - rng.randint(0, len(ids))))
+            self.report(self.hostile)
+            return len(ids) - len(self.hostile_used)
+
     def finish_pod(self, uid: str) -> None:
         with self._lock:
             pod = self.pods.get(uid)
@@ -198,9 +224,13 @@ class LoadCluster(DemoCluster):
         return pod if pod is not None else super()._find(namespace, name)
 
     def _node(self, name: str) -> dict[str, Any]:
-        """DemoCluster's node object, built from the pods on this node only."""
+        """DemoCluster's node object, built from the pods on this node only; the hostile node's state is its own."""
         with self._lock, self._only_on(name):
-            return super()._node(name)
+            node = super()._node(name)
+        if name == self.hostile:
+            state = NodeState(self.hostile_used, frozenset(), datetime.now(timezone.utc), self._generation)
+            node["metadata"]["annotations"][self.state.keys.state] = encode_state(state)
+        return node
 
     def _admit(self, node: str, pod: dict[str, Any]) -> None:
         """DemoCluster's kubelet admission, which reads the pods on this node only."""
@@ -277,7 +307,8 @@ class GcPauses:
         run[2] = max(run[2], took)
 
 
-def build(nodes: int, fill: float, window: int, seed: int) -> tuple[ExtenderService, LoadCluster, Churn, dict]:
+def build(nodes: int, fill: float, window: int, seed: int,
+          hostile: Path | None = None) -> tuple[ExtenderService, LoadCluster, Churn, dict]:
     started = time.perf_counter()
     state = ClusterState(stale_after=STALE_AFTER_SECONDS)
     cluster = LoadCluster(state, cluster_nodes(nodes))
@@ -303,6 +334,8 @@ def build(nodes: int, fill: float, window: int, seed: int) -> tuple[ExtenderServ
             refused += 1
         else:
             cluster.finish_pod(uid)
+    if hostile is not None:
+        cluster.add_hostile(HOSTILE_NODE, decode_topology(hostile.read_text(encoding="utf-8")))
     churn = Churn(cluster, running, window)
     churn.create_up_to(window - 1)
     cluster.on_bound = churn.bound
@@ -332,6 +365,12 @@ def serve(service: ExtenderService, cluster: LoadCluster, churn: Churn, facts: d
     @app.post("/loadtest/replace-board")
     async def replace_board() -> JSONResponse:
         return JSONResponse({"node": cluster.replace_board(replacements)})
+
+    hostile_states = random.Random(facts["nodes"] + 1)
+
+    @app.post("/loadtest/hostile-rotate")
+    async def hostile_rotate() -> JSONResponse:
+        return JSONResponse({"free": cluster.rotate_hostile(hostile_states)})
 
     profiler = cProfile.Profile()
 
@@ -384,8 +423,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="pending load pods kept ahead of the last one bound (default 2000)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the initial fill (default 1)")
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free port)")
+    parser.add_argument("--hostile", type=Path, metavar="FILE",
+                        help=f"add a node {HOSTILE_NODE!r} whose topology annotation is this file's text")
     args = parser.parse_args(argv)
-    service, cluster, churn, facts = build(args.nodes, args.fill, args.window, args.seed)
+    service, cluster, churn, facts = build(args.nodes, args.fill, args.window, args.seed, args.hostile)
     serve(service, cluster, churn, facts, args.port)
     return 0
 
