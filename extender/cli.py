@@ -104,6 +104,11 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError("--client-ca needs --tls-cert and --tls-key")
     if args.leader_elect and args.demo:
         raise ValueError("--leader-elect needs a cluster (--kubeconfig or --in-cluster), not --demo")
+    if args.leader_elect and not args.seal_key_file:
+        # A new leader knows its predecessor's binds that the kubelets have not reported yet only by their seals.
+        raise ValueError("--leader-elect needs --seal-key-file, the key every replica shares")
+    timings = Timings(args.leader_elect_lease_duration, args.leader_elect_renew_deadline,
+                      args.leader_elect_retry_period) if args.leader_elect else None
     if args.seal_key_file:
         seal = Seal.from_file(args.seal_key_file)
     else:
@@ -122,8 +127,8 @@ def _serve(args: argparse.Namespace) -> int:
                 else KubernetesApi.from_kubeconfig(args.kubeconfig, timeout=args.api_timeout))
         nodes = Reflector(kube.list_nodes, kube.watch_nodes, state.nodes, name="nodes")
         pods = Reflector(kube.list_pods, kube.watch_pods, state.pods, name="pods")
-        if args.leader_elect:
-            elector = _elector(args, kube)
+        if timings is not None:
+            elector = _elector(args, kube, timings)
         service = ExtenderService(state, kube, leader=elector, pods=pods if elector else None)
         nodes.start()
         pods.start()
@@ -147,9 +152,7 @@ def _exit(_signum: int, _frame: object) -> None:
     raise SystemExit(0)
 
 
-def _elector(args: argparse.Namespace, kube: KubernetesApi) -> LeaderElector:
-    timings = Timings(args.leader_elect_lease_duration, args.leader_elect_renew_deadline,
-                      args.leader_elect_retry_period)
+def _elector(args: argparse.Namespace, kube: KubernetesApi, timings: Timings) -> LeaderElector:
     namespace = args.leader_elect_namespace or _service_account_namespace()
     identity = args.leader_elect_identity or os.environ.get("POD_NAME") or socket.gethostname()
     log.info("leader election on Lease %s/%s as %s", namespace, args.leader_elect_lease_name, identity)

@@ -387,3 +387,17 @@ def test_a_stopped_leader_hands_over_at_once(kube_server, replicas, tmp_path):
     lease = spec(kube_server)
     assert lease_writes(kube_server, ""), "a cleared the holder"
     assert lease["holderIdentity"] == "b" and lease["leaseTransitions"] == 1
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--kubeconfig", "k"], "--leader-elect needs --seal-key-file, the key every replica shares"),
+    (["--demo", "--seal-key-file", "k"], "--leader-elect needs a cluster (--kubeconfig or --in-cluster), not --demo"),
+    (["--kubeconfig", "k", "--seal-key-file", "k", "--leader-elect-renew-deadline", "20"],
+     "leader election needs lease duration > renew deadline > 1.2 x retry period > 0, got 15, 20.0 and 2.0"),
+])
+def test_leader_election_refuses_to_start_without_what_keeps_it_safe(argv, message, capsys):
+    """Without the shared seal key, a new leader would not know its predecessor's binds that no node reported yet."""
+    from extender import cli
+
+    assert cli.main(["serve", "--leader-elect", *argv]) == 2
+    assert capsys.readouterr().err == f"gpu-topology-extender: error: {message}\n"
