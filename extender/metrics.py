@@ -22,6 +22,10 @@ class Metrics:
         self.ring_gbps = Histogram("gpu_topology_extender_granted_ring_gbps",
                                    "Ring bandwidth of the GPU sets granted at bind (multi-GPU pods)",
                                    buckets=_GBPS_BUCKETS, registry=self.registry)
+        self.requests_refused = Counter("gpu_topology_extender_requests_refused_total",
+                                        "Requests refused at the HTTP edge, by verb (or connection) and reason: "
+                                        "too_large, not_json, bad_shape, timeout, head_too_large, client_name",
+                                        ["verb", "reason"], registry=self.registry)
         self.mismatches = Counter("gpu_topology_extender_allocation_mismatches_total",
                                   "Pods the kubelet gave other GPUs than they were bound to (the ledger followed it)",
                                   ["node"], registry=self.registry)

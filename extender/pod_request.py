@@ -1,7 +1,9 @@
 """What a pod asks for: its effective GPU count and its topology annotations (DESIGN §5).
 
 A malformed annotation never raises out of here: it becomes `problem`, a short reason that names the
-annotation, which filter reports for every node and which is sent to the pod as an Event.
+annotation, which filter reports for every node and which is sent to the pod as an Event. A pod whose JSON
+has the wrong shape (which the API server never stores, so only a forged request carries one) is named by
+`pod_shape_problem`: the field, what was expected and what came.
 """
 
 from __future__ import annotations
@@ -17,6 +19,12 @@ from topology.select import Request
 from topology.split import ContainerNeed, container_needs, device_request, parse_count
 
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+# Kubernetes' own bounds on what a request may name (apimachinery validation): longer is refused, so nothing
+# kept per name or pod (caches, Events) can grow past them.
+MAX_NAME_CHARS = 253  # a Node or Pod name is a DNS subdomain
+MAX_NAMESPACE_CHARS = 63  # a namespace is a DNS label
+MAX_UID_CHARS = 128  # a UID is a 36-character UUID; room for other formats, none for a megabyte
+MAX_VERSION_CHARS = 64  # resourceVersion: etcd's revision, a decimal uint64
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,24 +44,113 @@ class PodRequest:
 
 
 def parse_pod(pod: Mapping[str, Any], keys: AnnotationKeys, resource: str = DEFAULT_GPU_RESOURCE) -> PodRequest:
-    metadata = pod.get("metadata") or {}
-    namespace = str(metadata.get("namespace") or "default")
-    name = str(metadata.get("name") or "")
-    uid = str(metadata.get("uid") or "")
+    shape = pod_shape_problem(pod)
+    metadata = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    namespace = _text(metadata.get("namespace"), MAX_NAMESPACE_CHARS) or "default"
+    name = _text(metadata.get("name"), MAX_NAME_CHARS)
+    uid = _text(metadata.get("uid"), MAX_UID_CHARS)
+    if shape is not None:
+        return PodRequest(namespace, name, uid, 0, None, True, f"Pod.{shape}")
     spec = pod.get("spec") or {}
     try:
-        containers = container_needs(spec, resource)  # checks the containers' shape first
+        containers = container_needs(spec, resource)
         gpus = effective_gpu_request(spec, resource)
-    except (ValueError, TypeError, AttributeError) as error:
+    except ValueError as error:
         return PodRequest(namespace, name, uid, 0, None, True, f"{resource}: {error}")
-    annotations = metadata.get("annotations") or {}
-    if not isinstance(annotations, dict):
-        annotations = {}
     try:
-        request, required = _constraints(annotations, keys, gpus)
+        request, required = _constraints(metadata.get("annotations") or {}, keys, gpus)
     except ValueError as error:
         return PodRequest(namespace, name, uid, gpus, None, True, str(error), containers)
     return PodRequest(namespace, name, uid, gpus, request, required, None, containers)
+
+
+def pod_shape_problem(pod: Mapping[str, Any]) -> str | None:
+    """Where a pod's JSON differs from the Pod schema in the fields we read, or None.
+
+    Reads no more than a pod has of those fields (a few containers), so it runs on every request.
+    """
+    metadata = pod.get("metadata")
+    if not isinstance(metadata, dict):
+        return f"metadata: expected an object, got {json_type(metadata)}"
+    for field, limit in (("name", MAX_NAME_CHARS), ("namespace", MAX_NAMESPACE_CHARS), ("uid", MAX_UID_CHARS),
+                         ("resourceVersion", MAX_VERSION_CHARS)):
+        problem = _string_problem(metadata.get(field), f"metadata.{field}", limit)
+        if problem is not None:
+            return problem
+    annotations = metadata.get("annotations")
+    if annotations is not None:
+        if not isinstance(annotations, dict):
+            return f"metadata.annotations: expected an object, got {json_type(annotations)}"
+        for key, value in annotations.items():
+            if not isinstance(value, str):
+                return f"metadata.annotations[{key[:63]!r}]: expected a string, got {json_type(value)}"
+    spec = pod.get("spec")
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        return f"spec: expected an object, got {json_type(spec)}"
+    overhead = spec.get("overhead")
+    if overhead is not None and not isinstance(overhead, dict):
+        return f"spec.overhead: expected an object, got {json_type(overhead)}"
+    for field in ("initContainers", "containers"):
+        containers = spec.get(field)
+        if containers is None:
+            continue
+        if not isinstance(containers, list):
+            return f"spec.{field}: expected an array of containers, got {json_type(containers)}"
+        for index, container in enumerate(containers):
+            problem = _container_problem(container, f"spec.{field}[{index}]")
+            if problem is not None:
+                return problem
+    return None
+
+
+def json_type(value: Any) -> str:
+    """The JSON type of a decoded value, as an error message says it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _container_problem(container: Any, where: str) -> str | None:
+    if not isinstance(container, dict):
+        return f"{where}: expected a container object, got {json_type(container)}"
+    for field in ("name", "restartPolicy"):
+        problem = _string_problem(container.get(field), f"{where}.{field}", MAX_NAME_CHARS)
+        if problem is not None:
+            return problem
+    resources = container.get("resources")
+    if resources is None:
+        return None
+    if not isinstance(resources, dict):
+        return f"{where}.resources: expected an object, got {json_type(resources)}"
+    for field in ("requests", "limits"):
+        amounts = resources.get(field)
+        if amounts is not None and not isinstance(amounts, dict):
+            return f"{where}.resources.{field}: expected an object, got {json_type(amounts)}"
+    return None
+
+
+def _string_problem(value: Any, where: str, limit: int) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        return f"{where}: expected a string, got {json_type(value)}"
+    if len(value) > limit:
+        return f"{where}: expected at most {limit} characters, got {len(value)}"
+    return None
+
+
+def _text(value: Any, limit: int) -> str:
+    return value if isinstance(value, str) and len(value) <= limit else ""
 
 
 def effective_gpu_request(spec: Mapping[str, Any], resource: str) -> int:

@@ -1,10 +1,10 @@
-"""The scheduler extender wire format (k8s.io/kube-scheduler/extender/v1), in one place.
+"""The scheduler extender wire format (k8s.io/kube-scheduler/extender/v1), and what a request may hold, in one place.
 
 The Go types carry no json tags, so keys are Go field names in PascalCase. Go decodes them
 case-insensitively, and so do we; we answer in PascalCase with every field present (no omitempty).
-Bodies that are JSON but not the expected shape raise `BadRequest`, which the app turns into an `Error`
-answer with HTTP 200, because kube-scheduler reads no message from any other status. Only bytes that are
-not JSON at all raise `NotJson`, answered with HTTP 400.
+Bodies that are JSON but not the expected shape raise `BadRequest` with the field and what was expected,
+which the app turns into an `Error` answer with HTTP 200, because kube-scheduler reads no message from any
+other status. Only bytes that are not JSON at all raise `NotJson`, answered with HTTP 400.
 """
 
 from __future__ import annotations
@@ -14,6 +14,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from extender.pod_request import MAX_NAME_CHARS, MAX_UID_CHARS, json_type, pod_shape_problem
+
+# The largest body we read, refused with 413 while reading (never buffered past it). What kube-scheduler sends
+# with nodeCacheCapable (the captures in shared/kube-scheduler/, our manifests):
+# - filter and prioritize: the Pod (at most about 1.5 MiB: etcd's default request limit) and NodeNames. 5,000
+#   names of 253 characters, the longest a node name can be, are 1.3 MB, so 8 MiB holds the pod and more than
+#   20,000 names of the longest kind (real names of 20 to 60 characters: over 100,000).
+# - preempt: NodeNameToMetaVictims for the candidates of DefaultPreemption, at most max(100, 10 % of the
+#   nodes), each with at most maxPods (110) victims of about 50 bytes: 500 candidates of 5,000 nodes are
+#   2.8 MB.
+# nodeCacheCapable: false sends whole Node objects (about 3 KB each in the captures): 8 MiB holds some 2,500.
+MAX_BODY_BYTES = 8 << 20
 
 
 class NotJson(ValueError):
@@ -36,7 +49,7 @@ class ExtenderArgs:
         if self.node_names is not None:
             return self.node_names
         items = self.nodes.get("items") if self.nodes is not None else None
-        return [_node_name(item) for item in items or ()]
+        return [item["metadata"]["name"] for item in items or ()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,14 +80,22 @@ def parse_extender_args(body: bytes) -> ExtenderArgs:
     names = document.get("nodenames")
     nodes = document.get("nodes")
     if names is not None:
-        if not isinstance(names, list) or (names and set(map(type, names)) != {str}):
-            raise BadRequest("NodeNames must be a list of node names")
+        if not isinstance(names, list):
+            raise BadRequest(f"NodeNames: expected an array of node names, got {json_type(names)}")
+        # Thousands of names on the hot path: checked with C builtins, walked in Python only to say which is wrong.
+        if names and (set(map(type, names)) != {str} or min(map(len, names)) == 0
+                      or max(map(len, names)) > MAX_NAME_CHARS):
+            for index, name in enumerate(names):
+                _check_name(name, f"NodeNames[{index}]")
         return ExtenderArgs(pod, names, None)
     if nodes is not None:
-        if not isinstance(nodes, dict) or not isinstance(nodes.get("items", []), list):
-            raise BadRequest("Nodes must be a NodeList")
-        for item in nodes.get("items") or ():
-            _node_name(item)
+        if not isinstance(nodes, dict):
+            raise BadRequest(f"Nodes: expected a NodeList object, got {json_type(nodes)}")
+        items = nodes.get("items")
+        if items is not None and not isinstance(items, list):
+            raise BadRequest(f"Nodes.items: expected an array of Node objects, got {json_type(items)}")
+        for index, item in enumerate(items or ()):
+            _node_name(item, f"Nodes.items[{index}]")
         return ExtenderArgs(pod, None, nodes)
     return ExtenderArgs(pod, [], None)
 
@@ -82,10 +103,12 @@ def parse_extender_args(body: bytes) -> ExtenderArgs:
 def parse_binding_args(body: bytes) -> BindingArgs:
     document = _object(body)
     values = []
-    for field in ("podname", "podnamespace", "poduid", "node"):
+    for field, limit in (("podname", MAX_NAME_CHARS), ("podnamespace", MAX_NAME_CHARS), ("poduid", MAX_UID_CHARS),
+                         ("node", MAX_NAME_CHARS)):
         value = document.get(field)
-        if not isinstance(value, str) or not value:
+        if value is None or value == "":
             raise BadRequest(f"binding request has no {_GO_NAMES[field]}")
+        _check_name(value, _GO_NAMES[field], limit)
         values.append(value)
     return BindingArgs(*values)
 
@@ -95,19 +118,24 @@ def parse_preemption_args(body: bytes) -> PreemptionArgs:
     pod = _pod(document)
     meta = document.get("nodenametometavictims")
     full = document.get("nodenametovictims")
-    source = meta if meta is not None else full
+    source, field = (meta, "NodeNameToMetaVictims") if meta is not None else (full, "NodeNameToVictims")
     if source is None:
         return PreemptionArgs(pod, {})
     if not isinstance(source, dict):
-        raise BadRequest("NodeNameToVictims must map node names to victims")
+        raise BadRequest(f"{field}: expected an object of node name to victims, got {json_type(source)}")
     victims = {}
     for node, entry in source.items():
-        if not isinstance(entry, dict) or not isinstance(entry.get("Pods", []), list):
-            raise BadRequest(f"victims of node {node} are not a Victims object")
-        uids = [_victim_uid(item, meta is not None) for item in entry.get("Pods") or ()]
+        where = f"{field}[{_quoted(node)}]"
+        _check_name(node, f"{field}: a node name")
+        if not isinstance(entry, dict):
+            raise BadRequest(f"{where}: expected a Victims object, got {json_type(entry)}")
+        pods = entry.get("Pods")
+        if pods is not None and not isinstance(pods, list):
+            raise BadRequest(f"{where}.Pods: expected an array, got {json_type(pods)}")
+        uids = [_victim_uid(item, meta is not None, f"{where}.Pods[{index}]") for index, item in enumerate(pods or ())]
         violations = entry.get("NumPDBViolations", 0)
-        if not isinstance(violations, int):
-            raise BadRequest(f"NumPDBViolations of node {node} is not a number")
+        if isinstance(violations, bool) or not isinstance(violations, int) or not 0 <= violations <= len(uids):
+            raise BadRequest(f"{where}.NumPDBViolations: expected a whole number from 0 to the number of victims")
         victims[node] = Victims(uids, violations)
     return PreemptionArgs(pod, victims)
 
@@ -132,8 +160,12 @@ def filter_result(args: ExtenderArgs, passed: Sequence[str], failed: Mapping[str
         return b'{"NodeNames":' + orjson.dumps(list(passed)) + tail
     keep = set(passed)
     nodes = dict(args.nodes or {})
-    nodes["items"] = [item for item in (args.nodes or {}).get("items") or () if _node_name(item) in keep]
-    return b'{"Nodes":' + orjson.dumps(nodes) + b',"NodeNames":null' + tail
+    nodes["items"] = [item for item in (args.nodes or {}).get("items") or () if item["metadata"]["name"] in keep]
+    try:
+        echoed = orjson.dumps(nodes)
+    except orjson.JSONEncodeError as error:  # nesting past orjson's 254 levels: no real Node nests so deep
+        raise BadRequest(f"Nodes: cannot be answered back ({error}); a Node object nests a few levels deep") from None
+    return b'{"Nodes":' + echoed + b',"NodeNames":null' + tail
 
 
 def _reason_object(groups: Mapping[str, Sequence[str]]) -> bytes:
@@ -159,14 +191,18 @@ class PrioritizeEncoder:
     """Writes `[{"Host":…,"Score":…},…]` for thousands of hosts without a Python loop per host.
 
     Each host's `{"Host":"…","Score":` is encoded once and kept; an answer is then joined from those pieces
-    and a piece per score, with C builtins only.
+    and a piece per score, with C builtins only. What is kept is bounded: names are at most MAX_NAME_CHARS
+    (the parser refuses longer ones), the pieces at most `max_hosts` (emptied whole past it), and a request
+    with more hosts than that is encoded without keeping anything.
     """
 
-    _MAX_HOSTS = 1 << 17
-
-    def __init__(self) -> None:
+    def __init__(self, max_hosts: int = 20_000) -> None:
+        self._max_hosts = max_hosts
         self._heads: dict[str, bytes] = {}
         self._tails = [b"%d}," % score for score in range(11)]
+
+    def __len__(self) -> int:
+        return len(self._heads)
 
     def encode(self, hosts: Sequence[str], scores: Sequence[int]) -> bytes:
         if not hosts:
@@ -177,18 +213,22 @@ class PrioritizeEncoder:
         try:
             pieces[0::2] = map(self._heads.__getitem__, hosts)
         except KeyError:
-            self._learn(hosts)
-            pieces[0::2] = map(self._heads.__getitem__, hosts)
+            pieces[0::2] = map(self._pieces(hosts).__getitem__, hosts)
         pieces[1::2] = map(self._tails.__getitem__, scores)
         return b"[" + b"".join(pieces)[:-1] + b"]"
 
-    def _learn(self, hosts: Sequence[str]) -> None:
+    def _pieces(self, hosts: Sequence[str]) -> dict[str, bytes]:
         heads = self._heads
-        missing = set(hosts) - heads.keys()
-        if len(heads) + len(missing) > self._MAX_HOSTS:
-            heads.clear()
+        if len(hosts) > self._max_hosts:
+            heads = {}
             missing = set(hosts)
+        else:
+            missing = set(hosts) - heads.keys()
+            if len(heads) + len(missing) > self._max_hosts:
+                heads.clear()
+                missing = set(hosts)
         heads.update((host, b'{"Host":' + orjson.dumps(host) + b',"Score":') for host in missing)
+        return heads
 
 
 def binding_result(error: str = "") -> bytes:
@@ -210,21 +250,49 @@ def _object(body: bytes) -> dict[str, Any]:
 
 def _pod(document: Mapping[str, Any]) -> dict[str, Any]:
     pod = document.get("pod")
-    if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
-        raise BadRequest("request has no Pod object")
+    if not isinstance(pod, dict):
+        raise BadRequest(f"Pod: expected a Pod object, got {json_type(pod)}")
+    problem = pod_shape_problem(pod)
+    if problem is not None:
+        raise BadRequest(f"Pod.{problem}")
     return pod
 
 
-def _victim_uid(item: Any, meta: bool) -> str:
-    uid = item.get("UID") if meta and isinstance(item, dict) else (
-        item.get("metadata", {}).get("uid") if isinstance(item, dict) else None)
-    if not isinstance(uid, str) or not uid:
-        raise BadRequest("a victim pod has no UID")
+def _victim_uid(item: Any, meta: bool, where: str) -> str:
+    if not isinstance(item, dict):
+        raise BadRequest(f"{where}: expected {'a MetaPod' if meta else 'a Pod'} object, got {json_type(item)}")
+    if meta:
+        uid, field = item.get("UID"), "UID"
+    else:
+        metadata = item.get("metadata")
+        if not isinstance(metadata, dict):
+            raise BadRequest(f"{where}.metadata: expected an object, got {json_type(metadata)}")
+        uid, field = metadata.get("uid"), "metadata.uid"
+    if uid is None or uid == "":
+        raise BadRequest(f"{where}: a victim pod has no {field}")
+    _check_name(uid, f"{where}.{field}", MAX_UID_CHARS)
     return uid
 
 
-def _node_name(item: Any) -> str:
-    name = item.get("metadata", {}).get("name") if isinstance(item, dict) else None
-    if not isinstance(name, str) or not name:
-        raise BadRequest("a node in Nodes has no metadata.name")
+def _node_name(item: Any, where: str) -> str:
+    if not isinstance(item, dict):
+        raise BadRequest(f"{where}: expected a Node object, got {json_type(item)}")
+    metadata = item.get("metadata")
+    if not isinstance(metadata, dict):
+        raise BadRequest(f"{where}.metadata: expected an object, got {json_type(metadata)}")
+    name = metadata.get("name")
+    if name is None or name == "":
+        raise BadRequest(f"{where}: a node in Nodes has no metadata.name")
+    _check_name(name, f"{where}.metadata.name")
     return name
+
+
+def _check_name(value: Any, where: str, limit: int = MAX_NAME_CHARS) -> None:
+    if not isinstance(value, str):
+        raise BadRequest(f"{where}: expected a string, got {json_type(value)}")
+    if not 0 < len(value) <= limit:
+        raise BadRequest(f"{where}: expected 1 to {limit} characters, got {len(value)}")
+
+
+def _quoted(name: Any) -> str:
+    return repr(str(name)[:40])

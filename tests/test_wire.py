@@ -1,10 +1,19 @@
-"""The wire format's own edge cases: key case, odd host names in the C-speed prioritize serializer."""
+"""The wire format's own edge cases: key case, odd host names in the C-speed prioritize serializer, and a precise
+reason for every wrongly shaped request."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import orjson
 import pytest
+from fastapi.testclient import TestClient
 
+from extender.app import create_app
+from extender.demo_cluster import DemoCluster
+from extender.service import ExtenderService
+from extender.state import ClusterState
 from extender.wire import BadRequest, PrioritizeEncoder, filter_result, parse_binding_args, parse_extender_args
 
 
@@ -33,7 +42,7 @@ def test_keys_are_read_case_insensitively_as_go_does() -> None:
 
 
 def test_nodes_without_names_are_refused() -> None:
-    with pytest.raises(BadRequest, match="metadata.name"):
+    with pytest.raises(BadRequest, match=r"Nodes.items\[0\]: a node in Nodes has no metadata.name"):
         parse_extender_args(b'{"Pod": {"metadata": {}}, "Nodes": {"items": [{"metadata": {}}]}}')
 
 
@@ -48,3 +57,100 @@ def test_filter_result_writes_reason_groups_as_node_objects(groups: dict[str, li
     answer = orjson.loads(filter_result(args, ["ok"], groups, {"unresolvable": ["u"]}))
     assert answer == {"NodeNames": ["ok"], "Error": "", "FailedAndUnresolvableNodes": {"u": "unresolvable"},
                       "FailedNodes": {name: reason for reason, members in groups.items() for name in members}}
+
+
+BODIES = Path(__file__).parent / "fixtures" / "kube-scheduler"  # real kube-scheduler v1.36 bodies
+
+
+def _capture(name: str) -> dict:
+    return orjson.loads((BODIES / name).read_bytes())
+
+
+def _set(document: dict, path: tuple, value: object) -> dict:
+    target = document
+    for step in path[:-1]:
+        target = target[step]
+    target[path[-1]] = value
+    return document
+
+
+# Real bodies with one field of the wrong shape: each gets the field and what was expected, never
+# "internal error", and no traceback in the log.
+@pytest.mark.parametrize(("capture", "verb", "path", "value", "error"), [
+    ("nodecache-false--filter.json", "filter", ("Nodes", "items", 1, "metadata"), "node-b",
+     "Nodes.items[1].metadata: expected an object, got a string"),
+    ("nodecache-false--filter.json", "filter", ("Nodes", "items", 2), None,
+     "Nodes.items[2]: expected a Node object, got null"),
+    ("nodecache-false--filter.json", "filter", ("Nodes", "items"), {"a": 1},
+     "Nodes.items: expected an array of Node objects, got an object"),
+    ("plain-4gpu--filter.json", "filter", ("Pod", "spec", "containers"), "main",
+     "Pod.spec.containers: expected an array of containers, got a string"),
+    ("plain-4gpu--filter.json", "filter", ("Pod", "spec", "containers", 0, "resources", "limits"), ["8"],
+     "Pod.spec.containers[0].resources.limits: expected an object, got an array"),
+    ("plain-4gpu--filter.json", "filter", ("Pod", "spec"), 7, "Pod.spec: expected an object, got a number"),
+    ("plain-4gpu--filter.json", "filter", ("Pod", "metadata", "annotations"), {"gpu-topology.io/placement": 1},
+     "Pod.metadata.annotations['gpu-topology.io/placement']: expected a string, got a number"),
+    ("plain-4gpu--filter.json", "filter", ("Pod", "metadata", "uid"), "u" * 1_000,
+     "Pod.metadata.uid: expected at most 128 characters, got 1000"),
+    ("plain-4gpu--filter.json", "filter", ("NodeNames", 1), "n" * 254,
+     "NodeNames[1]: expected 1 to 253 characters, got 254"),
+    ("plain-4gpu--bind.json", "bind", ("Node",), ["node-a"], "Node: expected a string, got an array"),
+    ("plain-4gpu--bind.json", "bind", ("PodUID",), "u" * 129, "PodUID: expected 1 to 128 characters, got 129"),
+])
+def test_wrongly_shaped_fields_get_a_precise_error(capture: str, verb: str, path: tuple, value: object,
+                                                   error: str, caplog: pytest.LogCaptureFixture) -> None:
+    client = _client()
+    body = _set(_capture(capture), path, value)
+    answer = client.post(f"/{verb}", content=orjson.dumps(body))
+    assert answer.status_code == 200
+    assert answer.json()["Error"] == error
+    assert not [record for record in caplog.records if record.exc_info], "no traceback for bad input"
+
+
+@pytest.mark.parametrize(("capture", "verb", "path", "value", "log"), [
+    ("nodecache-false--prioritize.json", "prioritize", ("Nodes", "items", 0, "metadata"), 3,
+     "Nodes.items[0].metadata: expected an object, got a number"),
+    ("preempt-nodecache-false--preempt.json", "preempt", ("NodeNameToVictims", "node-a", "Pods", 0), "victim",
+     "NodeNameToVictims['node-a'].Pods[0]: expected a Pod object, got a string"),
+    ("preempt--preempt.json", "preempt", ("NodeNameToMetaVictims", "node-a", "NumPDBViolations"), -1,
+     "NodeNameToMetaVictims['node-a'].NumPDBViolations: expected a whole number from 0 to the number of victims"),
+])
+def test_answers_without_an_error_field_say_the_reason_in_the_log_and_metric(
+        capture: str, verb: str, path: tuple, value: object, log: str, caplog: pytest.LogCaptureFixture) -> None:
+    client = _client()
+    body = _set(_capture(capture), path, value)
+    answer = client.post(f"/{verb}", content=orjson.dumps(body))
+    assert answer.status_code == 200
+    assert answer.json() in ([], {"NodeNameToMetaVictims": {}})
+    assert f"{verb} refused: {log}" in caplog.messages
+    assert not [record for record in caplog.records if record.exc_info]
+    metrics = client.get("/metrics").text
+    assert f'gpu_topology_extender_requests_refused_total{{reason="bad_shape",verb="{verb}"}} 1.0' in metrics
+
+
+def test_nesting_past_what_can_be_answered_is_a_reason(caplog: pytest.LogCaptureFixture) -> None:
+    body = _capture("nodecache-false--filter.json")
+    deep: object = "x"
+    for _ in range(300):
+        deep = {"d": deep}
+    body["Nodes"]["items"][0]["metadata"]["labels"] = deep
+    answer = _client().post("/filter", content=json.dumps(body)).json()
+    assert answer["Error"].startswith("Nodes: cannot be answered back (Recursion limit reached)")
+    assert not [record for record in caplog.records if record.exc_info]
+
+
+def test_prioritize_encoder_keeps_a_bounded_number_of_hosts() -> None:
+    encoder = PrioritizeEncoder(max_hosts=100)
+    for round_ in range(30):  # new names every time, as a client sending fresh megabytes of them would
+        hosts = [f"r{round_}-n{index}" for index in range(60)]
+        assert orjson.loads(encoder.encode(hosts, [5] * 60))[0] == {"Host": hosts[0], "Score": 5}
+        assert len(encoder) <= 100
+    many = [f"big-{index}" for index in range(150)]
+    assert len(orjson.loads(encoder.encode(many, [1] * 150))) == 150
+    assert len(encoder) <= 100, "a request larger than the bound is encoded without keeping its names"
+
+
+def _client() -> TestClient:
+    state = ClusterState()
+    cluster = DemoCluster(state, (("node-a", "dgx-h100"), ("node-b", "dgx-h100"), ("node-c", "dgx-a100")))
+    return TestClient(create_app(ExtenderService(state, cluster)))
