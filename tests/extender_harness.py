@@ -80,7 +80,7 @@ def start(server: FakeKubeApiServer, *, seal: Seal | None = None, stale_after: f
     state = ClusterState(stale_after=stale_after, seal=seal, bind_outcome_seconds=bind_outcome_seconds)
     nodes = Reflector(api.list_nodes, api.watch_nodes, state.nodes, name="nodes", watch_timeout=5)
     pods = Reflector(api.list_pods, api.watch_pods, state.pods, name="pods", watch_timeout=5)
-    service = ExtenderService(state, api, leader=elector, pods=pods if elector is not None else None)
+    service = ExtenderService(state, api) if elector is None else ExtenderService(state, api, leader=elector, pods=pods)
     for reflector in (nodes, pods):
         reflector.start()
     extender = Extender(api, state, service, TestClient(create_app(service)), (nodes, pods), elector)

@@ -291,9 +291,12 @@ class Replica:
              "--seal-key-file", str(tmp / "seal.key"), "--leader-elect", "--leader-elect-namespace", NAMESPACE,
              "--leader-elect-identity", identity, "--leader-elect-lease-duration", str(LEASE_SECONDS),
              "--leader-elect-renew-deadline", str(RENEW_SECONDS), "--leader-elect-retry-period", str(RETRY_SECONDS)],
-            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)})  # this checkout's code
 
     def get(self, path: str) -> tuple[int, str]:
+        if self.process.poll() is not None:
+            raise AssertionError(f"replica {self.identity} exited with {self.process.returncode}: {self.output()}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as answer:
                 return answer.status, answer.read().decode()
