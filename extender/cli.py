@@ -8,22 +8,19 @@ import logging
 import os
 import signal
 import socket
-import ssl
 import sys
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import uvicorn
-
-from extender.app import create_app
 from extender.demo import run_demo
 from extender.demo_cluster import DemoCluster
 from extender.kube import KubeError, KubernetesApi
 from extender.leader import LeaderElector, Timings
 from extender.pod_request import DEFAULT_GPU_RESOURCE
 from extender.reflector import Reflector
+from extender.server import ServeOptions, serve
 from extender.service import ExtenderService
 from extender.seal import Seal
 from extender.state import BIND_OUTCOME_SECONDS, ClusterState
@@ -34,6 +31,7 @@ DEMO_HEARTBEAT_SECONDS = 30.0
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 LEASE_NAME = "gpu-topology-extender"
 DEFAULT_TIMINGS = Timings()
+BIND_CALLS = 3  # API calls a bind may make until its Binding is answered: read the pod, settle, bind
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -63,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate")
     serve.add_argument("--tls-key", metavar="FILE")
     serve.add_argument("--client-ca", metavar="FILE", help="require client certificates signed by this CA (mTLS)")
+    serve.add_argument("--client-name", action="append", default=[], metavar="NAME",
+                       help="with --client-ca, accept only client certificates whose subject CN or a DNS SAN is NAME "
+                            "(repeatable; kube-scheduler's in scheduler-config/ is kube-scheduler); others get 403")
     serve.add_argument("--annotation-prefix", default=DEFAULT_PREFIX)
     serve.add_argument("--gpu-resource", default=DEFAULT_GPU_RESOURCE)
     serve.add_argument("--stale-after", type=float, default=120.0, metavar="SECONDS",
@@ -102,6 +103,8 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError("--tls-cert and --tls-key go together")
     if args.client_ca and not args.tls_cert:
         raise ValueError("--client-ca needs --tls-cert and --tls-key")
+    if args.client_name and not args.client_ca:
+        raise ValueError("--client-name needs --client-ca: without client certificates there is no name to check")
     if args.leader_elect and args.demo:
         raise ValueError("--leader-elect needs a cluster (--kubeconfig or --in-cluster), not --demo")
     if args.leader_elect and not args.seal_key_file:
@@ -109,6 +112,10 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError("--leader-elect needs --seal-key-file, the key every replica shares")
     timings = Timings(args.leader_elect_lease_duration, args.leader_elect_renew_deadline,
                       args.leader_elect_retry_period) if args.leader_elect else None
+    if timings is not None and BIND_CALLS * args.api_timeout >= timings.lease_duration - timings.renew_deadline:
+        # A bind that starts just before the renew deadline must be answered before a successor can take over.
+        raise ValueError(f"{BIND_CALLS} x --api-timeout must be shorter than the lease duration less the renew "
+                         f"deadline ({timings.lease_duration} - {timings.renew_deadline:g} s)")
     if args.seal_key_file:
         seal = Seal.from_file(args.seal_key_file)
     else:
@@ -138,10 +145,8 @@ def _serve(args: argparse.Namespace) -> int:
     # uvicorn stops serving on SIGTERM, then raises it again: exit cleanly, through the `finally` below.
     signal.signal(signal.SIGTERM, _exit)
     try:
-        # No access log: kube-scheduler calls several times per pod; the metrics count and time every verb.
-        uvicorn.run(create_app(service), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                    ssl_certfile=args.tls_cert, ssl_keyfile=args.tls_key, ssl_ca_certs=args.client_ca,
-                    ssl_cert_reqs=ssl.CERT_REQUIRED if args.client_ca else ssl.CERT_NONE)
+        serve(service, ServeOptions(args.host, args.port, args.tls_cert, args.tls_key, args.client_ca,
+                                    tuple(args.client_name), args.log_level))
     finally:
         if elector is not None:  # no request is served any more: hand the Lease over at once
             elector.stop()

@@ -268,7 +268,7 @@ def test_a_new_leader_is_ready_only_once_a_pod_list_made_after_its_win_is_in_the
 
 # -- failover between two processes --------------------------------------------------------------------------
 
-LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS = 3, 2.0, 0.4
+LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS, API_SECONDS = 3, 2.0, 0.4, 0.3
 
 
 def free_port() -> int:
@@ -290,7 +290,8 @@ class Replica:
             [*command, "serve", "--kubeconfig", str(kubeconfig), "--port", str(self.port),
              "--seal-key-file", str(tmp / "seal.key"), "--leader-elect", "--leader-elect-namespace", NAMESPACE,
              "--leader-elect-identity", identity, "--leader-elect-lease-duration", str(LEASE_SECONDS),
-             "--leader-elect-renew-deadline", str(RENEW_SECONDS), "--leader-elect-retry-period", str(RETRY_SECONDS)],
+             "--leader-elect-renew-deadline", str(RENEW_SECONDS), "--leader-elect-retry-period", str(RETRY_SECONDS),
+             "--api-timeout", str(API_SECONDS)],
             cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)})  # this checkout's code
 
@@ -397,6 +398,8 @@ def test_a_stopped_leader_hands_over_at_once(kube_server, replicas, tmp_path):
     (["--demo", "--seal-key-file", "k"], "--leader-elect needs a cluster (--kubeconfig or --in-cluster), not --demo"),
     (["--kubeconfig", "k", "--seal-key-file", "k", "--leader-elect-renew-deadline", "20"],
      "leader election needs lease duration > renew deadline > 1.2 x retry period > 0, got 15, 20.0 and 2.0"),
+    (["--kubeconfig", "k", "--seal-key-file", "k", "--leader-elect-renew-deadline", "12", "--api-timeout", "1"],
+     "3 x --api-timeout must be shorter than the lease duration less the renew deadline (15 - 12 s)"),
 ])
 def test_leader_election_refuses_to_start_without_what_keeps_it_safe(argv, message, capsys):
     """Without the shared seal key, a new leader would not know its predecessor's binds that no node reported yet."""
