@@ -1,0 +1,34 @@
+"""The real extender server (uvicorn, `extender.server`'s protocol and limits) on a free loopback port, in a thread."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import uvicorn
+
+from extender.server import ServeOptions, server_config
+from extender.service import ExtenderService
+
+
+@contextmanager
+def running_server(service: ExtenderService, options: ServeOptions = ServeOptions()) -> Iterator[int]:
+    """Serve until the block ends; yields the port."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(server_config(service, options))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, name="extender-server", daemon=True)
+    thread.start()
+    started = threading.Event()
+    while not server.started and thread.is_alive() and not started.wait(0.02):
+        pass
+    assert server.started, "the server did not start"
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        listener.close()

@@ -1,0 +1,131 @@
+"""What one client can hold at the HTTP edge: a body over the limit gets 413 before it is read, a slow or endless
+request is cut off at its deadline, and /healthz answers while a verb works."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+
+import orjson
+import pytest
+from fastapi.testclient import TestClient
+from starlette.requests import Request
+
+from extender.app import BodyTooLarge, create_app, read_body
+from extender.demo_cluster import DemoCluster
+from extender.server import Limits, ServeOptions
+from extender.service import ExtenderService
+from extender.state import ClusterState
+from extender.wire import MAX_BODY_BYTES
+from extender_server import running_server
+
+WAIT = 30.0  # only a bound for a failing test, never a measurement
+FILTER_BODY = orjson.dumps({"Pod": {"metadata": {"name": "p", "uid": "u1"},
+                                    "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": 1}}}]}},
+                            "NodeNames": ["n1"]})
+
+
+def _service() -> ExtenderService:
+    state = ClusterState()
+    return ExtenderService(state, DemoCluster(state, (("n1", "dgx-h100"),)))
+
+
+def _exchange(port: int, data: bytes) -> bytes:
+    """Send `data`, then read until the server closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as connection:
+        connection.sendall(data)
+        received = b""
+        while chunk := connection.recv(65536):
+            received += chunk
+        return received
+
+
+QUICK = ServeOptions(limits=Limits(request_seconds=0.3, idle_seconds=0.3, max_head_bytes=4096))
+
+
+def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent() -> None:
+    service = _service()
+    with running_server(service) as port:
+        head = (b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % (MAX_BODY_BYTES + 1))
+        answer = _exchange(port, head)  # not a byte of the body: the answer cannot wait for it
+    assert answer.startswith(b"HTTP/1.1 413 ")
+    assert b"over the extender's limit of 8388608 bytes" in answer
+    metrics = service.metrics.registry.get_sample_value(
+        "gpu_topology_extender_requests_refused_total", {"verb": "filter", "reason": "too_large"})
+    assert metrics == 1.0
+
+
+def test_a_chunked_body_is_refused_as_soon_as_it_passes_the_limit() -> None:
+    """No Content-Length (chunked): what arrives is counted, and reading stops at the chunk that passes it."""
+    pulled: list[int] = []
+
+    async def receive() -> dict:
+        pulled.append(1)
+        return {"type": "http.request", "body": b"x" * 1000, "more_body": len(pulled) < 100}
+
+    request = Request({"type": "http", "method": "POST", "path": "/filter", "headers": []}, receive)
+    with pytest.raises(BodyTooLarge, match="over the extender's limit of 10000 bytes"):
+        asyncio.run(read_body(request, 10_000))
+    assert len(pulled) == 11, "the eleventh chunk passes 10,000 bytes; nothing after it is read"
+
+
+@pytest.mark.parametrize(("data", "status"), [
+    (b"POST /filter HTTP/1.1\r\nHost: x\r\n", b"408"),  # a head that never ends
+    (b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"Pod\"", b"408"),  # a body that stops
+    (b"", b"408"),  # a connection that never sends a request
+    (b"GET /healthz HTTP/1.1\r\n" + b"X-Pad: " + b"a" * 8000, b"431"),  # a head past the bound
+])
+def test_slow_or_endless_requests_are_cut_off(data: bytes, status: bytes) -> None:
+    service = _service()
+    with running_server(service, QUICK) as port:
+        answer = _exchange(port, data)
+        assert answer.startswith(b"HTTP/1.1 " + status + b" ")
+        assert _exchange(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(
+            b"HTTP/1.1 200 "), "the server still serves others"
+    reason = "head_too_large" if status == b"431" else "timeout"
+    assert service.metrics.registry.get_sample_value(
+        "gpu_topology_extender_requests_refused_total", {"verb": "connection", "reason": reason}) == 1.0
+
+
+def test_a_request_within_the_deadline_is_served_on_a_kept_alive_connection() -> None:
+    with running_server(_service(), QUICK) as port:
+        request = (b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(FILTER_BODY)) + FILTER_BODY
+        answer = _exchange(port, request + request.replace(b"Host: x", b"Host: x\r\nConnection: close"))
+    assert answer.count(b"HTTP/1.1 200 ") == 2 and answer.count(b'"NodeNames":["n1"]') == 2
+
+
+def test_healthz_answers_while_a_verb_works() -> None:
+    service = _service()
+    entered, release = threading.Event(), threading.Event()
+    real_filter = service.filter
+
+    def blocking_filter(args):  # a verb held up as long as the test says (a slow node, a stalled selection)
+        entered.set()
+        release.wait(WAIT)
+        return real_filter(args)
+
+    service.filter = blocking_filter  # type: ignore[method-assign]
+    answers: dict[str, int] = {}
+    # One event loop serves every request of this client (the context manager keeps its portal), as in uvicorn.
+    with TestClient(create_app(service)) as client:
+
+        def call(name: str, method: str, path: str, body: bytes | None = None) -> threading.Thread:
+            thread = threading.Thread(target=lambda: answers.__setitem__(
+                name, client.request(method, path, content=body).status_code))
+            thread.start()
+            return thread
+
+        try:
+            verb = call("filter", "POST", "/filter", FILTER_BODY)
+            assert entered.wait(WAIT), "the filter started"
+            probes = [call("healthz", "GET", "/healthz"), call("metrics", "GET", "/metrics")]
+            for probe in probes:
+                probe.join(WAIT)
+            assert answers == {"healthz": 200, "metrics": 200}, "answered while the filter was still working"
+            assert not release.is_set() and verb.is_alive()
+        finally:
+            release.set()
+        verb.join(WAIT)
+    assert answers["filter"] == 200
