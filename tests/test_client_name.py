@@ -1,0 +1,110 @@
+"""--client-name: with mTLS, only certificates of the pinned names reach the extender; any other certificate from
+the same CA gets 403 before a route runs, with a log line and a count. Real certificates, made with openssl."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import ssl
+import subprocess
+from pathlib import Path
+
+import orjson
+import pytest
+
+from extender.demo_cluster import DemoCluster
+from extender.server import ServeOptions, certificate_names
+from extender.service import ExtenderService
+from extender.state import ClusterState
+from extender_server import running_server
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+
+# name: (subject, subjectAltName)
+CERTIFICATES = {
+    "server": ("/CN=gpu-topology-extender", "IP:127.0.0.1"),
+    "kube-scheduler": ("/CN=kube-scheduler", None),  # scheduler-config/make-certs.sh and cert-manager.yaml
+    "by-san": ("/CN=someone-else", "DNS:gpu-topology-extender.gpu-topology-system.svc"),
+    "intruder": ("/O=system:masters/CN=intruder", "DNS:kube-scheduler.example"),  # same CA, other name
+}
+PINNED = ("kube-scheduler", "gpu-topology-extender.gpu-topology-system.svc")
+
+
+def _openssl(directory: Path, *args: str) -> None:
+    subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("pki")
+    _openssl(directory, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+             "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=test-ca")
+    for name, (subject, san) in CERTIFICATES.items():
+        _openssl(directory, "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                 "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject)
+        (directory / f"{name}.ext").write_text(f"subjectAltName = {san}\n" if san else "basicConstraints = CA:FALSE\n")
+        _openssl(directory, "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-days", "1", "-extfile", f"{name}.ext", "-out", f"{name}.crt")
+    return directory
+
+
+def _get(port: int, pki: Path, client: str, path: str, body: bytes | None = None) -> bytes:
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    context.load_cert_chain(pki / f"{client}.crt", pki / f"{client}.key")
+    method = b"POST" if body is not None else b"GET"
+    request = b"%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" % (method, path.encode())
+    if body is not None:
+        request += b"Content-Length: %d\r\n" % len(body)
+    request += b"\r\n" + (body or b"")
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as connection:
+            connection.sendall(request)
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+    return answer
+
+
+def _serve_pinned(pki: Path, service: ExtenderService, names: tuple[str, ...] = PINNED):
+    return running_server(service, ServeOptions(tls_cert=str(pki / "server.crt"), tls_key=str(pki / "server.key"),
+                                                client_ca=str(pki / "ca.crt"), client_names=names))
+
+
+def test_only_pinned_names_reach_the_verbs(pki: Path, caplog: pytest.LogCaptureFixture) -> None:
+    state = ClusterState()
+    service = ExtenderService(state, DemoCluster(state, (("n1", "dgx-h100"),)))
+    called: list[str] = []
+    real_filter = service.filter
+    service.filter = lambda args: called.append("filter") or real_filter(args)  # type: ignore[method-assign]
+    body = orjson.dumps({"Pod": {"metadata": {"name": "p"}}, "NodeNames": ["n1"]})
+    with _serve_pinned(pki, service) as port:
+        for client in ("kube-scheduler", "by-san"):
+            assert _get(port, pki, client, "/filter", body).startswith(b"HTTP/1.1 200 ")
+        assert called == ["filter", "filter"]
+        refused = _get(port, pki, "intruder", "/filter", body)
+        assert refused.startswith(b"HTTP/1.1 403 ") and refused.endswith(b"not allowed by --client-name")
+        assert called == ["filter", "filter"], "the refused client never reached a verb"
+    assert any("refused a client certificate" in message and "named intruder, kube-scheduler.example" in message
+               for message in caplog.messages)
+    assert service.metrics.registry.get_sample_value(
+        "gpu_topology_extender_requests_refused_total", {"verb": "connection", "reason": "client_name"}) == 1.0
+
+
+def test_without_pinning_any_certificate_of_the_ca_is_served(pki: Path) -> None:
+    state = ClusterState()
+    with _serve_pinned(pki, ExtenderService(state, DemoCluster(state, (("n1", "dgx-h100"),))), names=()) as port:
+        assert _get(port, pki, "intruder", "/healthz").startswith(b"HTTP/1.1 200 ")
+
+
+def test_a_name_without_client_certificates_is_refused_at_start() -> None:
+    state = ClusterState()
+    with pytest.raises(ValueError, match="--client-name needs --client-ca"):
+        with running_server(ExtenderService(state, DemoCluster(state, ())), ServeOptions(client_names=PINNED)):
+            pass
+
+
+def test_names_are_read_from_the_subject_and_dns_sans() -> None:
+    peercert = {"subject": ((("organizationName", "system:masters"),), (("commonName", "kube-scheduler"),)),
+                "subjectAltName": (("DNS", "a.example"), ("IP Address", "10.0.0.1"))}
+    assert certificate_names(peercert) == {"kube-scheduler", "a.example"}
+    assert certificate_names(None) == set()
