@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench bench-bind loadtest soak clean
+.PHONY: fuzz demo test bench bench-bind loadtest soak clean
 
 $(BIN)/activate: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ bench-bind: $(BIN)/activate
 soak: $(BIN)/activate
 	$(BIN)/pip install --quiet -e '.[harness]'
 	$(BIN)/python loadtests/soak.py --write BENCHMARKS.md
+
+fuzz: $(BIN)/activate
+	$(BIN)/pip install --quiet -e '.[fuzz]'
+	$(BIN)/python loadtests/fuzz.py --write FUZZING.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from extender.app import create_app
 from extender.demo_cluster import DemoCluster
+from extender.openapi import document
 from extender.service import ExtenderService
 from extender.state import ClusterState
 from extender.wire import BadRequest, PrioritizeEncoder, filter_result, parse_binding_args, parse_extender_args
@@ -154,3 +155,25 @@ def _client() -> TestClient:
     state = ClusterState()
     cluster = DemoCluster(state, (("node-a", "dgx-h100"), ("node-b", "dgx-h100"), ("node-c", "dgx-a100")))
     return TestClient(create_app(ExtenderService(state, cluster)))
+
+
+def _json_schema(schema: object) -> object:
+    """OpenAPI 3.0's `nullable` as JSON Schema's null type, so jsonschema can check against the document."""
+    if isinstance(schema, list):
+        return [_json_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    converted = {key: _json_schema(value) for key, value in schema.items() if key != "nullable"}
+    return {"anyOf": [converted, {"type": "null"}]} if schema.get("nullable") else converted
+
+
+@pytest.mark.parametrize("capture", sorted(path.name for path in BODIES.glob("*--*.json")
+                                           if "response" not in path.name))
+def test_the_openapi_document_describes_what_kube_scheduler_sends(capture: str) -> None:
+    """make fuzz generates from extender/openapi.py: it must admit every real request body."""
+    jsonschema = pytest.importorskip("jsonschema")
+    spec = document()
+    verb = capture.split("--")[1].split(".")[0]
+    schema = spec["paths"][f"/{verb}"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    resolvable = _json_schema({**schema, "components": spec["components"]})
+    jsonschema.validate(_capture(capture), resolvable)
