@@ -25,6 +25,7 @@ MAX_NAME_CHARS = 253  # a Node or Pod name is a DNS subdomain
 MAX_NAMESPACE_CHARS = 63  # a namespace is a DNS label
 MAX_UID_CHARS = 128  # a UID is a 36-character UUID; room for other formats, none for a megabyte
 MAX_VERSION_CHARS = 64  # resourceVersion: etcd's revision, a decimal uint64
+MAX_CONTAINERS = 256  # per list (containers, initContainers): far past real pods, which etcd holds to 1.5 MiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +99,8 @@ def pod_shape_problem(pod: Mapping[str, Any]) -> str | None:
             continue
         if not isinstance(containers, list):
             return f"spec.{field}: expected an array of containers, got {json_type(containers)}"
+        if len(containers) > MAX_CONTAINERS:
+            return f"spec.{field}: expected at most {MAX_CONTAINERS} containers, got {len(containers)}"
         for index, container in enumerate(containers):
             problem = _container_problem(container, f"spec.{field}[{index}]")
             if problem is not None:

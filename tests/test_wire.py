@@ -89,6 +89,8 @@ def _set(document: dict, path: tuple, value: object) -> dict:
     ("plain-4gpu--filter.json", "filter", ("Pod", "spec", "containers", 0, "resources", "limits"), ["8"],
      "Pod.spec.containers[0].resources.limits: expected an object, got an array"),
     ("plain-4gpu--filter.json", "filter", ("Pod", "spec"), 7, "Pod.spec: expected an object, got a number"),
+    ("plain-4gpu--filter.json", "filter", ("Pod", "spec", "initContainers"), [{"name": "i"}] * 257,
+     "Pod.spec.initContainers: expected at most 256 containers, got 257"),
     ("plain-4gpu--filter.json", "filter", ("Pod", "metadata", "annotations"), {"gpu-topology.io/placement": 1},
      "Pod.metadata.annotations['gpu-topology.io/placement']: expected a string, got a number"),
     ("plain-4gpu--filter.json", "filter", ("Pod", "metadata", "uid"), "u" * 1_000,
