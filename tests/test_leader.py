@@ -266,6 +266,30 @@ def test_a_new_leader_is_ready_only_once_a_pod_list_made_after_its_win_is_in_the
         a.stop()
 
 
+def test_a_leader_cut_off_from_the_api_server_steps_down_and_leads_again_after_a_relist(cluster):
+    """In real time, with short timings: the Lease cannot be renewed, so the leader stops binding and is not
+    ready; once the API server is back it renews, and a new term begins with a fresh list."""
+    api = KubernetesApi.from_configuration(k8s.Configuration(host=cluster.url), timeout=0.3)
+    a = start(cluster, elector=LeaderElector(api, NAMESPACE, LEASE, "a", Timings(2, 1.5, 0.3)), timeout=0.3)
+    try:
+        a.elector.start()
+        wait_until(lambda: a.readyz() == (200, "ok"), what="a leads")
+        pod = cluster.add_pod(make_pod("p", gpus=1))
+        wait_until(lambda: a.state.pod(pod["metadata"]["uid"]), what="the pod in the cache")
+        cluster.stop()
+        wait_until(lambda: a.readyz() == (503, "replica a is not the leader"), what="a steps down")
+        assert "replica a is not the leader" in a.bind(pod, "gpu-1")
+        assert "gpu_topology_extender_leader 0.0" in a.client.get("/metrics").text
+        lists = cluster.list_count("pods")
+        cluster.start()
+        wait_until(lambda: a.readyz() == (200, "ok"), what="a leads again")
+        assert a.elector.term() == 2 and cluster.list_count("pods") > lists
+        assert spec(cluster)["holderIdentity"] == "a" and spec(cluster)["leaseTransitions"] == 0
+        assert a.bind(pod, "gpu-1") == ""
+    finally:
+        a.stop()
+
+
 # -- failover between two processes --------------------------------------------------------------------------
 
 LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS, API_SECONDS = 3, 2.0, 0.4, 0.3
