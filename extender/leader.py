@@ -125,23 +125,19 @@ class LeaderElector:
     def is_leader(self) -> bool:
         """True while this replica may act as the leader: within the renew deadline of its last renewal."""
         with self._lock:
-            return self._renewed is not None and self._clock() - self._renewed < self.timings.renew_deadline
+            return self._within_deadline()
 
     def term(self) -> int | None:
         """The number of the current term while leading (it grows with each win), None otherwise."""
         with self._lock:
-            leading = self._renewed is not None and self._clock() - self._renewed < self.timings.renew_deadline
-            return self._term if leading and self._announced else None
+            return self._term if self._within_deadline() and self._announced else None
+
+    def _within_deadline(self) -> bool:
+        return self._renewed is not None and self._clock() - self._renewed < self.timings.renew_deadline
 
     def on_new_term(self, listener: Callable[[int], None]) -> None:
         """Call `listener(term)` each time this replica starts leading."""
         self._listeners.append(listener)
-
-    @property
-    def holder(self) -> str:
-        """Who holds the Lease, as last seen ("" when nobody or not seen yet)."""
-        with self._lock:
-            return self._observed.holder if self._observed is not None else ""
 
     # -- the campaign ----------------------------------------------------------------------------------------
 

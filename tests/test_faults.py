@@ -155,9 +155,9 @@ def test_a_corrupt_or_unknown_version_annotation_fails_only_its_node(cluster, ru
         "gpu-1": {KEYS[0]: "{not json", KEYS[1]: node_annotations("gpu-1")[KEYS[1]]},
         "gpu-2": {KEYS[0]: orjson.dumps({**topology, "v": 99}).decode(), KEYS[1]: node_annotations("gpu-2")[KEYS[1]]},
     }
-    for node, annotations in corrupt.items():
+    for node, written in corrupt.items():
         current = cluster.node(node)
-        current["metadata"]["annotations"] = annotations
+        current["metadata"]["annotations"] = written
         cluster.update_node(current)
     extender = start(cluster)
     running.append(extender)
