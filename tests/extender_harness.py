@@ -7,8 +7,15 @@ server holds afterwards.
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 import kubernetes.client as k8s
 import orjson
@@ -27,6 +34,7 @@ from topology.codec import NodeState, encode_state, encode_topology
 from topology.model import Topology
 from topology.platforms import PLATFORMS
 
+ROOT = Path(__file__).resolve().parent.parent
 KEYS = ("gpu-topology.io/topology", "gpu-topology.io/state")
 GPUS_KEY = "gpu-topology.io/gpus"
 
@@ -93,3 +101,62 @@ def held_gpus(server: FakeKubeApiServer, node: str) -> list[str]:
     """Every GPU the pods bound to `node` carry in their assignment, one entry per holder (duplicates kept)."""
     return [gpu for pod in server.pods_on(node)
             for gpu in (pod["metadata"].get("annotations") or {}).get(GPUS_KEY, "").split(",") if gpu]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Replica:
+    """One `gpu-topology-extender serve --leader-elect` process of this checkout, with the seal key in `tmp`
+    (`write_seal_key`) and `options` added (timings, say)."""
+
+    def __init__(self, identity: str, server: FakeKubeApiServer, tmp: Path, namespace: str,
+                 options: tuple[str, ...] = ()) -> None:
+        self.identity, self.port = identity, free_port()
+        kubeconfig = server.write_kubeconfig(tmp / "kubeconfig")
+        script = Path(sys.executable).with_name("gpu-topology-extender")
+        command = [str(script)] if script.exists() else [sys.executable, "-m", "extender.cli"]
+        self.log = open(tmp / f"{identity}.log", "w+")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [*command, "serve", "--kubeconfig", str(kubeconfig), "--port", str(self.port),
+             "--seal-key-file", str(tmp / "seal.key"), "--leader-elect", "--leader-elect-namespace", namespace,
+             "--leader-elect-identity", identity, *options],
+            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)})  # this checkout's code
+
+    @staticmethod
+    def write_seal_key(tmp: Path) -> None:
+        """The key the replicas share (a Secret in the deployment)."""
+        (tmp / "seal.key").write_text(os.urandom(32).hex())
+
+    def get(self, path: str) -> tuple[int, str]:
+        if self.process.poll() is not None:
+            raise AssertionError(f"replica {self.identity} exited with {self.process.returncode}: {self.output()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+        except OSError:
+            return 0, ""
+
+    def bind(self, pod: dict, node: str) -> str:
+        metadata = pod["metadata"]
+        body = orjson.dumps({"PodName": metadata["name"], "PodNamespace": metadata["namespace"],
+                             "PodUID": metadata["uid"], "Node": node})
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/bind", data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return orjson.loads(answer.read())["Error"]
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)
+        self.log.close()

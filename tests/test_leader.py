@@ -7,22 +7,15 @@ failover test at the end runs two real `gpu-topology-extender serve` processes.
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import kubernetes.client as k8s
-import orjson
 import pytest
-from extender_harness import GPUS_KEY, held_gpus, node_annotations, start
+from extender_harness import GPUS_KEY, Replica, held_gpus, node_annotations, start
 from kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node, make_pod, wait_until
 
 from extender.kube import KubernetesApi
@@ -31,7 +24,6 @@ from extender.leader import LeaderElector, LeaseRecord, Timings, micro_time
 __all__ = ["kube_server_fixture"]
 
 NAMESPACE, LEASE = "gpu-system", "gpu-topology-extender"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 class Clock:
@@ -293,65 +285,17 @@ def test_a_leader_cut_off_from_the_api_server_steps_down_and_leads_again_after_a
 # -- failover between two processes --------------------------------------------------------------------------
 
 LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS, API_SECONDS = 3, 2.0, 0.4, 0.3
+FAST = ("--leader-elect-lease-duration", str(LEASE_SECONDS), "--leader-elect-renew-deadline", str(RENEW_SECONDS),
+        "--leader-elect-retry-period", str(RETRY_SECONDS), "--api-timeout", str(API_SECONDS))
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class Replica:
-    """One `gpu-topology-extender serve --leader-elect` process."""
-
-    def __init__(self, identity: str, server: FakeKubeApiServer, tmp: Path) -> None:
-        self.identity, self.port = identity, free_port()
-        kubeconfig = server.write_kubeconfig(tmp / "kubeconfig")
-        script = Path(sys.executable).with_name("gpu-topology-extender")
-        command = [str(script)] if script.exists() else [sys.executable, "-m", "extender.cli"]
-        self.log = open(tmp / f"{identity}.log", "w+")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(
-            [*command, "serve", "--kubeconfig", str(kubeconfig), "--port", str(self.port),
-             "--seal-key-file", str(tmp / "seal.key"), "--leader-elect", "--leader-elect-namespace", NAMESPACE,
-             "--leader-elect-identity", identity, "--leader-elect-lease-duration", str(LEASE_SECONDS),
-             "--leader-elect-renew-deadline", str(RENEW_SECONDS), "--leader-elect-retry-period", str(RETRY_SECONDS),
-             "--api-timeout", str(API_SECONDS)],
-            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)})  # this checkout's code
-
-    def get(self, path: str) -> tuple[int, str]:
-        if self.process.poll() is not None:
-            raise AssertionError(f"replica {self.identity} exited with {self.process.returncode}: {self.output()}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as answer:
-                return answer.status, answer.read().decode()
-        except urllib.error.HTTPError as error:
-            return error.code, error.read().decode()
-        except OSError:
-            return 0, ""
-
-    def bind(self, pod: dict, node: str) -> str:
-        metadata = pod["metadata"]
-        body = orjson.dumps({"PodName": metadata["name"], "PodNamespace": metadata["namespace"],
-                             "PodUID": metadata["uid"], "Node": node})
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/bind", data=body, method="POST")
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            return orjson.loads(answer.read())["Error"]
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(10)
-        self.log.close()
+def replica(identity: str, server: FakeKubeApiServer, tmp: Path) -> Replica:
+    return Replica(identity, server, tmp, NAMESPACE, FAST)
 
 
 @pytest.fixture
 def replicas(kube_server: FakeKubeApiServer, tmp_path: Path) -> Iterator[dict[str, Replica]]:
-    (tmp_path / "seal.key").write_text(os.urandom(32).hex())  # the Secret the replicas share
+    Replica.write_seal_key(tmp_path)
     for node in ("gpu-1", "gpu-2"):
         kube_server.add_node(make_node(node, annotations=node_annotations(node)))
     started: dict[str, Replica] = {}
@@ -366,9 +310,9 @@ def lease_writes(server: FakeKubeApiServer, identity: str) -> list[dict]:
 
 
 def test_failover_between_two_processes_assigns_no_gpu_twice(kube_server, replicas, tmp_path):
-    replicas["a"] = a = Replica("a", kube_server, tmp_path)
+    replicas["a"] = a = replica("a", kube_server, tmp_path)
     wait_until(lambda: a.get("/readyz") == (200, "ok"), timeout=60, what=f"replica a ready: {a.output()}")
-    replicas["b"] = b = Replica("b", kube_server, tmp_path)
+    replicas["b"] = b = replica("b", kube_server, tmp_path)
     wait_until(lambda: b.get("/readyz") == (503, "replica b is not the leader"), timeout=60,
                what="replica b up as a standby")
     assert "gpu_topology_extender_leader 1.0" in a.get("/metrics")[1]
@@ -404,9 +348,9 @@ def test_failover_between_two_processes_assigns_no_gpu_twice(kube_server, replic
 
 
 def test_a_stopped_leader_hands_over_at_once(kube_server, replicas, tmp_path):
-    replicas["a"] = a = Replica("a", kube_server, tmp_path)
+    replicas["a"] = a = replica("a", kube_server, tmp_path)
     wait_until(lambda: a.get("/readyz") == (200, "ok"), timeout=60, what=f"replica a ready: {a.output()}")
-    replicas["b"] = b = Replica("b", kube_server, tmp_path)
+    replicas["b"] = b = replica("b", kube_server, tmp_path)
     wait_until(lambda: b.get("/readyz")[0] == 503, timeout=60, what="replica b up")
     a.process.send_signal(signal.SIGTERM)
     assert a.process.wait(20) == 0, a.output()
