@@ -127,7 +127,9 @@ def _run_select(args: argparse.Namespace) -> int:
         print(orjson.dumps(result.as_dict()).decode())
     else:
         print(f"GPUs {_join(result.gpus)}: ring {_gbps(result.ring_gbps)} GB/s, total {result.total_gbps:.1f} GB/s, "
-              f"{result.numa_nodes} NUMA node(s), weakest hop {_level(result.weakest)}")
+              f"{result.numa_nodes} NUMA node(s), weakest hop {_level(result.weakest)}"
+              + ("" if result.exact else "; the search ran out of its work budget, so this is the best it can "
+                 "prove, not the proven best"))
     return 0
 
 
