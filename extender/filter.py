@@ -24,6 +24,7 @@ STALE = "no fresh GPU state from the node reporter"
 NO_TOPOLOGY = "no GPU topology reported"
 TOO_SMALL = "node has fewer healthy GPUs than the pod requests"
 NOT_ENOUGH_FREE = "not enough free GPUs"
+BUDGET = "GPU topology too tangled to search within the work budget"
 
 _RING_NAMES: dict[Interconnect, str] = {
     Interconnect.NVLINK: "NVLink",
@@ -114,4 +115,6 @@ def constraint_reason(pod: PodRequest, no_fit: NoFit) -> str:
     assert request is not None
     if no_fit.reason is NoFitReason.INTERCONNECT:
         return f"no free {_RING_NAMES[request.interconnect]} ring of {request.count} GPUs"
+    if no_fit.reason is NoFitReason.BUDGET:
+        return BUDGET
     return f"ring bandwidth below {request.min_ring_gbps:g} GB/s"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from extender.state import ClusterState
 
@@ -39,3 +41,18 @@ class Metrics:
         leader = Gauge("gpu_topology_extender_leader", "1 while this replica leads (always, without leader election)",
                        registry=self.registry)
         leader.set_function(lambda: 1 if leading() else 0)
+        self.registry.register(_RefusedNodes(state))
+
+
+class _RefusedNodes(Collector):
+    """gpu_topology_extender_nodes_refused{reason}: read from the node views at each scrape, so it is never stale."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("gpu_topology_extender_nodes_refused",
+                                   "Nodes whose GPU annotation was refused, by reason", labels=["reason"])
+        for reason, count in self._state.refused_counts().items():
+            family.add_metric([reason], count)
+        yield family

@@ -18,7 +18,7 @@ from extender.pod_request import DEFAULT_GPU_RESOURCE, PodRequest, parse_pod
 from extender.seal import Seal
 from topology.assignment import AssignmentError, decode_containers
 from topology.annotations import AnnotationKeys
-from topology.codec import CodecError, decode_state, decode_topology
+from topology.codec import CodecError, StateAheadError, check_state, decode_state, decode_topology
 from topology.compiled import CompiledTopology, compile_topology
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,7 @@ class NodeView:
     observed: float | None = None  # when the reporter last looked, epoch seconds
     free: int = 0  # mask of free, healthy GPUs
     problem: str | None = None  # why the node's topology cannot be used
+    refused: str | None = None  # the short, stable class of a refused annotation (REFUSED), for the metric
     raw_topology: str | None = None
 
     @property
@@ -66,6 +67,13 @@ class NodeKey:
 
 # A node's key, or for a node without a usable topology the reason.
 Key = NodeKey | str
+
+# Refused annotations: the metric's reason class -> the filter reason the node's pods are shown.
+REFUSED: dict[str, str] = {
+    "topology-invalid": "GPU topology annotation is invalid",
+    "state-invalid": "GPU state annotation is invalid",
+    "state-future": "GPU state annotation is dated in the future",
+}
 _MAX_INTERNED = 1 << 16
 
 STALE_RECHECK_SECONDS = 1.0
@@ -147,6 +155,14 @@ class ClusterState:
 
     def stale_count(self) -> int:
         return len(self.stale_names())
+
+    def refused_counts(self) -> dict[str, int]:
+        """Nodes whose annotation was refused, per reason class (every class, zero where none)."""
+        counts = dict.fromkeys(REFUSED, 0)
+        for view in list(self._views.values()):
+            if view.refused is not None:
+                counts[view.refused] += 1
+        return counts
 
     def refresh(self, node: str) -> None:
         """Recompute a node's free mask: what the kubelet reported, plus reservations it has not reported yet."""
@@ -292,7 +308,7 @@ class ClusterState:
                 topology = decode_topology(str(raw))
             except CodecError as error:
                 log.warning("node %s: %s", name, error)
-                return NodeView(name, problem="GPU topology annotation is invalid", raw_topology=str(raw))
+                return _refused(name, "topology-invalid", str(raw))
             # Only the compiled board (shared by identical nodes) and the GPU ids are kept per node.
             ids = tuple(gpu.uuid or f"GPU{gpu.index}" for gpu in topology.gpus)
             view = NodeView(name, compile_topology(topology), ids, {gpu: i for i, gpu in enumerate(ids)},
@@ -302,9 +318,11 @@ class ClusterState:
             return view
         try:
             state = decode_state(str(raw_state))
+            check_state(state, view.ids, self.clock())
         except CodecError as error:
             log.warning("node %s: %s", name, error)
-            return view
+            return _refused(name, "state-future" if isinstance(error, StateAheadError) else "state-invalid",
+                            view.raw_topology)
         return replace(view, unhealthy=view.mask(state.unhealthy), reported_used=state.used,
                        reported_pods=state.pods, observed=state.observed.timestamp())
 
@@ -375,6 +393,11 @@ class ClusterState:
     def _forget_pod(self, uid: str) -> None:
         self._pods.pop(uid, None)
         self.release(uid, freed=True)
+
+
+def _refused(name: str, reason: str, raw_topology: str | None) -> NodeView:
+    """A node whose annotation cannot be trusted: no GPU is offered on it, and filter says why."""
+    return NodeView(name, problem=REFUSED[reason], refused=reason, raw_topology=raw_topology)
 
 
 class _Sink:
