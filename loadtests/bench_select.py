@@ -8,11 +8,16 @@ One run measures, on the same queries:
 - the baseline (loadtests/gpuallocator_baseline.py) on the same queries, and the ring bandwidth of its pick
   against ours, over every (free mask, k) of the 8-GPU nodes and the sampled 16-GPU queries.
 
+`--adversarial` instead times cold queries on boards built to be hard for the search (tests/hostile_boards.py:
+the issue's 20x20 bipartite NVLink graph, 64 GPUs fully meshed, 64 GPUs tied on every pair, 16 bridge pairs):
+the steps each spent against the work budget (topology/budget.py), the time, and whether the answer is exact.
+
 Queries: for every k, the all-free mask plus random free masks (uniform over the masks with at least k free
 GPUs, fixed seed). On 16 GPUs the baseline stops after a time budget per query; its time is then
 extrapolated from the partitions it visited per second and the exact partition count, and marked so.
 
     python loadtests/bench_select.py [--write BENCHMARKS.md]
+    python loadtests/bench_select.py --adversarial
 """
 
 from __future__ import annotations
@@ -33,9 +38,14 @@ from pathlib import Path
 from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+import hostile_boards  # noqa: E402
+import topology.select  # noqa: E402
 from gpuallocator_baseline import DGX1V_HIDDEN_PCIE, BestEffortBaseline, Search, count_combinations  # noqa: E402
+from topology.budget import WORK_BUDGET, WorkBudget  # noqa: E402
 from topology.compiled import CompiledTopology, compile_topology  # noqa: E402
+from topology.levels import Interconnect  # noqa: E402
 from topology.platforms import PLATFORMS  # noqa: E402
 from topology.select import Choice, Request, Selector, ring_gbps  # noqa: E402
 
@@ -111,7 +121,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per query (default 5)")
     parser.add_argument("--budget", type=float, default=1.0,
                         help="seconds the baseline may search one query before its time is extrapolated (default 1)")
+    parser.add_argument("--adversarial", action="store_true",
+                        help="only time cold queries on boards built to be hard for the search")
     args = parser.parse_args(argv)
+    if args.adversarial:
+        print(adversarial_table(args.repeat))
+        return 0
 
     started = time.perf_counter()
     gc.disable()  # no collector pauses inside the timed loops; collected explicitly between nodes
@@ -135,6 +150,54 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write:
         write_section(Path(args.write), header(argv, args, elapsed) + "\n\n" + body)
     return 0
+
+
+class _CountedBudget(WorkBudget):
+    """The work budget, remembering how many steps each query took."""
+
+    used: list[int] = []
+
+    def __init__(self, steps: int = WORK_BUDGET) -> None:
+        super().__init__(steps)
+        self.index = len(_CountedBudget.used)
+        _CountedBudget.used.append(0)
+
+    def spend(self, steps: int) -> None:
+        _CountedBudget.used[self.index] += steps
+        super().spend(steps)
+
+
+def adversarial_table(repeat: int) -> str:
+    """Cold queries (fresh compiled caches, fresh selector) on hostile boards: steps, time, exactness."""
+    boards = {"bipartite 20x20 NVLink, 40 GPUs": hostile_boards.bipartite(), "full mesh NV18, 64 GPUs":
+              hostile_boards.mesh(), "ties on every pair, 64 GPUs": hostile_boards.ties(),
+              "16 bridge pairs (honest)": hostile_boards.bridge_pairs()}
+    lines = [f"Work budget {WORK_BUDGET:,} steps per query. Cold: fresh compiled caches and selector; median of "
+             f"{repeat}. Steps are the most one query of the call spent (a constrained miss runs three).", "",
+             "| board | k | interconnect | steps | ms | exact | answer |", "|---|---:|---|---:|---:|---|---|"]
+    topology.select.WorkBudget = _CountedBudget
+    try:
+        for name, board in boards.items():
+            compiled = compile_topology(board)
+            for count in (3, 5, 7, board.size // 2 + 1):
+                for interconnect in (Interconnect.ANY, Interconnect.NVLINK):
+                    times, steps, result = [], 0, None
+                    for _ in range(repeat):
+                        fresh = fresh_compiled(compiled)
+                        _CountedBudget.used = []
+                        start = time.perf_counter_ns()
+                        result = Selector().select(fresh, fresh.full_mask, Request(count, interconnect))
+                        times.append(time.perf_counter_ns() - start)
+                        steps = max(_CountedBudget.used, default=0)
+                    if isinstance(result, Choice):
+                        exact, answer = ("yes" if result.exact else "no"), f"ring {result.ring_gbps:g} GB/s"
+                    else:
+                        exact, answer = "-", f"no fit ({result.reason.value})"
+                    lines.append(f"| {name} | {count} | {interconnect.value} | {steps:,} | "
+                                 f"{median(times) / 1e6:.1f} | {exact} | {answer} |")
+    finally:
+        topology.select.WorkBudget = WorkBudget
+    return "\n".join(lines)
 
 
 def run_queries(name: str, masks: int, seed: int, repeat: int, budget_ns: int) -> dict[int, list[Query]]:
