@@ -150,6 +150,19 @@ def test_numa_comes_from_the_gpus_pci_device_in_sysfs(tmp_path: Path) -> None:
     assert [gpu.numa_node for gpu in discover(fake, sysfs).gpus] == [3, 1, None, 5]
 
 
+def test_values_no_real_link_has_are_unknown_and_a_duplicate_uuid_is_one_line(tmp_path: Path) -> None:
+    """The agent's own annotation stays within topology/bounds.py, whatever the driver answers."""
+    _, fake = _fake("pcie-l40s")
+    fake.nvmlDeviceGetMaxPcieLinkWidth = lambda handle: 0  # type: ignore[attr-defined]
+    fake.nvmlDeviceGetMaxPcieLinkGeneration = lambda handle: 99  # type: ignore[attr-defined]
+    found = discover(fake, tmp_path)
+    assert {(gpu.pcie_gen, gpu.pcie_width) for gpu in found.gpus} == {(None, None)}
+    fake.nvmlDeviceGetUUID = lambda handle: "GPU-same"  # type: ignore[attr-defined]
+    with pytest.raises(NvmlUnavailable, match="^NVML describes a node beyond what real hardware has: UUID 'GPU-same' "
+                                              "belongs to two GPUs$"):
+        discover(fake, tmp_path)
+
+
 def test_numa_is_unknown_without_sysfs(tmp_path: Path) -> None:
     found = discover(_fake("pcie-l40s")[1], tmp_path / "absent")
     assert [gpu.numa_node for gpu in found.gpus] == [None] * 8

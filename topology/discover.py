@@ -16,10 +16,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
 
-from topology import catalog
+from topology import bounds, catalog
 from topology.catalog import NvLinkGen
 from topology.levels import Level
-from topology.model import Gpu, NvLinkPair, Topology
+from topology.model import Gpu, NvLinkPair, Topology, TopologyError
 
 # nvmlNvlinkVersion_t as current drivers report it (2.2 and 3.1 are revisions with the rate of 2.0 and 3.0).
 # Drivers from before the enum numbered versions differently, and some report 5.0 on Hopper, so this is used
@@ -64,6 +64,8 @@ def discover(nvml: ModuleType | None = None, sysfs: Path = SYSFS_ROOT) -> Topolo
         return _read(nvml, sysfs)
     except nvml.NVMLError as error:
         raise NvmlUnavailable(f"NVML query failed: {error}") from None
+    except TopologyError as error:
+        raise NvmlUnavailable(f"NVML describes a node beyond what real hardware has: {error}") from None
     finally:
         # A failing shutdown cannot change what was read.
         with contextlib.suppress(nvml.NVMLError):
@@ -115,12 +117,16 @@ def _pcie_levels(nvml: ModuleType) -> dict[int, Level]:
 def _gpu(nvml: ModuleType, index: int, handle: object, bus_id: str, links: _Links, sysfs: Path) -> Gpu:
     model = _text(nvml.nvmlDeviceGetName(handle))
     memory = _optional(nvml, nvml.nvmlDeviceGetMemoryInfo, handle)
+    memory_mib = memory.total // 2**20 if memory is not None else None
+    generation = _optional(nvml, nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle)
+    width = _optional(nvml, nvml.nvmlDeviceGetMaxPcieLinkWidth, handle)
+    # A value no real link has (0 from a virtual GPU, say) is unknown, as if the query had no answer.
     return Gpu(index=index, model=model, uuid=_text(nvml.nvmlDeviceGetUUID(handle)), pci_bus_id=bus_id,
                numa_node=_numa_node(sysfs, bus_id),
-               memory_mib=memory.total // 2**20 if memory is not None else None,
+               memory_mib=memory_mib if memory_mib and memory_mib <= bounds.MAX_MEMORY_MIB else None,
                nvlink=_nvlink_gen(model, links),
-               pcie_gen=_optional(nvml, nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle),
-               pcie_width=_optional(nvml, nvml.nvmlDeviceGetMaxPcieLinkWidth, handle))
+               pcie_gen=generation if generation in bounds.PCIE_GENERATIONS else None,
+               pcie_width=width if width in bounds.PCIE_WIDTHS else None)
 
 
 def _links(nvml: ModuleType, handle: object, gpu_bus_ids: frozenset[str]) -> _Links:
@@ -170,7 +176,7 @@ def _numa_node(sysfs: Path, bus_id: str) -> int | None:
         node = int((sysfs / "bus" / "pci" / "devices" / bus_id / "numa_node").read_text())
     except (OSError, ValueError):
         return None
-    return node if node >= 0 else None
+    return node if 0 <= node <= bounds.MAX_NUMA_NODE else None
 
 
 def _optional(nvml: ModuleType, query: Callable[..., T], *args: object) -> T | None:
