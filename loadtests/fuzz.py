@@ -151,14 +151,15 @@ def run_schemathesis(port: int, seed_value: int, examples: int) -> tuple[int, st
     st_binary = shutil.which("st", path=str(Path(sys.executable).parent))
     if st_binary is None:
         raise SystemExit("schemathesis is not installed: pip install -e '.[fuzz]' (make fuzz does)")
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as schema:
-        json.dump(document(), schema)
-    command = [st_binary, "run", schema.name, "--url", f"http://127.0.0.1:{port}", "--seed", str(seed_value),
+    workdir = tempfile.mkdtemp(prefix="fuzz-")  # schemathesis keeps its cache in the working directory
+    schema = Path(workdir) / "openapi.json"
+    schema.write_text(json.dumps(document()))
+    command = [st_binary, "run", str(schema), "--url", f"http://127.0.0.1:{port}", "--seed", str(seed_value),
                "--max-examples", str(examples), "--workers", "1", "--no-color", "--request-timeout", "10",
                "--checks", "not_a_server_error,status_code_conformance,content_type_conformance,"
                "response_schema_conformance", "--generation-database", "none", "--suppress-health-check", "all"]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    Path(schema.name).unlink()
+    done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=workdir)
+    shutil.rmtree(workdir)
     return done.returncode, (done.stdout + done.stderr)[-3000:]
 
 
