@@ -7,7 +7,7 @@ the pairs topo -m hides.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import sys
 from pathlib import Path
 
@@ -78,8 +78,10 @@ def test_nvswitch_board_is_scored_on_pcie_only() -> None:
     assert topology.nvswitch and all(topology.nvlink_count(i, j) == 12 for i, j in topology.pairs())
     for i, j in topology.pairs():
         assert pair_score(topology, i, j) == PCIE_LINK_SCORE[pcie_level(topology, i, j)] < 100
-    # The same links seen directly, as on a mesh, would score 100 per link.
-    direct = dataclasses.replace(topology, nvswitch=False)
+    # The same links seen directly, as on a mesh, would score 100 per link. No real board has 84 direct links a
+    # GPU, so the model refuses to build that view: it is made by copying, past the model's checks.
+    direct = copy.copy(topology)
+    object.__setattr__(direct, "nvswitch", False)
     assert pair_score(direct, 0, 1) == 1200 + PCIE_LINK_SCORE[pcie_level(direct, 0, 1)]
     # Blind to NVLink, it takes a pair inside one NUMA node (NODE beats SYS).
     chosen = BestEffortBaseline(topology).allocate(range(8), 2)
