@@ -18,6 +18,7 @@ from extender.demo import run_demo
 from extender.demo_cluster import DemoCluster
 from extender.kube import KubeError, KubernetesApi
 from extender.leader import LeaderElector, Timings
+from extender.leader_label import LeaderLabel
 from extender.pod_request import DEFAULT_GPU_RESOURCE
 from extender.reflector import Reflector
 from extender.server import ServeOptions, serve
@@ -79,8 +80,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="bound on each API call; bind makes one write (two calls after a conflict), which must "
                             "finish inside kube-scheduler's httpTimeout (3 s in scheduler-config/)")
     election = serve.add_argument_group(
-        "leader election", "with several replicas, only the holder of a coordination.k8s.io Lease binds and reports "
-        "ready (the timings are client-go's and kube-scheduler's flags of the same names)")
+        "leader election", "with several replicas, only the holder of a coordination.k8s.io Lease binds, and it labels "
+        "its own Pod ($POD_NAMESPACE/$POD_NAME) with <annotation prefix>/leader=true for the Service to select (the "
+        "timings are client-go's and kube-scheduler's flags of the same names)")
     election.add_argument("--leader-elect", action="store_true", help="take part in leader election (off by default)")
     election.add_argument("--leader-elect-lease-name", default=LEASE_NAME, metavar="NAME")
     election.add_argument("--leader-elect-namespace", metavar="NAMESPACE",
@@ -116,6 +118,7 @@ def _serve(args: argparse.Namespace) -> int:
         # A bind that starts just before the renew deadline must be answered before a successor can take over.
         raise ValueError(f"{BIND_CALLS} x --api-timeout must be shorter than the lease duration less the renew "
                          f"deadline ({timings.lease_duration} - {timings.renew_deadline:g} s)")
+    own_pod = _own_pod() if timings is not None else None
     if args.seal_key_file:
         seal = Seal.from_file(args.seal_key_file)
     else:
@@ -125,6 +128,7 @@ def _serve(args: argparse.Namespace) -> int:
     state = ClusterState(AnnotationKeys(args.annotation_prefix), args.gpu_resource, args.stale_after, seal=seal,
                          bind_outcome_seconds=args.bind_outcome_seconds)
     elector: LeaderElector | None = None
+    label: LeaderLabel | None = None
     if args.demo:
         kube = DemoCluster(state)
         _heartbeat(kube)
@@ -139,7 +143,9 @@ def _serve(args: argparse.Namespace) -> int:
         service = ExtenderService(state, kube, leader=elector, pods=pods if elector else None)
         nodes.start()
         pods.start()
-        if elector is not None:
+        if elector is not None and own_pod is not None:
+            label = LeaderLabel(kube, *own_pod, state.keys.leader, service.leads)
+            label.start()
             elector.start()
     threading.Thread(target=freeze_when_synced, args=(state,), name="gc-freeze", daemon=True).start()
     # uvicorn stops serving on SIGTERM, then raises it again: exit cleanly, through the `finally` below.
@@ -148,7 +154,9 @@ def _serve(args: argparse.Namespace) -> int:
         serve(service, ServeOptions(args.host, args.port, args.tls_cert, args.tls_key, args.client_ca,
                                     tuple(args.client_name), args.log_level))
     finally:
-        if elector is not None:  # no request is served any more: hand the Lease over at once
+        if label is not None:  # the Service stops routing here first, then the Lease is handed over at once
+            label.stop()
+        if elector is not None:
             elector.stop()
     return 0
 
@@ -162,6 +170,16 @@ def _elector(args: argparse.Namespace, kube: KubernetesApi, timings: Timings) ->
     identity = args.leader_elect_identity or os.environ.get("POD_NAME") or socket.gethostname()
     log.info("leader election on Lease %s/%s as %s", namespace, args.leader_elect_lease_name, identity)
     return LeaderElector(kube, namespace, args.leader_elect_lease_name, identity, timings)
+
+
+def _own_pod() -> tuple[str, str]:
+    """This replica's Pod (namespace, name), from the downward API, for the leader label."""
+    name = os.environ.get("POD_NAME", "")
+    namespace = os.environ.get("POD_NAMESPACE", "")
+    if not name or not namespace:
+        raise ValueError("--leader-elect needs the environment variables POD_NAME and POD_NAMESPACE (the downward "
+                         "API): the leader labels its own Pod so that the Service routes to it alone")
+    return namespace, name
 
 
 def _service_account_namespace() -> str:

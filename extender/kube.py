@@ -334,6 +334,19 @@ class KubernetesApi:
             _request_timeout=(self.timeout, self.timeout),
         )
 
+    def label_pod(self, namespace: str, name: str, labels: Mapping[str, str | None]) -> None:
+        """Merge-patch the labels of one pod (None removes a label). The leader marks its own Pod with it, so the
+        Service routes to the leader alone (extender/leader_label.py)."""
+        self._call(
+            f"label pod {namespace}/{name}",
+            self._core.patch_namespaced_pod,
+            name,
+            namespace,
+            {"metadata": {"labels": dict(labels)}},
+            _content_type="application/merge-patch+json",
+            _request_timeout=(self.timeout, self.timeout),
+        )
+
     # -- the leader election's Lease (extender.leader.LeaseApi) --------------------------------------------------
 
     def _lease_call(self, what: str, method: Any, /, *args: Any) -> dict:

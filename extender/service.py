@@ -2,10 +2,12 @@
 
 Handlers in `app.py` parse, call one of these, and serialize; everything here is free of HTTP.
 
-With leader election, only the leader binds and reports ready, so the Service sends kube-scheduler to it
-alone and two replicas never hand out the same GPU. A replica that starts leading first rebuilds its ledger:
-it lists the pods afresh (a consistent read, holding every bind its predecessor made, which stopped binding
-before this replica could win) and reports ready, and binds, only once that list is in the ledger.
+With leader election, only the leader binds, so two replicas never hand out the same GPU. A replica that
+starts leading first rebuilds its ledger: it lists the pods afresh (a consistent read, holding every bind its
+predecessor made, which stopped binding before this replica could win) and binds, and `leads()`, only once that
+list is in the ledger. Readiness is no leadership test: a standby with synced caches is ready to take over, so
+rollouts and drains can proceed; the leader's label on its own Pod (extender/leader_label.py) routes the
+Service to it alone.
 """
 
 from __future__ import annotations
@@ -97,13 +99,17 @@ class ExtenderService:
         return kept
 
     def readiness(self) -> str | None:
-        """None when this replica should get kube-scheduler's calls, else why not."""
+        """None when this replica can serve or take over (its caches are synced), else why not."""
         if not self.state.ready:
             return "caches not synced"
-        return self._not_leading()
+        return None
 
     def ready(self) -> bool:
         return self.readiness() is None
+
+    def leads(self) -> bool:
+        """True while this replica leads an election with its ledger rebuilt: its Pod should carry the label."""
+        return self.leader is not None and self._not_leading() is None
 
     def _new_term(self, term: int) -> None:
         """Called by the election on each win: list the pods afresh before binding."""

@@ -26,6 +26,7 @@ from extender.app import create_app
 from extender.demo_cluster import with_uuids
 from extender.kube import KubernetesApi
 from extender.leader import LeaderElector
+from extender.leader_label import LeaderLabel
 from extender.reflector import Reflector
 from extender.seal import Seal
 from extender.service import ExtenderService
@@ -37,6 +38,8 @@ from topology.platforms import PLATFORMS
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = ("gpu-topology.io/topology", "gpu-topology.io/state")
 GPUS_KEY = "gpu-topology.io/gpus"
+LEADER_LABEL = "gpu-topology.io/leader"
+APP_LABELS = {"app.kubernetes.io/name": "gpu-topology-extender"}
 
 
 def board(node: str, platform: str = "rtx-a6000-pairs") -> Topology:
@@ -59,8 +62,11 @@ class Extender:
     client: TestClient
     reflectors: tuple[Reflector, Reflector]  # nodes, pods
     elector: LeaderElector | None = None
+    label: LeaderLabel | None = None
 
     def stop(self) -> None:
+        if self.label is not None:
+            self.label.stop()
         if self.elector is not None:
             self.elector.stop()
         for reflector in self.reflectors:
@@ -81,9 +87,23 @@ class Extender:
         return answer.status_code, answer.text
 
 
+def extender_pod(name: str, namespace: str) -> dict:
+    """The Pod an extender replica runs in, as the Deployment makes it: no GPUs, the app's labels."""
+    return {"metadata": {"name": name, "namespace": namespace, "labels": dict(APP_LABELS)},
+            "spec": {"containers": [{"name": "extender", "image": "gpu-topology-extender:0.1.0"}]},
+            "status": {"phase": "Running"}}
+
+
+def leader_pods(server: FakeKubeApiServer, namespace: str) -> list[str]:
+    """The names of the Pods the Service selects: the app's labels and the leader label."""
+    return server.pods_labelled(namespace, {**APP_LABELS, LEADER_LABEL: "true"})
+
+
 def start(server: FakeKubeApiServer, *, seal: Seal | None = None, stale_after: float = 120.0, timeout: float = 2.0,
           elector: LeaderElector | None = None, wait: bool = True, bind_outcome_seconds: float = 60.0) -> Extender:
-    """Start the extender; with `wait`, return once its first lists are in (it is ready to filter)."""
+    """Start the extender; with `wait`, return once its first lists are in (it is ready to filter). With an
+    `elector`, the replica runs in a Pod named after its identity (created here) and keeps the leader label on
+    it, as `serve --leader-elect` does."""
     api = KubernetesApi.from_configuration(k8s.Configuration(host=server.url), timeout=timeout, instance="test")
     state = ClusterState(stale_after=stale_after, seal=seal, bind_outcome_seconds=bind_outcome_seconds)
     nodes = Reflector(api.list_nodes, api.watch_nodes, state.nodes, name="nodes", watch_timeout=5)
@@ -91,7 +111,13 @@ def start(server: FakeKubeApiServer, *, seal: Seal | None = None, stale_after: f
     service = ExtenderService(state, api) if elector is None else ExtenderService(state, api, leader=elector, pods=pods)
     for reflector in (nodes, pods):
         reflector.start()
-    extender = Extender(api, state, service, TestClient(create_app(service)), (nodes, pods), elector)
+    label = None
+    if elector is not None:
+        server.add_pod(extender_pod(elector.identity, elector.namespace))
+        label = LeaderLabel(api, elector.namespace, elector.identity, state.keys.leader, service.leads, period=0.02,
+                            retry=0.1)
+        label.start()
+    extender = Extender(api, state, service, TestClient(create_app(service)), (nodes, pods), elector, label)
     if wait:
         wait_until(lambda: state.ready, what="the first Node and Pod lists")
     return extender
@@ -116,6 +142,7 @@ class Replica:
     def __init__(self, identity: str, server: FakeKubeApiServer, tmp: Path, namespace: str,
                  options: tuple[str, ...] = ()) -> None:
         self.identity, self.port = identity, free_port()
+        server.add_pod(extender_pod(identity, namespace))  # the Pod the downward API names, for the leader label
         kubeconfig = server.write_kubeconfig(tmp / "kubeconfig")
         script = Path(sys.executable).with_name("gpu-topology-extender")
         command = [str(script)] if script.exists() else [sys.executable, "-m", "extender.cli"]
@@ -125,7 +152,8 @@ class Replica:
              "--seal-key-file", str(tmp / "seal.key"), "--leader-elect", "--leader-elect-namespace", namespace,
              "--leader-elect-identity", identity, *options],
             cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)})  # this checkout's code
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT),  # this checkout's code
+                 "POD_NAME": identity, "POD_NAMESPACE": namespace})
 
     @staticmethod
     def write_seal_key(tmp: Path) -> None:

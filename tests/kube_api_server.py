@@ -376,6 +376,12 @@ current-context: test
         with self._lock:
             return [copy.deepcopy(pod) for pod in self._objects[PODS].values() if pod["spec"].get("nodeName") == node]
 
+    def pods_labelled(self, namespace: str, labels: dict[str, str]) -> list[str]:
+        """The names of the pods of `namespace` that carry all of `labels`, as a Service's selector picks them."""
+        with self._lock:
+            return sorted(key[1] for key, pod in self._objects[PODS].items() if key[0] == namespace
+                          and labels.items() <= (pod["metadata"].get("labels") or {}).items())
+
     def _key(self, resource: str, obj: dict) -> tuple[str, str]:
         meta = obj["metadata"]
         return (meta.setdefault("namespace", "default") if resource in (PODS, LEASES) else "", meta["name"])

@@ -15,11 +15,14 @@ from pathlib import Path
 
 import kubernetes.client as k8s
 import pytest
-from extender_harness import GPUS_KEY, Replica, held_gpus, node_annotations, start
+from extender_harness import (APP_LABELS, GPUS_KEY, LEADER_LABEL, Extender, Replica, held_gpus, leader_pods,
+                              node_annotations, start)
 from kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node, make_pod, wait_until
 
-from extender.kube import KubernetesApi
+from extender.kube import KubeError, KubernetesApi
 from extender.leader import LeaderElector, LeaseRecord, Timings, micro_time
+from extender.leader_label import LeaderLabel
+from topology.annotations import AnnotationKeys
 
 __all__ = ["kube_server_fixture"]
 
@@ -214,7 +217,9 @@ def cluster(kube_server: FakeKubeApiServer) -> FakeKubeApiServer:
     return kube_server
 
 
-def test_only_the_leader_is_ready_and_binds(cluster, clock):
+@pytest.fixture
+def pair(cluster, clock) -> Iterator[tuple[Extender, Extender]]:
+    """Two replicas in one process, each in its own Pod; a has won the election, b stands by."""
     extenders = []
     try:
         for identity in ("a", "b"):
@@ -222,36 +227,66 @@ def test_only_the_leader_is_ready_and_binds(cluster, clock):
             extenders.append(start(cluster, elector=elector(api, clock, identity)))
         a, b = extenders
         assert a.elector.step() and not b.elector.step()
-        wait_until(lambda: a.readyz() == (200, "ok"), what="the leader ready")
-        assert b.readyz() == (503, "replica b is not the leader")
-        pod = cluster.add_pod(make_pod("p", gpus=2))
-        wait_until(lambda: b.state.pod(pod["metadata"]["uid"]), what="the pod in b's cache")
-        assert b.filter(pod, ["gpu-1"])["NodeNames"] == ["gpu-1"], "a standby still filters"
-        assert b.bind(pod, "gpu-1") == ("binding default/p refused: replica b is not the leader; kube-scheduler "
-                                        "will retry the pod")
-        assert "nodeName" not in cluster.pod("default", "p")["spec"]
-        assert a.bind(pod, "gpu-1") == ""
-        assert "gpu_topology_extender_leader 1.0" in a.client.get("/metrics").text
-        assert "gpu_topology_extender_leader 0.0" in b.client.get("/metrics").text
+        yield a, b
     finally:
         for extender in extenders:
             extender.stop()
 
 
-def test_a_new_leader_is_ready_only_once_a_pod_list_made_after_its_win_is_in_the_ledger(cluster, clock):
+def test_a_standby_is_ready_but_only_the_leader_binds_and_carries_the_label(cluster, clock, pair):
+    a, b = pair
+    wait_until(lambda: leader_pods(cluster, NAMESPACE) == ["a"], what="the label on the leader's pod")
+    # Ready means "can serve or take over": a warm standby is ready, so a rollout or a drain can proceed.
+    assert a.readyz() == b.readyz() == (200, "ok")
+    assert cluster.pod(NAMESPACE, "b")["metadata"]["labels"] == APP_LABELS
+    pod = cluster.add_pod(make_pod("p", gpus=2))
+    wait_until(lambda: b.state.pod(pod["metadata"]["uid"]), what="the pod in b's cache")
+    assert b.filter(pod, ["gpu-1"])["NodeNames"] == ["gpu-1"], "a standby still filters"
+    assert b.bind(pod, "gpu-1") == ("binding default/p refused: replica b is not the leader; kube-scheduler "
+                                    "will retry the pod")
+    assert "nodeName" not in cluster.pod("default", "p")["spec"]
+    assert a.bind(pod, "gpu-1") == ""
+    assert "gpu_topology_extender_leader 1.0" in a.client.get("/metrics").text
+    assert "gpu_topology_extender_leader 0.0" in b.client.get("/metrics").text
+    # The only pod writes are merge patches of the replicas' own leader label.
+    assert {(p["key"], p["content_type"], str(p["patch"])) for p in cluster.patches} <= {
+        ((NAMESPACE, name), "application/merge-patch+json", str({"metadata": {"labels": {LEADER_LABEL: value}}}))
+        for name in ("a", "b") for value in ("true", None)}
+
+
+def test_the_label_moves_to_the_new_leader_and_a_leader_that_steps_down_removes_it(cluster, clock, pair):
+    a, b = pair
+    wait_until(lambda: leader_pods(cluster, NAMESPACE) == ["a"], what="the label on a")
+    clock.advance(10)  # a paused past its renew deadline (a long GC, say): it steps down without a call
+    assert not a.service.leads()
+    wait_until(lambda: leader_pods(cluster, NAMESPACE) == [], what="a removes its label on stepping down")
+    clock.advance(5)
+    assert b.elector.step()  # the Lease expired: b wins, rebuilds its ledger, then labels its pod
+    wait_until(lambda: leader_pods(cluster, NAMESPACE) == ["b"], what="the label on b")
+    assert not a.elector.step() and leader_pods(cluster, NAMESPACE) == ["b"]
+    assert a.readyz() == b.readyz() == (200, "ok")
+    b.stop()  # as on SIGTERM: the label goes first, then the Lease
+    assert leader_pods(cluster, NAMESPACE) == [] and spec(cluster)["holderIdentity"] == ""
+    assert a.elector.step()
+    wait_until(lambda: leader_pods(cluster, NAMESPACE) == ["a"], what="the label back on a")
+
+
+def test_a_new_leader_is_labelled_only_once_a_pod_list_made_after_its_win_is_in_the_ledger(cluster, clock):
     api = KubernetesApi.from_configuration(k8s.Configuration(host=cluster.url), timeout=2.0)
     a = start(cluster, elector=elector(api, clock, "a"))
     try:
         pod = cluster.add_pod(make_pod("early", gpus=1))
         wait_until(lambda: a.state.pod(pod["metadata"]["uid"]), what="the pod in the watch")
+        wait_until(lambda: a.label.labelled is False, what="a's label removed at start (a container restart keeps it)")
         lists = cluster.list_count("pods")
         cluster.hang("GET", "/api/v1/pods", watch=False)
         assert a.elector.step() and a.elector.term() == 1
         wait_until(lambda: cluster.list_count("pods") > lists, what="the relist after the win")
-        assert a.readyz() == (503, "replica a has just become the leader and is rebuilding its GPU ledger")
+        assert a.readyz() == (200, "ok"), "ready: it can serve filter and prioritize"
         assert "rebuilding its GPU ledger" in a.bind(pod, "gpu-1")
+        assert not a.service.leads() and leader_pods(cluster, NAMESPACE) == []
         cluster.release_hangs()  # the hung list fails; the next one rebuilds the ledger
-        wait_until(lambda: a.readyz() == (200, "ok"), what="ready after a list succeeded")
+        wait_until(lambda: leader_pods(cluster, NAMESPACE) == ["a"], what="labelled after a list succeeded")
         assert cluster.list_count("pods") == lists + 2
         assert a.bind(pod, "gpu-1") == ""
     finally:
@@ -259,27 +294,73 @@ def test_a_new_leader_is_ready_only_once_a_pod_list_made_after_its_win_is_in_the
 
 
 def test_a_leader_cut_off_from_the_api_server_steps_down_and_leads_again_after_a_relist(cluster):
-    """In real time, with short timings: the Lease cannot be renewed, so the leader stops binding and is not
-    ready; once the API server is back it renews, and a new term begins with a fresh list."""
+    """In real time, with short timings: the Lease cannot be renewed, so the leader stops binding (its label
+    cannot be removed while the server is down, which is safe: it refuses binds); once the API server is back
+    it renews, and a new term begins with a fresh list."""
     api = KubernetesApi.from_configuration(k8s.Configuration(host=cluster.url), timeout=0.3)
     a = start(cluster, elector=LeaderElector(api, NAMESPACE, LEASE, "a", Timings(2, 1.5, 0.3)), timeout=0.3)
     try:
         a.elector.start()
-        wait_until(lambda: a.readyz() == (200, "ok"), what="a leads")
+        wait_until(lambda: leader_pods(cluster, NAMESPACE) == ["a"], what="a leads")
         pod = cluster.add_pod(make_pod("p", gpus=1))
         wait_until(lambda: a.state.pod(pod["metadata"]["uid"]), what="the pod in the cache")
         cluster.stop()
-        wait_until(lambda: a.readyz() == (503, "replica a is not the leader"), what="a steps down")
+        wait_until(lambda: not a.service.leads(), what="a steps down")
         assert "replica a is not the leader" in a.bind(pod, "gpu-1")
+        assert a.readyz() == (200, "ok"), "it still serves filter and prioritize from its cache"
         assert "gpu_topology_extender_leader 0.0" in a.client.get("/metrics").text
         lists = cluster.list_count("pods")
         cluster.start()
-        wait_until(lambda: a.readyz() == (200, "ok"), what="a leads again")
+        wait_until(lambda: a.service.leads(), what="a leads again")
         assert a.elector.term() == 2 and cluster.list_count("pods") > lists
         assert spec(cluster)["holderIdentity"] == "a" and spec(cluster)["leaseTransitions"] == 0
+        wait_until(lambda: leader_pods(cluster, NAMESPACE) == ["a"], what="a labelled")
         assert a.bind(pod, "gpu-1") == ""
     finally:
         a.stop()
+
+
+class FlakyLabels:
+    """A pod-label API whose first `failures` calls fail, recording every call."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures, self.calls = failures, []
+
+    def label_pod(self, namespace, name, labels):
+        self.calls.append((namespace, name, dict(labels)))
+        if len(self.calls) <= self.failures:
+            raise KubeError("label pod: 503 unavailable", 503)
+
+
+def test_the_label_is_written_only_on_a_change_and_retried_until_it_sticks():
+    leads = [True]
+    api = FlakyLabels(failures=2)
+    label = LeaderLabel(api, NAMESPACE, "a", LEADER_LABEL, lambda: leads[0])
+    assert not label.sync() and not label.sync() and label.labelled is None
+    assert label.sync() and label.labelled is True
+    assert label.sync() and label.sync() and len(api.calls) == 3, "no write while nothing changes"
+    leads[0] = False
+    assert label.sync() and label.labelled is False
+    assert [c[2] for c in api.calls] == [{LEADER_LABEL: "true"}] * 3 + [{LEADER_LABEL: None}]
+    assert api.calls[0][:2] == (NAMESPACE, "a")
+
+
+def test_a_new_term_while_the_removal_is_retried_keeps_the_label():
+    leads = [True]
+    api = FlakyLabels(failures=0)
+    label = LeaderLabel(api, NAMESPACE, "a", LEADER_LABEL, lambda: leads[0])
+    assert label.sync() and label.labelled is True
+    api.failures = 10**6
+    leads[0] = False
+    assert not label.sync() and label.labelled is True  # the removal failed; it is retried
+    leads[0] = True  # it leads again before the removal went through: nothing left to do
+    calls = len(api.calls)
+    assert label.sync() and len(api.calls) == calls
+
+
+def test_the_leader_label_is_under_the_annotation_prefix():
+    assert AnnotationKeys().leader == LEADER_LABEL
+    assert AnnotationKeys("gpu.example.com").leader == "gpu.example.com/leader"
 
 
 # -- failover between two processes --------------------------------------------------------------------------
@@ -311,10 +392,10 @@ def lease_writes(server: FakeKubeApiServer, identity: str) -> list[dict]:
 
 def test_failover_between_two_processes_assigns_no_gpu_twice(kube_server, replicas, tmp_path):
     replicas["a"] = a = replica("a", kube_server, tmp_path)
-    wait_until(lambda: a.get("/readyz") == (200, "ok"), timeout=60, what=f"replica a ready: {a.output()}")
+    wait_until(lambda: leader_pods(kube_server, NAMESPACE) == ["a"], timeout=60, what=f"replica a leads: {a.output()}")
     replicas["b"] = b = replica("b", kube_server, tmp_path)
-    wait_until(lambda: b.get("/readyz") == (503, "replica b is not the leader"), timeout=60,
-               what="replica b up as a standby")
+    wait_until(lambda: b.get("/readyz") == (200, "ok"), timeout=60, what="replica b up as a ready standby")
+    assert leader_pods(kube_server, NAMESPACE) == ["a"]
     assert "gpu_topology_extender_leader 1.0" in a.get("/metrics")[1]
     assert "gpu_topology_extender_leader 0.0" in b.get("/metrics")[1]
 
@@ -328,8 +409,11 @@ def test_failover_between_two_processes_assigns_no_gpu_twice(kube_server, replic
     a.process.kill()  # no release: b has to wait for the Lease to expire
     a.process.wait(10)
     killed = time.monotonic()
-    wait_until(lambda: b.get("/readyz") == (200, "ok"), timeout=60, what=f"b to take over: {b.output()}")
-    print(f"failover: b ready {time.monotonic() - killed:.1f} s after a was killed (lease {LEASE_SECONDS} s)")
+    wait_until(lambda: "b" in leader_pods(kube_server, NAMESPACE), timeout=60, what=f"b to take over: {b.output()}")
+    print(f"failover: b labelled {time.monotonic() - killed:.1f} s after a was killed (lease {LEASE_SECONDS} s)")
+    # A killed replica cannot remove its label: a Pod whose container died is not ready, so the Service drops it,
+    # and a restarted container removes the label first thing. Meanwhile it could only refuse binds.
+    assert leader_pods(kube_server, NAMESPACE) == ["a", "b"]
     lease = spec(kube_server)
     assert (lease["holderIdentity"], lease["leaseTransitions"]) == ("b", 1)
     last_renewal = datetime.fromisoformat(lease_writes(kube_server, "a")[-1]["renewTime"])
@@ -349,13 +433,14 @@ def test_failover_between_two_processes_assigns_no_gpu_twice(kube_server, replic
 
 def test_a_stopped_leader_hands_over_at_once(kube_server, replicas, tmp_path):
     replicas["a"] = a = replica("a", kube_server, tmp_path)
-    wait_until(lambda: a.get("/readyz") == (200, "ok"), timeout=60, what=f"replica a ready: {a.output()}")
+    wait_until(lambda: leader_pods(kube_server, NAMESPACE) == ["a"], timeout=60, what=f"replica a leads: {a.output()}")
     replicas["b"] = b = replica("b", kube_server, tmp_path)
-    wait_until(lambda: b.get("/readyz")[0] == 503, timeout=60, what="replica b up")
+    wait_until(lambda: b.get("/readyz") == (200, "ok"), timeout=60, what="replica b up")
     a.process.send_signal(signal.SIGTERM)
     assert a.process.wait(20) == 0, a.output()
     assert "released" in a.output()
-    wait_until(lambda: b.get("/readyz") == (200, "ok"), timeout=60, what=f"b to take over: {b.output()}")
+    assert leader_pods(kube_server, NAMESPACE) == [], "a removed its label before it exited"
+    wait_until(lambda: leader_pods(kube_server, NAMESPACE) == ["b"], timeout=60, what=f"b to take over: {b.output()}")
     lease = spec(kube_server)
     assert lease_writes(kube_server, ""), "a cleared the holder"
     assert lease["holderIdentity"] == "b" and lease["leaseTransitions"] == 1
@@ -375,3 +460,15 @@ def test_leader_election_refuses_to_start_without_what_keeps_it_safe(argv, messa
 
     assert cli.main(["serve", "--leader-elect", *argv]) == 2
     assert capsys.readouterr().err == f"gpu-topology-extender: error: {message}\n"
+
+
+def test_leader_election_refuses_to_start_without_its_pod_to_label(monkeypatch, tmp_path, capsys):
+    from extender import cli
+
+    Replica.write_seal_key(tmp_path)
+    monkeypatch.setenv("POD_NAMESPACE", NAMESPACE)
+    monkeypatch.delenv("POD_NAME", raising=False)
+    assert cli.main(["serve", "--leader-elect", "--kubeconfig", "k", "--seal-key-file", str(tmp_path / "seal.key")]) == 2
+    assert capsys.readouterr().err == (
+        "gpu-topology-extender: error: --leader-elect needs the environment variables POD_NAME and POD_NAMESPACE "
+        "(the downward API): the leader labels its own Pod so that the Service routes to it alone\n")

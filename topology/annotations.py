@@ -44,3 +44,6 @@ class AnnotationKeys:
     containers = _Key("containers")  # each container's GPUs (topology/assignment.py); the agent delivers these
     ring_bandwidth = _Key("ring-bandwidth")
     seal = _Key("seal")  # the extender's MAC over the pod's UID, node and assignment (extender/seal.py)
+    # On the extender's own Pod, a label (not an annotation): "true" on the leader only, set once its ledger is
+    # rebuilt and removed when it steps down; the Service selects it, so kube-scheduler reaches the leader alone.
+    leader = _Key("leader")
