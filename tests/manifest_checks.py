@@ -294,3 +294,72 @@ class AdmissionPolicy:
                 # The API server falls back to `message` when messageExpression fails or is empty.
                 messages.append(str(built) if isinstance(built, str) and built else message)
         return Verdict(applies=True, messages=messages)
+
+
+@dataclass
+class ReplicaPod:
+    """One extender Pod in the rollout model: its template revision, whether its caches are synced, whether it
+    leads (and so carries the leader label)."""
+
+    name: str
+    revision: str
+    synced: bool = False
+    leads: bool = False
+
+
+@dataclass
+class Rollout:
+    """What a rollout of the extender's Deployment did, tick by tick (a tick: about one retry period)."""
+
+    finished: bool
+    ticks: int
+    leaderless_ticks: int  # ticks with no Pod leading, so none labelled: kube-scheduler's calls fail and retry
+    leaders_deleted: int
+    fewest_ready: int
+    pods: list[ReplicaPod]
+
+
+def roll_out(replicas: int, max_surge: int, max_unavailable: int, ready: Any, *, leader_goes_first: bool,
+             ticks: int = 40) -> Rollout:
+    """The Deployment controller's rolling-update arithmetic (pkg/controller/deployment/rolling.go) over the
+    extender's replicas, from `replicas` old Pods (the first leading) to as many new ones.
+
+    Each tick the controller cleans up old Pods that are not ready (at most all - minAvailable - new unready),
+    scales the old ReplicaSet down by available - minAvailable (the ReplicaSet deletes a not-ready Pod first, then
+    the leader or a standby as `leader_goes_first` says), and scales the new one up to replicas + maxSurge Pods in
+    all. A new Pod syncs its caches one tick after it starts. A deleted leader removes its label and releases the
+    Lease (SIGTERM); with no leader, a synced Pod takes the Lease one tick later. `ready(pod)` is the readiness
+    under test."""
+    pods = [ReplicaPod(f"old-{i}", "old", synced=True, leads=i == 0) for i in range(replicas)]
+    min_available = replicas - max_unavailable
+    leaderless = deleted = 0
+    fewest = replicas
+    made = 0
+    for tick in range(ticks):
+        new = [p for p in pods if p.revision == "new"]
+        if len(new) == len(pods) == replicas and all(map(ready, pods)):
+            return Rollout(True, tick, leaderless, deleted, fewest, pods)
+        available = sum(map(ready, pods))
+        fewest = min(fewest, available)
+        new_unavailable = sum(not ready(p) for p in new)
+        old = [p for p in pods if p.revision == "old"]
+        cleanup = max(0, len(pods) - min_available - new_unavailable)
+        for pod in [p for p in old if not ready(p)][:cleanup]:
+            pods.remove(pod)
+            old.remove(pod)
+        down = max(0, available - min_available)
+        order = sorted(old, key=lambda p: (ready(p), p.leads != leader_goes_first))
+        for pod in order[:down]:
+            pods.remove(pod)
+            deleted += pod.leads
+        for pod in pods:  # Pods started last tick have synced their caches
+            pod.synced = True
+        while len(pods) < replicas + max_surge and len([p for p in pods if p.revision == "new"]) < replicas:
+            pods.append(ReplicaPod(f"new-{made}", "new"))
+            made += 1
+        if not any(p.leads for p in pods):
+            leaderless += 1
+            candidates = [p for p in pods if p.synced]
+            if candidates:
+                candidates[0].leads = True
+    return Rollout(False, ticks, leaderless, deleted, fewest, pods)

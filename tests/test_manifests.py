@@ -50,6 +50,7 @@ from manifest_checks import (
     SCHEDULER_CONFIG_GROUP,
     AdmissionPolicy,
     Doc,
+    ReplicaPod,
     container,
     flag_values,
     flatten_rules,
@@ -60,6 +61,7 @@ from manifest_checks import (
     program,
     quantity,
     repeated_flag,
+    roll_out,
 )
 from manifest_checks import api_group as _group
 from manifest_checks import documents as _docs
@@ -992,6 +994,7 @@ def test_extender_deployment_is_hardened_and_sized() -> None:
 
 LEASE_ROLE = obj("Role", "gpu-topology-extender-lease", NAMESPACE)
 LEASE_NAME = "gpu-topology-extender"  # the extender's --leader-elect-lease-name default
+LEADER_LABEL_ROLE = obj("Role", "gpu-topology-extender-leader-label", NAMESPACE)
 
 
 def env_field(deployment: Doc, name: str) -> str:
@@ -1020,24 +1023,55 @@ def test_extender_runs_two_replicas_on_two_nodes_with_one_leader() -> None:
     assert {name for rule in LEASE_ROLE["rules"] for name in rule.get("resourceNames", [])} == {LEASE_NAME}
 
 
-def test_a_rollout_keeps_the_leader_and_the_deployment_stays_available() -> None:
-    # Only the leader is ready (/readyz), so at most one replica is ever available. The Deployment's floor,
-    # replicas - maxUnavailable, must be met by that one, or it reports itself unavailable for good and no rollout
-    # ever removes an old Pod; and maxUnavailable must stay below replicas, or a rollout stops both at once.
+def _synced(pod: ReplicaPod) -> bool:
+    """The extender's readiness: caches synced, on the leader and on a standby alike (extender/service.py)."""
+    return pod.synced
+
+
+def _leading(pod: ReplicaPod) -> bool:
+    """The readiness the extender had before the leader label: only the leader was ready."""
+    return pod.leads
+
+
+@pytest.mark.parametrize("leader_goes_first", [True, False], ids=["leader-deleted-first", "standby-deleted-first"])
+def test_a_rollout_completes_by_itself_and_never_has_fewer_than_two_ready(leader_goes_first: bool) -> None:
+    # A standby with synced caches is ready, so the Deployment's arithmetic is the ordinary one: a new replica
+    # starts (surge 1) and syncs, then an old one goes (unavailable 0), whichever the ReplicaSet deletes first.
     spec = EXTENDER["spec"]
-    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 1}}
-    assert spec["replicas"] - spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 1
-    # A new replica starts before an old one goes (surge), so it is warm when it takes the Lease.
-    assert spec["strategy"]["rollingUpdate"]["maxSurge"] >= 1
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    replicas, surge = spec["replicas"], spec["strategy"]["rollingUpdate"]["maxSurge"]
+    done = roll_out(replicas, surge, 0, _synced, leader_goes_first=leader_goes_first)
+    assert done.finished, done
+    assert [p.revision for p in done.pods] == ["new"] * replicas and sum(p.leads for p in done.pods) == 1
+    assert done.fewest_ready == replicas, "never fewer than two ready replicas: one can always take over"
+    # Each time the leader goes, one retry period without a labelled leader (SIGTERM released the Lease), and
+    # the leader goes once or twice, never more.
+    assert 1 <= done.leaders_deleted <= 2 and done.leaderless_ticks == done.leaders_deleted
 
 
-def test_a_disruption_budget_keeps_one_replica() -> None:
+@pytest.mark.parametrize("max_unavailable", [0, 1])
+def test_with_readiness_as_leadership_no_rollout_completes(max_unavailable: int) -> None:
+    # The model against the design it replaces: with only the leader ready, maxUnavailable 0 never removes an old
+    # Pod and maxUnavailable 1 stalls once the new Pods are up, until someone deletes the leader by hand.
+    for leader_goes_first in (True, False):
+        stuck = roll_out(2, 1, max_unavailable, _leading, leader_goes_first=leader_goes_first)
+        assert not stuck.finished and any(p.revision == "old" and p.leads for p in stuck.pods), stuck
+
+
+def test_a_disruption_budget_keeps_one_replica_and_lets_a_drain_evict_the_leader() -> None:
     (budget,) = [doc for _, doc in _docs() if doc.get("kind") == "PodDisruptionBudget"]
     assert budget["metadata"]["namespace"] == NAMESPACE
+    # The budget counts both replicas (the app's label, not the leader label), and both are ready.
     assert budget["spec"]["selector"] == EXTENDER["spec"]["selector"]
     assert budget["spec"]["minAvailable"] == 1 and "maxUnavailable" not in budget["spec"]
-    # A standby that is taking over (not ready yet) is not evicted while no replica is ready.
+    # A replica still syncing (not ready) is evicted only while the other one is ready.
     assert budget["spec"]["unhealthyPodEvictionPolicy"] == "IfHealthyBudget"
+    # The disruption controller's arithmetic: disruptionsAllowed = currentHealthy - minAvailable. With a warm
+    # standby ready, a drain may evict the leader (which hands over on SIGTERM); with readiness as leadership it
+    # never could.
+    pods = [ReplicaPod("a", "old", synced=True, leads=True), ReplicaPod("b", "old", synced=True)]
+    assert sum(map(_synced, pods)) - budget["spec"]["minAvailable"] == 1
+    assert sum(map(_leading, pods)) - budget["spec"]["minAvailable"] == 0
 
 
 def test_extender_command_line_matches_the_manifests() -> None:
@@ -1088,7 +1122,11 @@ def test_the_extenders_console_script_accepts_the_deployments_flags() -> None:
 def test_service_reaches_the_extender_on_https() -> None:
     spec = EXTENDER_SERVICE["spec"]
     labels = EXTENDER["spec"]["template"]["metadata"]["labels"]
-    assert spec["selector"].items() <= labels.items()
+    # The leader alone: the template's labels and the label the leader sets on its own Pod (and no Pod of the
+    # template carries it from the start).
+    assert spec["selector"] == {**EXTENDER["spec"]["selector"]["matchLabels"], KEYS.leader: "true"}
+    assert KEYS.leader not in labels
+    assert {k: v for k, v in spec["selector"].items() if k != KEYS.leader}.items() <= labels.items()
     assert EXTENDER["spec"]["selector"]["matchLabels"].items() <= labels.items()
     (port,) = spec["ports"]
     assert port["port"] == 443 and port["name"] == "https"
@@ -1184,7 +1222,12 @@ def test_extender_rbac_is_exactly_least_privilege() -> None:
     assert bindings_of("gpu-topology-extender") == {
         ("ClusterRoleBinding", None, "ClusterRole", "gpu-topology-extender"),
         ("RoleBinding", NAMESPACE, "Role", "gpu-topology-extender-lease"),
+        ("RoleBinding", NAMESPACE, "Role", "gpu-topology-extender-leader-label"),
     }
+    # The leader label (extender/leader_label.py: one merge patch of its own Pod): patch only, in its namespace
+    # only. resourceNames cannot name a Deployment's Pods; extender-policy.yaml holds it to its own Pod.
+    assert flatten_rules(LEADER_LABEL_ROLE["rules"]) == {("", "pods", "patch", ())}
+    assert LEADER_LABEL_ROLE["metadata"]["namespace"] == EXTENDER["metadata"]["namespace"]
     # Leader election (extender/leader.py: get, create, replace): create cannot name its object; get and update
     # name the one Lease. In the extender's namespace only.
     assert flatten_rules(LEASE_ROLE["rules"]) == {
@@ -1213,6 +1256,7 @@ def test_scheduler_rbac_is_the_built_in_scheduler_roles_and_its_own_lease() -> N
     assert roles == {
         ("ClusterRole", "gpu-topology-extender"),
         ("Role", "gpu-topology-extender-lease"),
+        ("Role", "gpu-topology-extender-leader-label"),
         ("Role", "gpu-topology-scheduler-lease"),
         ("ClusterRole", "gpu-topology-agent"),
         ("ClusterRole", "gpu-topology-agent-deliver"),
@@ -1591,6 +1635,129 @@ EXTENDER_DENIED: dict[str, tuple[Doc, str]] = {
         pod_request("CREATE", binding(BOUND), user=EXTENDER_USER, resource="bindings"),
         "not by CREATE on bindings"),
 }
+
+
+# The extender's own Pod, as the Deployment makes it, and the patches of its leader label.
+OWN_POD_NAME = "gpu-topology-extender-6b7c9d-x2k4q"
+OTHER_REPLICA = "gpu-topology-extender-6b7c9d-p8z7m"
+EXTENDER_POD: Doc = {
+    "apiVersion": "v1", "kind": "Pod",
+    "metadata": {"name": OWN_POD_NAME, "namespace": NAMESPACE, "uid": "5d1c2b3a-0f9e-4d8c-b7a6-958473625140",
+                 "resourceVersion": "4711", "labels": {**EXTENDER["spec"]["template"]["metadata"]["labels"],
+                                                       "pod-template-hash": "6b7c9d"},
+                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                      "name": "gpu-topology-extender-6b7c9d", "uid": "0a1b2c3d", "controller": True}]},
+    "spec": copy.deepcopy(EXTENDER["spec"]["template"]["spec"]),
+    "status": {"phase": "Running"},
+}
+
+
+def with_label(pod: Doc, key: str, value: str | None, *, name: str | None = None) -> Doc:
+    changed = copy.deepcopy(pod)
+    if name is not None:
+        changed["metadata"]["name"] = name
+    labels = changed["metadata"]["labels"]
+    if value is None:
+        labels.pop(key, None)
+    else:
+        labels[key] = value
+    return changed
+
+
+LEADING_POD = with_label(EXTENDER_POD, KEYS.leader, "true")
+
+
+def own_pod_request(new: Doc, old: Doc, *, claim: list[str] | None = None, namespace: str = NAMESPACE,
+                    sub_resource: str = "") -> Doc:
+    """A PATCH (UPDATE in admission) of a Pod by the extender, whose bound token names the Pod in `claim`."""
+    request = pod_request("UPDATE", new, old, user=EXTENDER_USER, sub_resource=sub_resource)
+    request["name"], request["namespace"] = new["metadata"]["name"], namespace
+    request["userInfo"]["extra"] = {"authentication.kubernetes.io/pod-name": [OWN_POD_NAME] if claim is None
+                                    else claim, "authentication.kubernetes.io/pod-uid": [EXTENDER_POD["metadata"]["uid"]]}
+    if claim == []:
+        del request["userInfo"]["extra"]
+    return request
+
+
+def changed(pod: Doc, change: Callable[[Doc], None]) -> Doc:
+    made = copy.deepcopy(pod)
+    change(made)
+    return made
+
+
+OWN_LABEL_ALLOWED: dict[str, Doc] = {
+    "the leader labels its own Pod": own_pod_request(LEADING_POD, EXTENDER_POD),
+    "a leader that steps down removes the label": own_pod_request(EXTENDER_POD, LEADING_POD),
+    "removing a label that is not there (a merge patch of null at start)": own_pod_request(EXTENDER_POD, EXTENDER_POD),
+    "labelling it again": own_pod_request(LEADING_POD, LEADING_POD),
+}
+
+OWN_LABEL_DENIED: dict[str, tuple[Doc, str]] = {
+    "labelling the other replica's Pod": (
+        own_pod_request(with_label(EXTENDER_POD, KEYS.leader, "true", name=OTHER_REPLICA),
+                        with_label(EXTENDER_POD, KEYS.leader, None, name=OTHER_REPLICA)),
+        "not by UPDATE on pods"),
+    "removing the label of the other replica's Pod": (
+        own_pod_request(with_label(EXTENDER_POD, KEYS.leader, None, name=OTHER_REPLICA),
+                        with_label(EXTENDER_POD, KEYS.leader, "true", name=OTHER_REPLICA)),
+        "not by UPDATE on pods"),
+    "a token bound to no Pod (a legacy Secret token)": (
+        own_pod_request(LEADING_POD, EXTENDER_POD, claim=[]), "not by UPDATE on pods"),
+    "a pod claim with two names": (
+        own_pod_request(LEADING_POD, EXTENDER_POD, claim=[OWN_POD_NAME, OTHER_REPLICA]), "not by UPDATE on pods"),
+    "a Pod of the same name in another namespace": (
+        own_pod_request(LEADING_POD, EXTENDER_POD, namespace="ml"), "not by UPDATE on pods"),
+    "a leader label other than true": (
+        own_pod_request(with_label(EXTENDER_POD, KEYS.leader, "yes"), EXTENDER_POD), "may change only the label"),
+    "taking its Pod out of the Deployment's selection": (
+        own_pod_request(with_label(LEADING_POD, "app.kubernetes.io/name", None), EXTENDER_POD),
+        "may change only the label"),
+    "adding another label (into another Service)": (
+        own_pod_request(with_label(EXTENDER_POD, "app", "payments"), EXTENDER_POD), "may change only the label"),
+    "changing another label's value": (
+        own_pod_request(with_label(LEADING_POD, "pod-template-hash", "000000"), LEADING_POD),
+        "may change only the label"),
+    "an annotation of its own Pod": (
+        own_pod_request(with_annotation(changed(LEADING_POD, lambda p: p["metadata"].setdefault("annotations", {})),
+                                        "example.com/x", "y"), LEADING_POD),
+        "may change only the label"),
+    "its own Pod's spec (an image)": (
+        own_pod_request(changed(LEADING_POD, lambda p: p["spec"]["containers"][0].update(image="evil:1")),
+                        EXTENDER_POD),
+        "may change only the label"),
+    "its own Pod's owner": (
+        own_pod_request(changed(LEADING_POD, lambda p: p["metadata"].pop("ownerReferences")), EXTENDER_POD),
+        "may change only the label"),
+    "a finalizer on its own Pod": (
+        own_pod_request(changed(LEADING_POD, lambda p: p["metadata"].update(finalizers=["example.com/keep"])),
+                        EXTENDER_POD),
+        "may change only the label"),
+    "its own Pod's status": (
+        own_pod_request(changed(EXTENDER_POD, lambda p: p["status"].update(phase="Failed")), EXTENDER_POD,
+                        sub_resource="status"),
+        "not by UPDATE on pods/status"),
+}
+
+
+@pytest.mark.parametrize("case", list(OWN_LABEL_ALLOWED))
+def test_extender_policy_lets_the_extender_label_only_its_own_pod(case: str) -> None:
+    request = OWN_LABEL_ALLOWED[case]
+    verdict = EXTENDER_WRITES.admit(request)
+    assert verdict.applies and verdict.allowed, verdict.messages
+    assert BIND.admit(request).allowed, "the bind-annotation policy has no say over a label"
+
+
+@pytest.mark.parametrize("case", list(OWN_LABEL_DENIED))
+def test_extender_policy_denies_any_other_change_of_a_pod_by_the_extender(case: str) -> None:
+    request, expected = OWN_LABEL_DENIED[case]
+    assert_denied(EXTENDER_WRITES, request, [expected])
+
+
+def test_the_policy_and_the_service_name_the_extenders_leader_label() -> None:
+    (label,) = [v["expression"] for v in EXTENDER_POLICY["spec"]["variables"] if v["name"] == "leaderLabel"]
+    assert label == "variables.prefix + 'leader'"
+    assert KEYS.leader == policy_variable(EXTENDER_POLICY, "prefix") + "leader"
+    assert EXTENDER_SERVICE["spec"]["selector"][KEYS.leader] == "true"
 
 
 def test_extender_policy_matches_every_pod_write_and_denies() -> None:
