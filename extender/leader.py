@@ -15,7 +15,7 @@ Only the leader binds, so two replicas never hand out the same GPU. The rules, a
 
 The elector is pure over a small `LeaseApi` and an injectable clock, so the rules are tested without
 waiting. Each time this replica wins after not leading, a new term begins and listeners are told, so the
-service can rebuild its ledger before it reports ready.
+service can rebuild its ledger before it binds and labels its Pod (extender/leader_label.py).
 """
 
 from __future__ import annotations
