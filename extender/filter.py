@@ -67,7 +67,7 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
         keys = [STALE if name in stale else key for name, key in zip(names, keys, strict=True)]
     distinct = set(keys)
     known = (memo or ShapeMemo()).answers((pod.request, pod.required), distinct,
-                                          partial(_verdict, selector, pod))
+                                          partial(_verdict, selector, pod), state.key_epoch)
     # Number the distinct verdicts (0 = pass) so that each pass over the names compares small ints.
     numbers: dict[Verdict, int] = {None: 0}
     number_of = {key: numbers.setdefault(known[key], len(numbers)) for key in distinct}

@@ -14,18 +14,22 @@ V = TypeVar("V")
 
 
 class ShapeMemo(Generic[V]):
-    """One dictionary per request shape, keyed by node key; emptied whole when it holds too much."""
+    """One dictionary per request shape, keyed by node key; emptied whole when it holds too much, or when the
+    cluster state forgot keys (its `key_epoch` moved on), so that no answer keeps a dead node's board alive."""
 
     def __init__(self, max_entries: int = 1 << 18) -> None:
         self._max_entries = max_entries
         self._shapes: dict[Hashable, dict[Hashable, V]] = {}
         self._entries = 0
+        self._epoch = 0
 
-    def answers(self, shape: Hashable, keys: Iterable[K], compute: Callable[[K], V]) -> dict[Hashable, V]:
+    def answers(self, shape: Hashable, keys: Iterable[K], compute: Callable[[K], V],
+                epoch: int = 0) -> dict[Hashable, V]:
         """The shape's answers, with those for `keys` computed where not yet known."""
-        if self._entries > self._max_entries:
+        if self._entries > self._max_entries or epoch != self._epoch:
             self._shapes.clear()
             self._entries = 0
+            self._epoch = epoch
         known = self._shapes.setdefault(shape, {})
         missing = [key for key in keys if key not in known]
         known.update((key, compute(key)) for key in missing)

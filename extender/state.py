@@ -75,6 +75,7 @@ REFUSED: dict[str, str] = {
     "state-future": "GPU state annotation is dated in the future",
 }
 _MAX_INTERNED = 1 << 16
+MAX_DEAD_BOARDS = 256  # compiled boards kept by keys of no live node, at most
 
 STALE_RECHECK_SECONDS = 1.0
 # How long a reservation whose Binding answer was lost waits for the watch to tell whether it committed:
@@ -105,6 +106,9 @@ class ClusterState:
         self._views: dict[str, NodeView] = {}
         self._keys: dict[str, Key] = {}
         self._interned: dict[tuple[CompiledTopology, int, int], NodeKey] = {}
+        self._interned_boards: set[CompiledTopology] = set()
+        self._boards_limit = MAX_DEAD_BOARDS
+        self.key_epoch = 0  # bumped when keys are forgotten: memos of answers per key must be emptied
         self._observed: dict[str, float] = {}
         self._stale: tuple[float, frozenset[str]] = (float("-inf"), frozenset())  # (when checked, stale names)
         self._pods: dict[str, PodRecord] = {}
@@ -286,14 +290,27 @@ class ClusterState:
             self._observed[view.name] = float("-inf") if view.observed is None else view.observed
 
     def _intern(self, compiled: CompiledTopology, free: int, unhealthy: int) -> NodeKey:
-        if len(self._interned) > _MAX_INTERNED:
-            live = [key for key in self._keys.values() if isinstance(key, NodeKey)]
-            self._interned = {(key.compiled, key.free, key.unhealthy): key for key in live}
         value = (compiled, free, unhealthy)
         key = self._interned.get(value)
-        if key is None:
-            key = self._interned[value] = NodeKey(compiled, free, unhealthy)
+        if key is not None:
+            return key
+        if compiled not in self._interned_boards:
+            self._interned_boards.add(compiled)
+            if len(self._interned) > _MAX_INTERNED or len(self._interned_boards) > self._boards_limit:
+                self._forget_dead_keys()
+                self._interned_boards.add(compiled)
+        key = self._interned[value] = NodeKey(compiled, free, unhealthy)
         return key
+
+    def _forget_dead_keys(self) -> None:
+        """Keep only the keys of live nodes. A key pins its compiled board (up to ~70 KB for 64 GPUs), so a
+        reporter rewriting its topology must not keep boards alive through old keys: at most
+        MAX_DEAD_BOARDS boards beyond the live ones stay, and `key_epoch` tells the answer memos to let go."""
+        live = [key for key in self._keys.values() if isinstance(key, NodeKey)]
+        self._interned = {(key.compiled, key.free, key.unhealthy): key for key in live}
+        self._interned_boards = {key.compiled for key in live}
+        self._boards_limit = len(self._interned_boards) + MAX_DEAD_BOARDS
+        self.key_epoch += 1
 
     def _decode_node(self, name: str, annotations: Mapping[str, Any]) -> NodeView:
         raw = annotations.get(self.keys.topology)

@@ -6,6 +6,8 @@ Work is bounded by counting steps (ring tests, search budget), never by timing: 
 from __future__ import annotations
 
 import copy
+import gc
+import weakref
 from dataclasses import replace
 from datetime import datetime, timezone
 
@@ -16,10 +18,11 @@ from hypothesis import strategies as st
 import topology.compiled as compiled_module
 import topology.select as select_module
 from extender.filter import BUDGET, filter_nodes
+from extender.memo import ShapeMemo
 from extender.metrics import Metrics
 from extender.pod_request import parse_pod
 from extender.scoring import prioritize_nodes
-from extender.state import ClusterState
+from extender.state import MAX_DEAD_BOARDS, ClusterState
 from hostile_boards import bipartite, bridge_pairs, mesh, ties
 from topology.budget import WORK_BUDGET, WorkBudget
 from topology.codec import NodeState, encode_state, encode_topology
@@ -295,3 +298,30 @@ def test_a_plausible_tie_heavy_16_gpu_board_stays_exact() -> None:
                 assert result.reason is not NoFitReason.BUDGET, (count, interconnect)
             else:
                 assert result.exact, (count, interconnect)
+
+
+def test_a_reporter_rewriting_its_topology_keeps_no_dead_board_alive() -> None:
+    """Issue: a writer publishing topology after topology grew memory without bound. The compile cache is
+    bounded, but the interned node keys and the answer memos held every board they had seen: here 600
+    rewrites while filter and prioritize run must leave at most the dead-board bound of them alive."""
+    state = _cluster({})
+    pod = _pod(state, 2)
+    verdicts: ShapeMemo = ShapeMemo()
+    offers: ShapeMemo = ShapeMemo()
+    base = PLATFORMS["pcie-l40s"].topology()
+    boards: list[weakref.ref[CompiledTopology]] = []
+    for numa in range(600):
+        board = replace(base, gpus=tuple(replace(gpu, numa_node=numa % 1024) for gpu in base.gpus))
+        annotations = {state.keys.topology: encode_topology(board),
+                       state.keys.state: encode_state(NodeState(frozenset(), frozenset(), NOW, numa))}
+        state.nodes.apply("MODIFIED", {"metadata": {"name": "rewriter", "annotations": annotations}})
+        view = state.view("rewriter")
+        assert view is not None and view.compiled is not None
+        boards.append(weakref.ref(view.compiled))
+        del view
+        names = ["dgx-a", "v100", "rewriter"]
+        assert "rewriter" in filter_nodes(state, Selector(), pod, names, verdicts).passed
+        assert prioritize_nodes(state, Selector(), pod, names, offers)[2] > 0
+    gc.collect()
+    alive = sum(ref() is not None for ref in boards)
+    assert alive <= MAX_DEAD_BOARDS + compiled_module.MAX_COMPILED + 1

@@ -42,7 +42,8 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
         keys = [None if name in stale else key for name, key in zip(names, keys, strict=True)]
     distinct = set(keys)
     boards = [key for key in distinct if isinstance(key, NodeKey)]
-    known = (memo or ShapeMemo()).answers(pod.request, boards, partial(_offer, selector, pod.request))
+    known = (memo or ShapeMemo()).answers(pod.request, boards, partial(_offer, selector, pod.request),
+                                          state.key_epoch)
     offers = {key: known[key] for key in boards}
     live = [offer for offer in offers.values() if offer is not None]
     best_ring = max((offer.choice.ring_gbps or 0.0 for offer in live if offer.meets_preferences), default=0.0)
