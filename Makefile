@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: fuzz demo test bench bench-bind loadtest soak clean
+.PHONY: demo test bench bench-bind loadtest hostile soak failover fuzz clean
 
 $(BIN)/activate: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,9 +25,15 @@ loadtest: $(BIN)/activate
 bench-bind: $(BIN)/activate
 	$(BIN)/python loadtests/bind_throughput.py --write BENCHMARKS.md
 
+hostile: $(BIN)/activate
+	$(BIN)/python loadtests/hostile_node.py --write BENCHMARKS.md
+
 soak: $(BIN)/activate
 	$(BIN)/pip install --quiet -e '.[harness]'
 	$(BIN)/python loadtests/soak.py --write BENCHMARKS.md
+
+failover: $(BIN)/activate
+	$(BIN)/python loadtests/failover.py
 
 fuzz: $(BIN)/activate
 	$(BIN)/pip install --quiet -e '.[fuzz]'
