@@ -736,6 +736,9 @@ def start_extender(workdir: Path, admin_kubeconfig: Path, pki: Pki, stack: ExitS
         "--kubeconfig", admin_kubeconfig,
         "--host", "127.0.0.1", "--port", str(port),
         "--tls-cert", pki.cert("extender"), "--tls-key", pki.key("extender"), "--client-ca", pki.ca,
+        # Pinned as in scheduler-config/extender.yaml: kube-scheduler, and the extender's own certificate,
+        # which the harness's readiness probe presents.
+        "--client-name", "system:kube-scheduler", "--client-name", "gpu-topology-extender",
     ], workdir / "logs" / "extender.log", env=env, cwd=ROOT)
     stack.callback(process.stop)
     wait_for_https(process, port, "/readyz", client_context(pki, "extender"))
