@@ -119,8 +119,8 @@ def _pct(values: list[float] | list[int], fraction: float) -> float:
 
 
 def slope_mb_per_minute(intervals: Sequence[Interval]) -> float:
-    """Least-squares slope of RSS over time, after the warm-up."""
-    points = [(i.at, i.rss_mb) for i in intervals if i.at > WARMUP_SECONDS] or [(i.at, i.rss_mb) for i in intervals]
+    """Least-squares slope of RSS over time."""
+    points = [(i.at, i.rss_mb) for i in intervals]
     if len(points) < 2:
         return 0.0
     mean_t = sum(t for t, _ in points) / len(points)
@@ -163,7 +163,8 @@ def render(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float,
         for outcome, count in interval.outcomes.items():
             outcomes[outcome] = outcomes.get(outcome, 0) + count
     steady = [i for i in intervals if i.at > WARMUP_SECONDS] or list(intervals)
-    slope = slope_mb_per_minute(intervals)
+    slope = slope_mb_per_minute(steady)
+    halves = steady[:len(steady) // 2], steady[len(steady) // 2:]
     rss = [i.rss_mb for i in steady]
     lines = run_header("Soak: steady load, arrivals, departures and new boards", "soak.py", argv, elapsed,
                        "; the extender and its in-process cluster in one process, this script in another")
@@ -181,7 +182,9 @@ def render(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float,
         "### Figures",
         "",
         f"- RSS after the first minute: {min(rss):.1f} to {max(rss):.1f} MB; least-squares slope "
-        f"**{slope:+.2f} MB/min** ({slope * 60:+.1f} MB/h at this rate).",
+        f"**{slope:+.2f} MB/min**; over the first half of that time {slope_mb_per_minute(halves[0]):+.2f} MB/min, "
+        f"over the second half **{slope_mb_per_minute(halves[1]):+.2f} MB/min** (a cache filling up flattens out, a "
+        "leak does not).",
     ]
     for verb in VERBS:
         p99 = [i.server_p99_ms[verb] for i in steady]

@@ -561,23 +561,12 @@ def agent_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "topology.agent.cli"]
 
 
-def kubeconfig(path: Path, server: FakeKubeApiServer) -> Path:
-    path.write_text(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: test, cluster: {{server: "{server.url}"}}}}]
-users: [{{name: agent, user: {{token: test-token}}}}]
-contexts: [{{name: test, context: {{cluster: test, user: agent}}}}]
-current-context: test
-""")
-    return path
-
-
 def test_the_agent_in_deliver_mode_reports_delivers_and_stops_on_sigterm(root, kubelet, kube_server):
     kube_server.add_node(make_node(NODE))
     board = Board(PLATFORMS["rtx-a6000-pairs"].topology())
     process = subprocess.Popen(
         [*agent_command(), "--mode", "deliver", "--node-name", NODE, "--from-topo", "rtx-a6000-pairs",
-         "--kubeconfig", str(kubeconfig(root / "kubeconfig", kube_server)), "--interval", "0.2",
+         "--kubeconfig", str(kube_server.write_kubeconfig(root / "kubeconfig")), "--interval", "0.2",
          "--socket", str(kubelet.pod_resources_socket), "--device-plugin-dir", str(kubelet.plugin_dir),
          "--device-list-strategy", "envvar"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 from fake_nvml import gpu_uuid, make_fake_nvml, write_sysfs
-from kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node, wait_until
+from kube_api_server import kube_server_fixture, make_node, wait_until
 from reporter_fakes import (
     PARTIAL_CAPTURE,
     SHARED,
@@ -157,24 +157,12 @@ def test_intervals_must_be_positive_seconds(value, capsys):
 # -- the API server, through a kubeconfig -----------------------------------------------------------------
 
 
-def kubeconfig(tmp_path: Path, server: FakeKubeApiServer) -> Path:
-    path = tmp_path / "kubeconfig"
-    path.write_text(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: test, cluster: {{server: "{server.url}"}}}}]
-users: [{{name: reporter, user: {{token: test-token}}}}]
-contexts: [{{name: test, context: {{cluster: test, user: reporter}}}}]
-current-context: test
-""")
-    return path
-
-
 def test_once_patches_the_node_named_by_node_name(kube_server, kubelet, tmp_path, monkeypatch):
     kube_server.add_node(make_node(NODE))
     kubelet.allocate("ns", "a", ["2"])
     monkeypatch.setenv("NODE_NAME", NODE)
-    argv = ["--once", "--kubeconfig", str(kubeconfig(tmp_path, kube_server)), "--from-topo", "rtx-a6000-pairs",
-            "--socket", str(kubelet.socket_path)]
+    config = kube_server.write_kubeconfig(tmp_path / "kubeconfig")
+    argv = ["--once", "--kubeconfig", str(config), "--from-topo", "rtx-a6000-pairs", "--socket", str(kubelet.socket_path)]
     assert cli.main(argv) == 0
     annotations = kube_server.node(NODE)["metadata"]["annotations"]
     assert decode_state(annotations[KEYS.state]).used == {"GPU2"}
@@ -185,8 +173,9 @@ def test_once_patches_the_node_named_by_node_name(kube_server, kubelet, tmp_path
 def test_once_fails_with_exit_1_when_the_patch_fails(kube_server, kubelet, tmp_path, capsys):
     kube_server.add_node(make_node(NODE))
     kube_server.fail("PATCH", f"/api/v1/nodes/{NODE}", status=503)
-    argv = ["--once", "--node-name", NODE, "--kubeconfig", str(kubeconfig(tmp_path, kube_server)),
-            "--from-topo", "dgx1-v100", "--socket", str(kubelet.socket_path)]
+    config = kube_server.write_kubeconfig(tmp_path / "kubeconfig")
+    argv = ["--once", "--node-name", NODE, "--kubeconfig", str(config), "--from-topo", "dgx1-v100",
+            "--socket", str(kubelet.socket_path)]
     assert cli.main(argv) == 1
     assert "patch node gpu-node-1: 503" in capsys.readouterr().err
 
@@ -223,8 +212,9 @@ def test_sigterm_ends_a_dry_run_cleanly(socket_dir):
 def test_the_daemon_follows_pod_resources_and_ends_on_sigterm(kube_server, kubelet, tmp_path):
     """The real process, as the DaemonSet runs it: NODE_NAME from the environment, a kubeconfig, the socket."""
     kube_server.add_node(make_node(NODE))
-    process = start(["--kubeconfig", str(kubeconfig(tmp_path, kube_server)), "--from-topo", "hgx-h100-4gpu",
-                     "--socket", str(kubelet.socket_path), "--interval", "0.2", "--heartbeat", "60"],
+    config = kube_server.write_kubeconfig(tmp_path / "kubeconfig")
+    process = start(["--kubeconfig", str(config), "--from-topo", "hgx-h100-4gpu", "--socket", str(kubelet.socket_path),
+                     "--interval", "0.2", "--heartbeat", "60"],
                     env={"NODE_NAME": NODE})
     try:
         def state():
