@@ -1,0 +1,34 @@
+"""The values every part of the replay shares: a workload is a sequence of Jobs sorted by submit_s, a cluster
+a sequence of ClusterNodes. Clusters, workloads, the engine and the policies agree on these and nothing else."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One pod of a workload."""
+
+    name: str
+    submit_s: float
+    """Arrival, seconds from the start."""
+    duration_s: float
+    """Run time once placed; inf never leaves (FGD's inflation mode)."""
+    gpus: int
+    """Whole GPUs requested; a fractional trace pod counts as 1."""
+    gpu_model: str | None = None
+    """A node selector on the node's GPU model (its pool); None: any node."""
+    fractional: bool = False
+    """The trace asked for a share of one GPU, so the output can say how many such pods were counted as 1."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterNode:
+    """One node of a replayed cluster."""
+
+    name: str
+    platform: str
+    """A key of topology.platforms.PLATFORMS."""
+    gpu_model: str
+    """The pool label pods select on."""
