@@ -32,3 +32,6 @@ class ClusterNode:
     """A key of topology.platforms.PLATFORMS."""
     gpu_model: str
     """The pool label pods select on."""
+    installed: tuple[int, ...] | None = None
+    """The board GPUs this node has, when it has fewer than the platform's capture (a 2x T4 node of the Alibaba
+    fleet is GPUs 0-1 of an 8-GPU PCIe board): the others are absent, never free and not capacity. None: all."""
