@@ -1,0 +1,135 @@
+"""The replayed clusters: (a) a mixed fleet of the bundled real platforms, one GPU-model pool each, and (b) the
+Alibaba 2023 fleet, its trace models mapped to platforms by an editable file (`gpu_model_map.toml`).
+
+Pods select a pool by its label (`ClusterNode.gpu_model`), as real clusters do with a node selector, so
+policies are compared within a pool, never across hardware generations.
+"""
+
+from __future__ import annotations
+
+import csv
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadtests.replay.derive_alibaba import DATA, NODES
+from loadtests.replay.model import ClusterNode
+from topology.platforms import PLATFORMS
+
+GPU_MODEL_MAP = Path(__file__).parent / "gpu_model_map.toml"
+
+MIXED_POOLS: tuple[tuple[str, str], ...] = (
+    ("H100", "dgx-h100"),
+    ("A100", "dgx-a100"),
+    ("V100", "dgx1-v100"),
+    ("A6000", "rtx-a6000-pairs"),
+    ("L40S", "pcie-l40s"),
+    ("PCIe-tree", "pcie-8gpu-switch-tree"),
+)
+"""(pool label, platform): the issue's mixed fleet. The switch-tree capture names no GPU model, so its pool is
+named after its shape."""
+
+
+def mixed_fleet(nodes_per_pool: int = 4) -> tuple[ClusterNode, ...]:
+    """Every pool of MIXED_POOLS with the same number of whole boards."""
+    if not 1 <= nodes_per_pool <= 1000:
+        raise ValueError(f"nodes_per_pool must be 1 to 1000, not {nodes_per_pool}")
+    return tuple(ClusterNode(f"{pool.lower()}-{i}", platform, pool)
+                 for pool, platform in MIXED_POOLS for i in range(1, nodes_per_pool + 1))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMapping:
+    """One entry of the mapping file: the trace's nodes of `model` with `gpus` GPUs are `platform` boards."""
+
+    model: str
+    gpus: int
+    platform: str
+    installed: tuple[int, ...] | None
+    why: str
+
+
+_KEYS = {"model", "gpus", "platform", "installed", "why"}
+
+
+def load_gpu_model_map(path: Path = GPU_MODEL_MAP) -> dict[tuple[str, int], ModelMapping]:
+    """The mapping file, checked entry by entry: users edit it, so every mistake is one line naming the entry."""
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ValueError(f"{path}: {error}") from None
+    entries = document.get("map")
+    if set(document) != {"map"} or not isinstance(entries, list) or not entries:
+        raise ValueError(f"{path}: expected only [[map]] entries")
+    mappings: dict[tuple[str, int], ModelMapping] = {}
+    for number, entry in enumerate(entries, 1):
+        mapping = _mapping(entry, f"{path}: [[map]] entry {number}")
+        key = (mapping.model, mapping.gpus)
+        if key in mappings:
+            raise ValueError(f"{path}: [[map]] entry {number}: {mapping.model} with {mapping.gpus} GPUs is mapped twice")
+        mappings[key] = mapping
+    return mappings
+
+
+def _mapping(entry: object, where: str) -> ModelMapping:
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: not a table")
+    if unknown := set(entry) - _KEYS:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+    if missing := {"model", "gpus", "platform", "why"} - set(entry):
+        raise ValueError(f"{where}: missing {sorted(missing)}")
+    model, gpus, platform, why = entry["model"], entry["gpus"], entry["platform"], entry["why"]
+    if not isinstance(model, str) or not model or not isinstance(why, str) or not why.strip():
+        raise ValueError(f"{where}: model and why must be non-empty strings")
+    if platform not in PLATFORMS:
+        raise ValueError(f"{where}: platform {platform!r} is not one of {sorted(PLATFORMS)}")
+    board = len(PLATFORMS[platform].topology().gpus)
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or not 1 <= gpus <= board:
+        raise ValueError(f"{where}: gpus must be an integer from 1 to {board} ({platform} has {board})")
+    installed = entry.get("installed")
+    if installed is None:
+        if gpus != board:
+            raise ValueError(f"{where}: {platform} has {board} GPUs, not {gpus}: say which are installed")
+        return ModelMapping(model, gpus, platform, None, why)
+    if (not isinstance(installed, list) or len(installed) != gpus or len(set(installed)) != gpus
+            or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < board for i in installed)):
+        raise ValueError(f"{where}: installed must list {gpus} distinct GPU indices of {platform} (0 to {board - 1})")
+    return ModelMapping(model, gpus, platform, tuple(sorted(installed)), why)
+
+
+def alibaba_fleet(gpu_model_map: Path = GPU_MODEL_MAP, nodes: Path = DATA / NODES) -> tuple[ClusterNode, ...]:
+    """The 1,213 GPU nodes of the trace, each the board its (model, GPU count) maps to; the pool is the model."""
+    mappings = load_gpu_model_map(gpu_model_map)
+    fleet: list[ClusterNode] = []
+    with open(nodes, newline="", encoding="utf-8") as handle:
+        for row in csv.DictReader(handle):
+            key = (row["model"], int(row["gpu"]))
+            if key not in mappings:
+                raise ValueError(f"{gpu_model_map}: no entry for {key[0]} with {key[1]} GPUs (node {row['sn']})")
+            mapping = mappings[key]
+            fleet.append(ClusterNode(row["sn"], mapping.platform, mapping.model, mapping.installed))
+    return tuple(fleet)
+
+
+def installed_gpus(node: ClusterNode) -> tuple[int, ...]:
+    """The board GPUs the node has: the one place that reads `installed` against the platform."""
+    if node.installed is not None:
+        return node.installed
+    return tuple(range(len(PLATFORMS[node.platform].topology().gpus)))
+
+
+def pool_capacity(cluster: Sequence[ClusterNode]) -> Mapping[str, int]:
+    """GPUs per pool label."""
+    capacity: dict[str, int] = {}
+    for node in cluster:
+        capacity[node.gpu_model] = capacity.get(node.gpu_model, 0) + len(installed_gpus(node))
+    return capacity
+
+
+def largest_node(cluster: Sequence[ClusterNode]) -> Mapping[str, int]:
+    """The most GPUs one node of each pool has: a pod larger than that can never run in the pool."""
+    largest: dict[str, int] = {}
+    for node in cluster:
+        largest[node.gpu_model] = max(largest.get(node.gpu_model, 0), len(installed_gpus(node)))
+    return largest
