@@ -1,0 +1,166 @@
+"""The event-driven replay: pods arrive, are placed by a policy, run and leave.
+
+A pod that cannot be placed when it arrives waits. After each departure the waiting pods are retried in arrival
+order, as kube-scheduler's queue moves unschedulable pods back on a freed node, roughly. Only a pod that some
+node freed by that departure can now hold by count is retried: placements only take GPUs away and a node's
+verdict depends on that node alone, so every other waiting pod would fail again. At one instant departures
+come before arrivals. The only randomness is kube-scheduler's tie-break among equal node scores, drawn from
+one `random.Random(seed)` per run, so a run is a function of (cluster, workload, policy, seed).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from loadtests.replay.model import ClusterNode, Job
+from topology.compiled import CompiledTopology, compile_topology
+from topology.platforms import PLATFORMS
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    node: str
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What became of one job: when it was placed and where, or never (placed_s and placement None)."""
+
+    job: Job
+    placed_s: float | None
+    placement: Placement | None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The free GPU mask of every node (in cluster order) at one instant, for fragmentation over time."""
+
+    time_s: float
+    free: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    policy: str
+    seed: int
+    nodes: tuple[ClusterNode, ...]
+    outcomes: tuple[Outcome, ...]
+    """In workload order."""
+    snapshots: tuple[Snapshot, ...]
+
+
+class Fleet:
+    """What each node has free now: the state every policy reads, and only the engine writes."""
+
+    def __init__(self, nodes: Sequence[ClusterNode]) -> None:
+        if len({node.name for node in nodes}) != len(nodes):
+            raise ValueError("cluster node names must be unique")
+        self.nodes = tuple(nodes)
+        self.by_name = {node.name: node for node in nodes}
+        compiled: dict[str, CompiledTopology] = {}
+        self.compiled = {node.name: compiled.setdefault(node.platform, compile_topology(
+            PLATFORMS[node.platform].topology())) for node in nodes}
+        self.size = {name: board.size for name, board in self.compiled.items()}
+        self.free = {name: board.full_mask for name, board in self.compiled.items()}
+        self.free_count = dict(self.size)
+        self.pools: dict[str | None, tuple[str, ...]] = {None: tuple(node.name for node in nodes)}
+        for node in nodes:
+            self.pools[node.gpu_model] = (*self.pools.get(node.gpu_model, ()), node.name)
+        self.members = {model: frozenset(names) for model, names in self.pools.items()}
+
+    def pool(self, job: Job) -> tuple[str, ...]:
+        """The nodes the job's node selector allows."""
+        return self.pools.get(job.gpu_model, ())
+
+    def fits_by_count(self, job: Job) -> list[str]:
+        """kube-scheduler's own filter: the node selector (NodeAffinity) and enough free GPUs (NodeResourcesFit)."""
+        free = self.free_count
+        return [name for name in self.pool(job) if free[name] >= job.gpus]
+
+    def take(self, placement: Placement) -> None:
+        mask = sum(1 << gpu for gpu in placement.gpus)
+        if self.free[placement.node] & mask != mask or len(placement.gpus) != len(set(placement.gpus)):
+            raise ValueError(f"{placement} takes GPUs that are not free")
+        self.free[placement.node] &= ~mask
+        self.free_count[placement.node] -= len(placement.gpus)
+
+    def release(self, placement: Placement) -> None:
+        self.free[placement.node] |= sum(1 << gpu for gpu in placement.gpus)
+        self.free_count[placement.node] += len(placement.gpus)
+
+
+class Policy(Protocol):
+    """Chooses a node and GPUs for a job on the fleet as it is, or None to keep the job waiting."""
+
+    name: str
+
+    def place(self, job: Job, fleet: Fleet, rng: random.Random) -> Placement | None: ...
+
+    def release(self, job: Job, placement: Placement) -> None: ...
+
+
+def replay(nodes: Sequence[ClusterNode], workload: Sequence[Job], policy: Policy, seed: int, *,
+           samples: int = 200, progress: Callable[[int], None] | None = None) -> Run:
+    """Replay the workload on a fresh fleet; `progress` is told of each job that arrives."""
+    if any(later.submit_s < earlier.submit_s for earlier, later in zip(workload, workload[1:])):
+        raise ValueError("the workload must be sorted by submit_s")
+    fleet, rng = Fleet(nodes), random.Random(seed)
+    placed: list[tuple[float, Placement] | None] = [None] * len(workload)
+    waiting: list[int] = []
+    departures: list[tuple[float, int]] = []
+    horizon = workload[-1].submit_s if workload else 0.0
+    sample_times = [horizon * step / samples for step in range(samples + 1)] if samples else []
+    snapshots: list[Snapshot] = []
+
+    def sample_until(now: float) -> None:
+        while sample_times and sample_times[0] <= now:
+            snapshots.append(Snapshot(sample_times.pop(0), tuple(fleet.free[node.name] for node in fleet.nodes)))
+
+    def attempt(index: int, now: float) -> bool:
+        job = workload[index]
+        if not fleet.fits_by_count(job):
+            return False
+        placement = policy.place(job, fleet, rng)
+        if placement is None:
+            return False
+        fleet.take(placement)
+        placed[index] = (now, placement)
+        heapq.heappush(departures, (now + job.duration_s, index))
+        return True
+
+    def depart(now: float) -> None:
+        _, index = heapq.heappop(departures)
+        job, (_, placement) = workload[index], placed[index]
+        fleet.release(placement)
+        policy.release(job, placement)
+        freed = fleet.free_count[placement.node]
+        still: list[int] = []
+        for waiter in waiting:
+            candidate = workload[waiter]
+            if candidate.gpus > freed or placement.node not in fleet.members.get(candidate.gpu_model, ()) or not attempt(waiter, now):
+                still.append(waiter)
+            else:
+                freed = fleet.free_count[placement.node]
+        waiting[:] = still
+
+    for index, job in enumerate(workload):
+        while departures and departures[0][0] <= job.submit_s:
+            now = departures[0][0]
+            sample_until(now)
+            depart(now)
+        sample_until(job.submit_s)
+        if not attempt(index, job.submit_s):
+            waiting.append(index)
+        if progress is not None:
+            progress(index + 1)
+    while departures and departures[0][0] != float("inf"):
+        depart(departures[0][0])
+    sample_until(horizon)
+    outcomes = tuple(Outcome(job, None, None) if entry is None else Outcome(job, entry[0], entry[1])
+                     for job, entry in zip(workload, placed))
+    return Run(policy.name, seed, fleet.nodes, outcomes, tuple(snapshots))

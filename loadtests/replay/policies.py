@@ -1,0 +1,142 @@
+"""The placement policies the replay compares, on identical arrivals.
+
+(1) quantity only: kube-scheduler's defaults choose the node; NVIDIA's device plugin chooses the GPUs with
+    go-gpuallocator's best-effort policy (loadtests/gpuallocator_baseline.py: pair scores, partition search,
+    blind to NVSwitch, 1 GPU takes the first free one).
+(2) as (1) with NodeResourcesFit MostAllocated on nvidia.com/gpu (kube_scores.GPU_PACKING).
+(3) our extender chooses the node (its filter, its prioritize combined as kube-scheduler combines it with the
+    shipped profile, its bind), the stock device plugin still chooses the GPUs: "scheduling only" (--mode
+    report). The extender's ledger follows what the kubelet allocated, as in a real cluster.
+(4) as (3) with delivery: the kubelet asks the node agent's device plugin, which answers with the GPUs the
+    extender bound (--mode deliver).
+(3) and (4) run the extender's own ExtenderService in-process on extender.demo_cluster.DemoCluster, which
+plays the API server, the kubelets and the node agents; nothing of the extender's logic is repeated here.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from functools import cache
+from typing import Any
+
+from extender.demo_cluster import DemoCluster
+from extender.service import ExtenderService
+from extender.state import ClusterState
+from extender.wire import BindingArgs, ExtenderArgs
+from loadtests.gpuallocator_baseline import DGX1V_HIDDEN_PCIE, BestEffortBaseline
+from loadtests.replay.engine import Fleet, Placement
+from loadtests.replay.kube_scores import DEFAULT, GPU_PACKING, Profile, score_gpu_node, select_host, shipped_profile
+from loadtests.replay.model import ClusterNode, Job
+from topology.compiled import bits
+from topology.platforms import PLATFORMS
+
+NAMESPACE = "default"
+FROZEN_CLOCK = 1_800_000_000.0
+"""The extender's and the agents' clock. Real agents republish node state every few seconds, so no node goes
+stale; a replay is not timed, so one instant stands for all of them."""
+
+
+@cache
+def _baseline(platform: str) -> BestEffortBaseline:
+    """go-gpuallocator's pair scores for a platform; the DGX-1 with the PCIe levels NVML gives its NVLink pairs."""
+    return BestEffortBaseline(PLATFORMS[platform].topology(), DGX1V_HIDDEN_PCIE if platform == "dgx1-v100" else None)
+
+
+@cache
+def stock_device_plugin(platform: str, free: int, count: int) -> tuple[int, ...]:
+    """The GPUs the kubelet gives a container through NVIDIA's device plugin: go-gpuallocator's preferred set,
+    then, as the kubelet does where the preference falls short (a padded set, PR #80), the lowest free ones."""
+    available = bits(free)
+    preferred = _baseline(platform).search(available, count).gpus or ()
+    rest = [gpu for gpu in available if gpu not in preferred]
+    return tuple(sorted((*preferred, *rest[:count - len(preferred)])))
+
+
+def _kube_totals(profile: Profile, job: Job, fleet: Fleet, names: Sequence[str],
+                 extender: Sequence[int] | None = None) -> list[tuple[str, int]]:
+    size, free = fleet.size, fleet.free_count
+    return [(name, score_gpu_node(profile, job.gpus, size[name] - free[name], size[name],
+                                  None if extender is None else extender[at]))
+            for at, name in enumerate(names)]
+
+
+class StockPolicy:
+    """kube-scheduler with a profile chooses the node by count; the stock device plugin chooses the GPUs."""
+
+    def __init__(self, name: str, profile: Profile) -> None:
+        self.name, self.profile = name, profile
+
+    def place(self, job: Job, fleet: Fleet, rng: random.Random) -> Placement | None:
+        names = fleet.fits_by_count(job)
+        if not names:
+            return None
+        node = select_host(_kube_totals(self.profile, job, fleet, names), rng)
+        return Placement(node, stock_device_plugin(fleet.by_name[node].platform, fleet.free[node], job.gpus))
+
+    def release(self, job: Job, placement: Placement) -> None:
+        """Nothing to forget: the fleet is the only state."""
+
+
+class StockPluginCluster(DemoCluster):
+    """The demo cluster with NVIDIA's device plugin on every node: the kubelet allocates go-gpuallocator's pick
+    among the GPUs no pod holds, whatever the extender bound."""
+
+    def _admit(self, node: str, pod: dict[str, Any]) -> None:
+        uuids = [gpu.uuid for gpu in self.topologies[node].gpus]
+        held = {uuid for uid, got in self.delivered.items() for ids in got.values() for uuid in ids
+                if self.pods[uid]["spec"].get("nodeName") == node}
+        free = sum(1 << index for index, uuid in enumerate(uuids) if uuid not in held)
+        count = int(pod["spec"]["containers"][0]["resources"]["requests"][self.state.resource])
+        chosen = stock_device_plugin(self.platform_of[node], free, count)
+        self.delivered[pod["metadata"]["uid"]] = {"main": tuple(uuids[index] for index in chosen)}
+
+
+class ExtenderPolicy:
+    """Our extender in-process: kube-scheduler's count filter, then the extender's filter, prioritize combined
+    with the shipped profile's plugins, and bind; the GPUs are what the kubelet then delivered."""
+
+    def __init__(self, name: str, nodes: Sequence[ClusterNode], *, delivery: bool,
+                 profile: Profile | None = None) -> None:
+        self.name = name
+        self.profile = profile or shipped_profile()
+        self.state = ClusterState(clock=lambda: FROZEN_CLOCK)
+        kind = DemoCluster if delivery else StockPluginCluster
+        self.cluster = kind(self.state, [(node.name, node.platform) for node in nodes], clock=lambda: FROZEN_CLOCK)
+        self.service = ExtenderService(self.state, self.cluster)
+        self.index = {name: {gpu.uuid: gpu.index for gpu in topology.gpus}
+                      for name, topology in self.cluster.topologies.items()}
+        self.pending: dict[str, dict[str, Any]] = {}  # job name -> its pod, from first attempt to departure
+        self.created = 0
+
+    def place(self, job: Job, fleet: Fleet, rng: random.Random) -> Placement | None:
+        names = fleet.fits_by_count(job)
+        if not names:
+            return None
+        pod = self.pending.get(job.name)
+        if pod is None:
+            self.created += 1
+            pod = self.pending[job.name] = self.cluster.create_pod(f"job-{self.created}", job.gpus)
+        passed = self.service.filter(ExtenderArgs(pod, names, None)).passed
+        if not passed:
+            return None
+        scored, scores = self.service.prioritize(ExtenderArgs(pod, list(passed), None))
+        node = select_host(_kube_totals(self.profile, job, fleet, scored, scores), rng)
+        metadata = pod["metadata"]
+        error = self.service.bind(BindingArgs(metadata["name"], NAMESPACE, metadata["uid"], node))
+        if error:
+            raise RuntimeError(f"the in-process extender refused to bind {job.name} to {node}: {error}")
+        index = self.index[node]
+        return Placement(node, tuple(sorted(index[uuid] for ids in self.cluster.delivered[metadata["uid"]].values()
+                                            for uuid in ids)))
+
+    def release(self, job: Job, placement: Placement) -> None:
+        self.cluster.finish_pod(self.pending.pop(job.name)["metadata"]["uid"])
+
+
+def standard_policies(nodes: Sequence[ClusterNode]) -> tuple[StockPolicy | ExtenderPolicy, ...]:
+    """Policies (1) to (4), each fresh: (3) and (4) hold an extender whose state must start empty."""
+    return (StockPolicy("(1) quantity only", DEFAULT),
+            StockPolicy("(2) quantity, GPU packing", GPU_PACKING),
+            ExtenderPolicy("(3) ours, scheduling only", nodes, delivery=False),
+            ExtenderPolicy("(4) ours, with delivery", nodes, delivery=True))
