@@ -1,7 +1,9 @@
 """prioritize: a 0-10 score per node, a weighted sum of one strategy per module.
 
-Bandwidth dominates: a node that gives the pod a faster ring always wins over one that only packs better.
-Packing and fragmentation then break near-ties between nodes that offer the same ring.
+Bandwidth dominates: a node that gives the pod a faster ring wins over one that only packs better. Among nodes
+that offer the same ring, fragmentation weighs most: stranding the last free NVLink pair costs 3 points, which
+at the shipped extender weight (5, x10) outweighs any NodeResourcesFit difference (0-100), so MostAllocated
+cannot pull a 1-GPU pod onto that pair (issue 10). Packing is light, as kube-scheduler's MostAllocated packs too.
 """
 
 from __future__ import annotations
@@ -13,21 +15,23 @@ from functools import partial
 from extender.memo import ShapeMemo
 from extender.pod_request import PodRequest
 from extender.scoring.bandwidth import bandwidth_score
-from extender.scoring.fragmentation import fragmentation_score
+from extender.scoring.fragmentation import fragmentation_score, stranded_gbps
 from extender.scoring.packing import packing_score
 from extender.state import ClusterState, Key, NodeKey
-from topology.select import Choice, Request, Selector
+from topology.select import Choice, Request, Selector, mask_of
 
 MAX_SCORE = 10
-WEIGHTS = {"bandwidth": 0.6, "packing": 0.25, "fragmentation": 0.15}
+WEIGHTS = {"bandwidth": 0.6, "packing": 0.1, "fragmentation": 0.3}
 
 
 @dataclass(frozen=True, slots=True)
 class Offer:
-    """What a node can give the pod now: the chosen set, and whether it meets the pod's preferences."""
+    """What a node can give the pod now: the chosen set, whether it meets the pod's preferences, and the
+    bandwidth it strands among the GPUs left free (scoring.fragmentation)."""
 
     choice: Choice
     meets_preferences: bool
+    stranded_gbps: float
 
 
 def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: Sequence[str],
@@ -47,13 +51,13 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
     offers = {key: known[key] for key in boards}
     live = [offer for offer in offers.values() if offer is not None]
     best_ring = max((offer.choice.ring_gbps or 0.0 for offer in live if offer.meets_preferences), default=0.0)
-    most_cut = max((offer.choice.cut_gbps for offer in live), default=0.0)
+    most_stranded = max((offer.stranded_gbps for offer in live), default=0.0)
     score_of: dict[Key | None, int] = dict.fromkeys(distinct, 0)
     for key, offer in offers.items():
         if offer is not None:
             value = (WEIGHTS["bandwidth"] * bandwidth_score(offer.choice, offer.meets_preferences, best_ring)
                      + WEIGHTS["packing"] * packing_score(key.compiled, key.free, key.unhealthy, pod.request.count)
-                     + WEIGHTS["fragmentation"] * fragmentation_score(offer.choice, most_cut))
+                     + WEIGHTS["fragmentation"] * fragmentation_score(offer.stranded_gbps, most_stranded))
             score_of[key] = round(MAX_SCORE * value)
     return list(map(score_of.__getitem__, keys))
 
@@ -62,6 +66,10 @@ def _offer(selector: Selector, request: Request, key: NodeKey) -> Offer | None:
     if request.constrained:
         constrained = selector.select(key.compiled, key.free, request)
         if isinstance(constrained, Choice):
-            return Offer(constrained, True)
+            return _offered(key, constrained, True)
     plain = selector.select(key.compiled, key.free, Request(request.count))
-    return Offer(plain, not request.constrained) if isinstance(plain, Choice) else None
+    return _offered(key, plain, not request.constrained) if isinstance(plain, Choice) else None
+
+
+def _offered(key: NodeKey, choice: Choice, meets_preferences: bool) -> Offer:
+    return Offer(choice, meets_preferences, stranded_gbps(key.compiled, key.free, mask_of(choice.gpus)))
