@@ -1,0 +1,211 @@
+"""The replayed workloads, each a sequence of Jobs sorted by arrival: (a) the Alibaba 2023 pod trace,
+(b) a synthetic generator calibrated to a target load, (c) FGD's workload inflation, (d) a user's CSV.
+
+The synthetic defaults come from the Alibaba 2023 trace (`data/PROVENANCE.md`): its GPUs-per-pod mix and a
+lognormal fitted to the durations of its completed GPU pods. `trace_statistics()` recomputes both from the
+shipped copy, and a test holds the constants below to it.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import math
+import os
+import random
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadtests.replay.clusters import largest_node, pool_capacity
+from loadtests.replay.derive_alibaba import DATA, PODS
+from loadtests.replay.model import ClusterNode, Job
+from topology.bounds import MAX_GPUS
+
+TRACE_GPU_MIX: Mapping[int, int] = {1: 6989, 2: 16, 4: 15, 8: 44}
+"""GPU pods of the Alibaba 2023 default pod list by GPUs requested (fractional pods count as 1), as weights."""
+
+TRACE_DURATION_MU = 5.969
+TRACE_DURATION_SIGMA = 1.630
+"""ln(seconds) mean and standard deviation over the 2,054 GPU pods the trace saw end (Succeeded or Failed):
+median 391 s, mean 1,479 s. Running pods are censored at the trace end and Pending pods never ran, so they are
+left out of the fit; the completed pods lean short (1,855 of them Failed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceStatistics:
+    """What the synthetic defaults are computed from."""
+
+    gpu_mix: Mapping[int, int]
+    duration_mu: float
+    duration_sigma: float
+    completed: int
+
+
+def _trace_rows(path: Path) -> list[dict[str, str]]:
+    with gzip.open(path, "rt", newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def trace_statistics(path: Path = DATA / PODS) -> TraceStatistics:
+    """The GPUs-per-pod mix and the lognormal fit of completed pods' durations, from the shipped trace copy."""
+    rows = _trace_rows(path)
+    mix: dict[int, int] = {}
+    for row in rows:
+        mix[int(row["num_gpu"])] = mix.get(int(row["num_gpu"]), 0) + 1
+    logs = [math.log(int(row["deletion_time"]) - int(row["creation_time"])) for row in rows
+            if row["pod_phase"] in ("Succeeded", "Failed")]
+    mu = sum(logs) / len(logs)
+    sigma = math.sqrt(sum((x - mu) ** 2 for x in logs) / len(logs))
+    return TraceStatistics(dict(sorted(mix.items())), mu, sigma, len(logs))
+
+
+def alibaba_trace(path: Path = DATA / PODS) -> tuple[Job, ...]:
+    """Every GPU pod of the trace: arrival at creation, duration until deletion (censored for pods still
+    running at the trace end). A share of one GPU (gpu_milli < 1000) is one whole GPU, flagged `fractional`.
+    The default pod list has no GPU-model constraint, so no pod selects a pool."""
+    jobs = [Job(row["name"], float(row["creation_time"]),
+                float(int(row["deletion_time"]) - int(row["creation_time"])), int(row["num_gpu"]),
+                None, int(row["num_gpu"]) == 1 and int(row["gpu_milli"]) < 1000)
+            for row in _trace_rows(path)]
+    return tuple(sorted(jobs, key=lambda job: (job.submit_s, job.name)))
+
+
+def synthetic(cluster: Sequence[ClusterNode], load: float, jobs: int = 2000, seed: int = 0,
+              gpu_mix: Mapping[int, float] = TRACE_GPU_MIX, duration_mu: float = TRACE_DURATION_MU,
+              duration_sigma: float = TRACE_DURATION_SIGMA, select_pool: bool = True) -> tuple[Job, ...]:
+    """Poisson arrivals whose offered load (GPU-seconds asked ÷ GPU-seconds the cluster has over the arrival
+    window) is exactly `load` for the drawn jobs: exponential gaps scaled to sum to that window (the last job
+    arrives at its end), which is a Poisson process given its count, so a short run is not off target by the luck of its draws. Sizes follow `gpu_mix`, durations a lognormal. With
+    `select_pool` each job names a pool that has a node big enough, chosen in proportion to pool capacity, so
+    each pool sees the target load in expectation."""
+    if not 0.05 <= load <= 2.0:
+        raise ValueError(f"load must be 0.05 to 2.0 of capacity, not {load}")
+    if not 1 <= jobs <= 1_000_000:
+        raise ValueError(f"jobs must be 1 to 1,000,000, not {jobs}")
+    capacity, largest = pool_capacity(cluster), largest_node(cluster)
+    sizes = sorted(gpu_mix)
+    if not sizes or any(not 1 <= size <= max(largest.values()) for size in sizes) or min(gpu_mix.values()) <= 0:
+        raise ValueError(f"gpu_mix {dict(gpu_mix)}: sizes must fit the largest node ({max(largest.values())}) "
+                         "and weights be positive")
+    rng = random.Random(seed)
+    drawn: list[tuple[int, float, str | None]] = []
+    for size in rng.choices(sizes, weights=[gpu_mix[size] for size in sizes], k=jobs):
+        pool = None
+        if select_pool:
+            pools = sorted(name for name, most in largest.items() if most >= size)
+            pool = rng.choices(pools, weights=[capacity[name] for name in pools])[0]
+        drawn.append((size, rng.lognormvariate(duration_mu, duration_sigma), pool))
+    window = sum(size * duration for size, duration, _ in drawn) / (load * sum(capacity.values()))
+    gaps = [rng.expovariate(1.0) for _ in range(jobs)]
+    gap_scale = window / sum(gaps)
+    submit, out = 0.0, []
+    for index, ((size, duration, pool), gap) in enumerate(zip(drawn, gaps)):
+        submit += gap * gap_scale
+        out.append(Job(f"syn-{index:06d}", submit, duration, size, pool))
+    return tuple(out)
+
+
+def inflation(base: Sequence[Job], cluster: Sequence[ClusterNode], seed: int = 0,
+              until: float = 1.3) -> tuple[Job, ...]:
+    """FGD's workload inflation (Weng et al., ATC '23, §6.1): pods drawn at random, with replacement, from
+    `base` and submitted one a second, none ever leaving, until the GPUs requested reach `until` × capacity.
+    FGD counts a fractional pod's share; here it counts as a whole GPU (as everywhere in this replay), so the
+    x-axis of the allocation curve is GPUs requested, not FGD's milli-GPUs."""
+    if not 0.1 <= until <= 5.0:
+        raise ValueError(f"until must be 0.1 to 5.0 of capacity, not {until}")
+    if not base:
+        raise ValueError("inflation needs a non-empty base workload")
+    target = until * sum(pool_capacity(cluster).values())
+    rng = random.Random(seed)
+    out: list[Job] = []
+    requested = 0
+    while requested < target:
+        job = base[rng.randrange(len(base))]
+        out.append(Job(f"inf-{len(out):06d}-{job.name}", float(len(out)), math.inf, job.gpus, job.gpu_model,
+                       job.fractional))
+        requested += job.gpus
+    return tuple(out)
+
+
+CSV_COLUMNS = ("submit_time_s", "duration_s", "num_gpus")
+CSV_MAX_BYTES = 64 << 20
+CSV_MAX_ROWS = 1_000_000
+CSV_MAX_SECONDS = 1e9
+"""A user's job list is untrusted input: at most 64 MiB and 1,000,000 jobs (a 2-core replay of more would
+not end), times up to 10^9 s (31 years), GPUs up to topology.bounds.MAX_GPUS."""
+
+LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)")
+"""A Kubernetes label value: what a node selector on the GPU model can hold."""
+
+
+def read_csv(path: Path) -> tuple[Job, ...]:
+    """A user's job list, `submit_time_s,duration_s,num_gpus[,gpu_model]` with that header, checked row by row;
+    the first problem is one line naming the file and line. Jobs are sorted by submit time, ties in file order."""
+    try:
+        size = os.stat(path).st_size
+    except OSError as error:
+        raise ValueError(f"{path}: {error.strerror}") from None
+    if size > CSV_MAX_BYTES:
+        raise ValueError(f"{path}: {size} bytes, more than the {CSV_MAX_BYTES} allowed")
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            rows = list(csv.reader(handle, strict=True))
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise ValueError(f"{path}: not a UTF-8 CSV file ({error})") from None
+    if not rows:
+        raise ValueError(f"{path}: empty; the header is {','.join(CSV_COLUMNS)}[,gpu_model]")
+    header = tuple(cell.strip() for cell in rows[0])
+    if header not in (CSV_COLUMNS, (*CSV_COLUMNS, "gpu_model")):
+        raise ValueError(f"{path}:1: header {','.join(header)!r}; expected {','.join(CSV_COLUMNS)}[,gpu_model]")
+    if len(rows) - 1 > CSV_MAX_ROWS:
+        raise ValueError(f"{path}: {len(rows) - 1} jobs, more than the {CSV_MAX_ROWS} allowed")
+    if len(rows) == 1:
+        raise ValueError(f"{path}: no jobs after the header")
+    jobs = [_csv_job(row, header, f"{path}:{line}") for line, row in enumerate(rows[1:], 2)]
+    return tuple(sorted(jobs, key=lambda job: job.submit_s))
+
+
+def _csv_job(row: list[str], header: tuple[str, ...], where: str) -> Job:
+    if len(row) != len(header):
+        raise ValueError(f"{where}: {len(row)} fields, expected {len(header)} ({','.join(header)})")
+    cells = [cell.strip() for cell in row]
+    submit = _seconds(cells[0], "submit_time_s", where, zero_ok=True)
+    duration = _seconds(cells[1], "duration_s", where, zero_ok=False)
+    if not re.fullmatch(r"[0-9]{1,3}", cells[2]) or not 1 <= int(cells[2]) <= MAX_GPUS:
+        raise ValueError(f"{where}: num_gpus {cells[2][:40]!r} is not a whole number from 1 to {MAX_GPUS}")
+    model = None
+    if len(cells) == 4 and cells[3]:
+        if not LABEL_VALUE.fullmatch(cells[3]):
+            raise ValueError(f"{where}: gpu_model {cells[3][:80]!r} is not a label value "
+                             "(1-63 of A-Z a-z 0-9 - _ ., alphanumeric at both ends)")
+        model = cells[3]
+    return Job(f"csv-{where.rsplit(':', 1)[1]}", submit, duration, int(cells[2]), model)
+
+
+def _seconds(cell: str, column: str, where: str, zero_ok: bool) -> float:
+    try:
+        value = float(cell)
+    except ValueError:
+        value = math.nan
+    low = "0" if zero_ok else "more than 0"
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok) or value > CSV_MAX_SECONDS:
+        raise ValueError(f"{where}: {column} {cell[:40]!r} is not a number of seconds from {low} to "
+                         f"{CSV_MAX_SECONDS:.0e}")
+    return value
+
+
+def unplaceable(jobs: Sequence[Job], cluster: Sequence[ClusterNode]) -> str | None:
+    """Why some job could never run on this cluster (an unknown pool, or more GPUs than any node of its pool
+    has), for the first such job; None when every job fits somewhere empty. Such a job would wait forever."""
+    largest = largest_node(cluster)
+    anywhere = max(largest.values())
+    for job in jobs:
+        if job.gpu_model is not None and job.gpu_model not in largest:
+            return f"{job.name}: gpu_model {job.gpu_model!r} is not a pool of this cluster ({', '.join(sorted(largest))})"
+        most = anywhere if job.gpu_model is None else largest[job.gpu_model]
+        if job.gpus > most:
+            where = "any node" if job.gpu_model is None else f"a {job.gpu_model} node"
+            return f"{job.name}: {job.gpus} GPUs, more than {where} has ({most})"
+    return None
