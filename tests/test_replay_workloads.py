@@ -185,7 +185,7 @@ def test_a_user_csv_becomes_jobs_sorted_by_arrival(tmp_path: Path) -> None:
     ("submit_time_s,duration_s,num_gpus\n0,1,2.5\n", ":2: num_gpus '2.5'"),
     ("submit_time_s,duration_s,num_gpus,gpu_model\n0,1,1,H100 80GB\n", ":2: gpu_model 'H100 80GB' is not a label value"),
     ("submit_time_s,duration_s,num_gpus,gpu_model\n0,1,1,-H100\n", ":2: gpu_model '-H100'"),
-    ('submit_time_s,duration_s,num_gpus\n0,1,"1\n', "not a UTF-8 CSV file"),
+    ('submit_time_s,duration_s,num_gpus\n0,1,"1\n', "cannot be read as a UTF-8 CSV file"),
 ])
 def test_a_bad_user_csv_is_one_line_naming_file_and_line(tmp_path: Path, text: str, message: str) -> None:
     path = _write(tmp_path, text)
@@ -206,7 +206,7 @@ def test_a_user_csv_past_its_bounds_is_refused_before_it_is_parsed(tmp_path: Pat
     with pytest.raises(ValueError, match="20 jobs, more than the 19 allowed"):
         read_csv(path)
     (tmp_path / "bytes.csv").write_bytes(b"submit_time_s,duration_s,num_gpus\n0,1,\xff\n")
-    with pytest.raises(ValueError, match="not a UTF-8 CSV file"):
+    with pytest.raises(ValueError, match="cannot be read as a UTF-8 CSV file"):
         read_csv(tmp_path / "bytes.csv")
     with pytest.raises(ValueError, match="No such file"):
         read_csv(tmp_path / "missing.csv")

@@ -153,7 +153,7 @@ def read_csv(path: Path) -> tuple[Job, ...]:
         with open(path, newline="", encoding="utf-8-sig") as handle:
             rows = list(csv.reader(handle, strict=True))
     except (UnicodeDecodeError, csv.Error) as error:
-        raise ValueError(f"{path}: not a UTF-8 CSV file ({error})") from None
+        raise ValueError(f"{path}: cannot be read as a UTF-8 CSV file ({error})") from None
     if not rows:
         raise ValueError(f"{path}: empty; the header is {','.join(CSV_COLUMNS)}[,gpu_model]")
     header = tuple(cell.strip() for cell in rows[0])
@@ -163,11 +163,12 @@ def read_csv(path: Path) -> tuple[Job, ...]:
         raise ValueError(f"{path}: {len(rows) - 1} jobs, more than the {CSV_MAX_ROWS} allowed")
     if len(rows) == 1:
         raise ValueError(f"{path}: no jobs after the header")
-    jobs = [_csv_job(row, header, f"{path}:{line}") for line, row in enumerate(rows[1:], 2)]
+    jobs = [_csv_job(row, header, path, line) for line, row in enumerate(rows[1:], 2)]
     return tuple(sorted(jobs, key=lambda job: job.submit_s))
 
 
-def _csv_job(row: list[str], header: tuple[str, ...], where: str) -> Job:
+def _csv_job(row: list[str], header: tuple[str, ...], path: Path, line: int) -> Job:
+    where = f"{path}:{line}"
     if len(row) != len(header):
         raise ValueError(f"{where}: {len(row)} fields, expected {len(header)} ({','.join(header)})")
     cells = [cell.strip() for cell in row]
@@ -181,7 +182,7 @@ def _csv_job(row: list[str], header: tuple[str, ...], where: str) -> Job:
             raise ValueError(f"{where}: gpu_model {cells[3][:80]!r} is not a label value "
                              "(1-63 of A-Z a-z 0-9 - _ ., alphanumeric at both ends)")
         model = cells[3]
-    return Job(f"csv-{where.rsplit(':', 1)[1]}", submit, duration, int(cells[2]), model)
+    return Job(f"csv-{line}", submit, duration, int(cells[2]), model)
 
 
 def _seconds(cell: str, column: str, where: str, zero_ok: bool) -> float:
