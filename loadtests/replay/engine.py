@@ -109,6 +109,8 @@ def replay(nodes: Sequence[ClusterNode], workload: Sequence[Job], policy: Policy
     """Replay the workload on a fresh fleet; `progress` is told of each job that arrives."""
     if any(later.submit_s < earlier.submit_s for earlier, later in zip(workload, workload[1:])):
         raise ValueError("the workload must be sorted by submit_s")
+    if len({job.name for job in workload}) != len(workload):
+        raise ValueError("job names must be unique: policies follow a job by its name")
     fleet, rng = Fleet(nodes), random.Random(seed)
     placed: list[tuple[float, Placement] | None] = [None] * len(workload)
     waiting: list[int] = []
@@ -117,8 +119,9 @@ def replay(nodes: Sequence[ClusterNode], workload: Sequence[Job], policy: Policy
     sample_times = [horizon * step / samples for step in range(samples + 1)] if samples else []
     snapshots: list[Snapshot] = []
 
-    def sample_until(now: float) -> None:
-        while sample_times and sample_times[0] <= now:
+    def sample_before(now: float) -> None:
+        """Samples hold the state after every event at their instant: take those before `now` first."""
+        while sample_times and sample_times[0] < now:
             snapshots.append(Snapshot(sample_times.pop(0), tuple(fleet.free[node.name] for node in fleet.nodes)))
 
     def attempt(index: int, now: float) -> bool:
@@ -151,16 +154,16 @@ def replay(nodes: Sequence[ClusterNode], workload: Sequence[Job], policy: Policy
     for index, job in enumerate(workload):
         while departures and departures[0][0] <= job.submit_s:
             now = departures[0][0]
-            sample_until(now)
+            sample_before(now)
             depart(now)
-        sample_until(job.submit_s)
+        sample_before(job.submit_s)
         if not attempt(index, job.submit_s):
             waiting.append(index)
         if progress is not None:
             progress(index + 1)
+    sample_before(float("inf"))
     while departures and departures[0][0] != float("inf"):
         depart(departures[0][0])
-    sample_until(horizon)
     outcomes = tuple(Outcome(job, None, None) if entry is None else Outcome(job, entry[0], entry[1])
                      for job, entry in zip(workload, placed))
     return Run(policy.name, seed, fleet.nodes, outcomes, tuple(snapshots))
