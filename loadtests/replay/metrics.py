@@ -1,0 +1,168 @@
+"""What a replay run yields per policy (issue 10, item 5; the FGD allocation-ratio curve is elsewhere).
+
+- NVLink ring share: of the placed multi-GPU pods, those whose GPUs form a ring over NVLink hops alone.
+- Bandwidth efficiency: a multi-GPU pod's ring bandwidth over the best ring that a pod of its size gets on an
+  empty node of the same platform (median, p10, share at 100%). Against the node's own best, not the fleet's, so
+  a pod on slower hardware is not counted as badly placed.
+- Pending time (placement minus arrival) of placed pods, mean and p95 (nearest rank), and pods never placed.
+- GPU utilization: GPU-seconds held within [0, last arrival] over all GPUs times that span.
+- Fragmentation at each snapshot, for 2, 4 and 8 GPUs: the share of free GPUs that are in no free set of that
+  size with an NVLink ring on their node (1.0 where nothing free could serve such a request over NVLink).
+- Modelled job time: a multi-GPU pod's duration with its communication share scaled by best/granted bandwidth,
+  duration * ((1 - share) + share * best / granted). The share is an assumption, settable, not a measurement.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from itertools import combinations
+
+from loadtests.replay.engine import Outcome, Run
+from topology.compiled import CompiledTopology, bits, compile_topology
+from topology.levels import Level
+from topology.platforms import PLATFORMS
+from topology.select import Choice, Request, Selector, ring_gbps
+
+COMM_SHARE = 0.3
+"""Default share of a multi-GPU job's time spent communicating at its ring bandwidth (an assumption; set it)."""
+FRAGMENTATION_SIZES = (2, 4, 8)
+FULL = 1 - 1e-9
+"""Efficiency that counts as 100% (granted and best are the same float computed two ways)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    policy: str
+    pods: int
+    placed: int
+    never_placed: int
+    fractional: int
+    """Pods that asked for a share of a GPU and were counted as 1 GPU."""
+    multi_gpu: int
+    nvlink_ring_share: float
+    efficiency_median: float
+    efficiency_p10: float
+    efficiency_full_share: float
+    pending_mean_s: float
+    pending_p95_s: float
+    gpu_utilization: float
+    fragmentation_mean: dict[int, float]
+    """Per request size, the mean over snapshots that had free GPUs."""
+    modelled_slowdown: float
+    """Multi-GPU pods' modelled job time summed, over their durations summed (1.0: every ring at its best)."""
+    comm_share: float
+
+
+@dataclass(frozen=True, slots=True)
+class PodBandwidth:
+    gpus: int
+    granted_gbps: float
+    best_gbps: float
+    nvlink_ring: bool
+
+    @property
+    def efficiency(self) -> float:
+        return self.granted_gbps / self.best_gbps
+
+
+@cache
+def _board(platform: str) -> CompiledTopology:
+    return compile_topology(PLATFORMS[platform].topology())
+
+
+@cache
+def best_ring_gbps(platform: str, gpus: int) -> float:
+    """The best ring a pod of this size gets on an empty node of the platform."""
+    board = _board(platform)
+    choice = Selector().select(board, board.full_mask, Request(gpus))
+    assert isinstance(choice, Choice) and choice.ring_gbps is not None, (platform, gpus)
+    return choice.ring_gbps
+
+
+def pod_bandwidth(platform_of: dict[str, str], outcome: Outcome) -> PodBandwidth | None:
+    """Bandwidth facts of a placed multi-GPU pod; None for the others."""
+    placement = outcome.placement
+    if placement is None or len(placement.gpus) < 2:
+        return None
+    platform = platform_of[placement.node]
+    board = _board(platform)
+    granted = ring_gbps(board, placement.gpus) or 0.0
+    mask = sum(1 << gpu for gpu in placement.gpus)
+    return PodBandwidth(len(placement.gpus), granted, best_ring_gbps(platform, len(placement.gpus)),
+                        board.has_ring(Level.NVLINK, 0, mask))
+
+
+@cache
+def nvlink_servable(platform: str, free: int, size: int) -> int:
+    """The free GPUs that sit in some free set of `size` GPUs with an NVLink ring."""
+    board = _board(platform)
+    servable = 0
+    for chosen in combinations(bits(free), size):
+        mask = sum(1 << gpu for gpu in chosen)
+        if mask & ~servable and board.has_ring(Level.NVLINK, 0, mask):
+            servable |= mask
+    return servable
+
+
+def fragmentation(run: Run, size: int) -> list[tuple[float, float | None]]:
+    """(time, share of free GPUs that cannot serve a `size`-GPU NVLink request), None where nothing is free."""
+    platforms = [node.platform for node in run.nodes]
+    series: list[tuple[float, float | None]] = []
+    for snapshot in run.snapshots:
+        free = stranded = 0
+        for platform, mask in zip(platforms, snapshot.free):
+            count = mask.bit_count()
+            free += count
+            stranded += count - nvlink_servable(platform, mask, size).bit_count() if count >= size else count
+        series.append((snapshot.time_s, stranded / free if free else None))
+    return series
+
+
+def percentile(values: Sequence[float], share: float) -> float:
+    """Nearest-rank percentile; NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(share * len(ordered)) - 1)]
+
+
+def summarize(run: Run, comm_share: float = COMM_SHARE) -> Summary:
+    if not 0 <= comm_share <= 1:
+        raise ValueError(f"the communication share must be within 0..1, not {comm_share}")
+    outcomes = run.outcomes
+    platform_of = {node.name: node.platform for node in run.nodes}
+    placed = [o for o in outcomes if o.placement is not None]
+    multi = [(o, pod) for o in placed if (pod := pod_bandwidth(platform_of, o)) is not None]
+    bandwidth = [pod for _, pod in multi]
+    efficiencies = [pod.efficiency for pod in bandwidth]
+    pending = [o.placed_s - o.job.submit_s for o in placed if o.placed_s is not None]
+    horizon = max((o.job.submit_s for o in outcomes), default=0.0)
+    total_gpus = sum(_board(node.platform).size for node in run.nodes)
+    held = sum(len(o.placement.gpus) * max(0.0, min(o.placed_s + o.job.duration_s, horizon) - o.placed_s)
+               for o in placed if o.placed_s is not None and o.placed_s < horizon)
+    finite = [(o, pod) for o, pod in multi if math.isfinite(o.job.duration_s)]
+    durations = sum(o.job.duration_s for o, _ in finite)
+    modelled = sum(o.job.duration_s * ((1 - comm_share) + comm_share * pod.best_gbps / pod.granted_gbps)
+                   for o, pod in finite)
+    fragmentation_mean = {}
+    for size in FRAGMENTATION_SIZES:
+        shares = [share for _, share in fragmentation(run, size) if share is not None]
+        fragmentation_mean[size] = sum(shares) / len(shares) if shares else math.nan
+    return Summary(
+        policy=run.policy, pods=len(outcomes), placed=len(placed), never_placed=len(outcomes) - len(placed),
+        fractional=sum(o.job.fractional for o in outcomes), multi_gpu=len(bandwidth),
+        nvlink_ring_share=_share([pod.nvlink_ring for pod in bandwidth]),
+        efficiency_median=percentile(efficiencies, 0.5), efficiency_p10=percentile(efficiencies, 0.1),
+        efficiency_full_share=_share([value >= FULL for value in efficiencies]),
+        pending_mean_s=sum(pending) / len(pending) if pending else math.nan,
+        pending_p95_s=percentile(pending, 0.95),
+        gpu_utilization=held / (total_gpus * horizon) if total_gpus and horizon else math.nan,
+        fragmentation_mean=fragmentation_mean,
+        modelled_slowdown=modelled / durations if durations else math.nan, comm_share=comm_share)
+
+
+def _share(flags: Sequence[bool]) -> float:
+    return sum(flags) / len(flags) if flags else math.nan
