@@ -13,7 +13,8 @@ import pytest
 from loadtests.replay import clusters, derive_alibaba, workloads
 from loadtests.replay.clusters import alibaba_fleet, installed_gpus, load_gpu_model_map, mixed_fleet, pool_capacity
 from loadtests.replay.model import ClusterNode, Job
-from loadtests.replay.workloads import alibaba_trace, inflation, read_csv, synthetic, trace_statistics, unplaceable
+from loadtests.replay.workloads import (alibaba_trace, at_load, describe, inflation, offered_load, parse_gpu_mix, read_csv,
+                                        synthetic, trace_statistics, unplaceable)
 from topology.platforms import PLATFORMS
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
@@ -112,25 +113,46 @@ def test_the_mixed_fleet_is_the_issue_platforms_one_pool_each() -> None:
     assert len({node.name for node in fleet}) == 18
 
 
+def test_offered_load_caps_each_duration_at_the_arrival_window() -> None:
+    jobs = [Job("a", 0.0, 50.0, 2), Job("b", 100.0, 1000.0, 4)]
+    assert offered_load(jobs, mixed_fleet(1)) == pytest.approx((2 * 50 + 4 * 100) / (48 * 100))
+
+
 @pytest.mark.parametrize("load", [0.5, 0.8, 0.95])
 def test_synthetic_arrivals_offer_exactly_the_target_load(load: float) -> None:
     fleet = mixed_fleet(2)
     jobs = synthetic(fleet, load, jobs=500, seed=3)
-    offered = sum(job.gpus * job.duration_s for job in jobs) / (sum(pool_capacity(fleet).values()) * jobs[-1].submit_s)
-    assert offered == pytest.approx(load, rel=1e-9)
+    assert offered_load(jobs, fleet) == pytest.approx(load, rel=1e-9)
     assert [job.submit_s for job in jobs] == sorted(job.submit_s for job in jobs) and jobs[0].submit_s > 0
 
 
+def test_the_trace_on_its_own_clock_barely_loads_its_fleet_and_compresses_to_a_target(
+        trace: tuple[Job, ...], fleet: tuple[ClusterNode, ...]) -> None:
+    assert 0.002 < offered_load(trace, fleet) < 0.003
+    assert sum(job.submit_s >= trace[-1].submit_s / 2 for job in trace) / len(trace) > 0.99
+    compressed = at_load(trace, mixed_fleet(4), 0.8)
+    assert offered_load(compressed, mixed_fleet(4)) == pytest.approx(0.8, rel=1e-9)
+    assert [(job.name, job.duration_s, job.gpus, job.fractional) for job in compressed] == [
+        (job.name, job.duration_s, job.gpus, job.fractional) for job in trace]
+    ratio = compressed[-1].submit_s / trace[-1].submit_s
+    assert all(job.submit_s == pytest.approx(original.submit_s * ratio) for job, original in zip(compressed, trace))
+    with pytest.raises(ValueError, match="out of reach: these jobs ask for 0.042 of capacity at most"):
+        at_load([Job("a", 0.0, 50.0, 1), Job("b", 100.0, 50.0, 1)], mixed_fleet(1), 0.05)
+
+
 def test_synthetic_is_deterministic_per_seed_and_follows_its_mix(fleet: tuple[ClusterNode, ...]) -> None:
-    assert synthetic(fleet, 0.8, jobs=300, seed=7) == synthetic(fleet, 0.8, jobs=300, seed=7)
-    assert synthetic(fleet, 0.8, jobs=300, seed=7) != synthetic(fleet, 0.8, jobs=300, seed=8)
+    small = mixed_fleet(2)
+    assert synthetic(small, 0.8, jobs=300, seed=7) == synthetic(small, 0.8, jobs=300, seed=7)
+    assert synthetic(small, 0.8, jobs=300, seed=7) != synthetic(small, 0.8, jobs=300, seed=8)
+    with pytest.raises(ValueError, match="out of reach"):
+        synthetic(fleet, 0.8, jobs=300)
     jobs = synthetic(fleet, 0.9, jobs=4000, seed=1, gpu_mix={1: 1, 2: 1, 4: 1, 8: 1})
     shares = Counter(job.gpus for job in jobs)
     assert all(900 <= shares[size] <= 1100 for size in (1, 2, 4, 8))
     largest = clusters.largest_node(fleet)
     assert all(largest[job.gpu_model] >= job.gpus for job in jobs)
     assert {job.gpu_model for job in jobs if job.gpus == 8} == {"G2", "G3", "V100M16", "V100M32"}
-    median = sorted(job.duration_s for job in synthetic(fleet, 0.8, jobs=4001, seed=2))[2000]
+    median = sorted(job.duration_s for job in synthetic(small, 0.8, jobs=4001, seed=2))[2000]
     assert median == pytest.approx(math.exp(workloads.TRACE_DURATION_MU), rel=0.1)
 
 
@@ -217,3 +239,16 @@ def test_jobs_no_node_could_ever_hold_are_named(fleet: tuple[ClusterNode, ...], 
     assert unplaceable([Job("a", 0, 1, 8, "T4")], fleet) == "a: 8 GPUs, more than a T4 node has (4)"
     assert unplaceable([Job("b", 0, 1, 1, "H100")], fleet).startswith("b: gpu_model 'H100' is not a pool")
     assert unplaceable([Job("c", 0, 1, 16)], fleet) == "c: 16 GPUs, more than any node has (8)"
+
+
+def test_the_output_line_says_how_many_fractional_pods_count_as_one_gpu(trace: tuple[Job, ...]) -> None:
+    assert describe(trace) == ("7,064 pods (6,989 x 1 GPU, 16 x 2 GPU, 15 x 4 GPU, 44 x 8 GPU); "
+                               "3,078 fractional-GPU pods counted as 1 whole GPU")
+    assert describe([Job("a", 0.0, 1.0, 2)]) == "1 pods (1 x 2 GPU)"
+
+
+def test_a_gpu_mix_is_parsed_strictly() -> None:
+    assert parse_gpu_mix("1:60, 2:20,4:12,8:8") == {1: 60.0, 2: 20.0, 4: 12.0, 8: 8.0}
+    for bad in ("1:60,1:40", "0:1", "65:1", "2:0", "2:-1", "2:nan", "2", "two:1", ",".join(f"{i}:1" for i in range(1, 18))):
+        with pytest.raises(ValueError, match="gpu mix"):
+            parse_gpu_mix(bad)
