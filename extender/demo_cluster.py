@@ -46,10 +46,14 @@ def with_uuids(node: str, topology: Topology) -> Topology:
 
 class DemoCluster:
     def __init__(self, state: ClusterState, nodes: Sequence[tuple[str, str]] = DEMO_NODES,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, boards: Mapping[str, Topology] | None = None) -> None:
+        """`boards` gives the board of a node, by name, that has other GPUs than its platform's capture (the
+        benchmark replay's nodes with some of a board's GPUs installed)."""
         self.state = state
         self.clock = clock
-        self.topologies = {name: with_uuids(name, PLATFORMS[platform].topology()) for name, platform in nodes}
+        boards = boards or {}
+        self.topologies = {name: with_uuids(name, boards.get(name) or PLATFORMS[platform].topology())
+                           for name, platform in nodes}
         self.platform_of = dict(nodes)
         self.pods: dict[str, dict[str, Any]] = {}
         self.delivered: dict[str, dict[str, tuple[str, ...]]] = {}  # pod uid -> container -> the GPUs it got

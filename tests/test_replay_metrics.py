@@ -54,10 +54,10 @@ def test_utilization_counts_gpu_seconds_up_to_the_last_arrival() -> None:
 
 def test_fragmentation_counts_free_gpus_outside_every_free_nvlink_set() -> None:
     free = 0b11111010  # GPUs 0 and 2 busy: bridge pairs (4,5) and (6,7) whole, GPUs 1 and 3 stranded
-    assert nvlink_servable("rtx-a6000-pairs", free, 2) == 0b11110000
-    assert nvlink_servable("rtx-a6000-pairs", free, 4) == 0  # bridges join pairs only
-    assert nvlink_servable("dgx1-v100", 0xFF, 8) == 0xFF
-    assert nvlink_servable("pcie-l40s", 0xFF, 2) == 0
+    assert nvlink_servable(("rtx-a6000-pairs", tuple(range(8))), free, 2) == 0b11110000
+    assert nvlink_servable(("rtx-a6000-pairs", tuple(range(8))), free, 4) == 0  # bridges join pairs only
+    assert nvlink_servable(("dgx1-v100", tuple(range(8))), 0xFF, 8) == 0xFF
+    assert nvlink_servable(("pcie-l40s", tuple(range(8))), 0xFF, 2) == 0
     run = replay([A6000], [Job("a", 0, INF, 1), Job("b", 1, INF, 1), Job("c", 2, INF, 1)], QUANTITY, 1, samples=2)
     # The stock plugin takes GPUs 0, 1, 2: GPU 3 is stranded among five free.
     assert fragmentation(run, 2)[-1] == (2, pytest.approx(1 / 5))

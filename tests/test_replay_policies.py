@@ -40,7 +40,7 @@ def test_quantity_only_reproduces_go_gpuallocator_on_the_dgx1(size: int, expecte
 def test_quantity_only_is_blind_to_the_nvswitch_of_a_dgx_h100() -> None:
     topology = PLATFORMS["dgx-h100"].topology()
     assert topology.nvswitch and all(topology.nvlink_count(i, j) == 18 for i, j in topology.pairs())
-    scores = _baseline("dgx-h100").scores
+    scores = _baseline(("dgx-h100", tuple(range(8)))).scores
     # Eighteen NVLinks on every pair, and the pair scores hold only the PCIe term: NODE within a socket, SYS across.
     assert all(scores[i][j] == PCIE_LINK_SCORE[pcie_level(topology, i, j)] for i, j in topology.pairs())
     got = _placements([H100], [Job(f"p{i}", i, INF, 2) for i in range(4)], StockPolicy("quantity", DEFAULT))
@@ -102,3 +102,16 @@ def test_every_policy_is_deterministic_per_seed() -> None:
                 rng.choice(("dgx1-v100", "rtx-a6000-pairs", "pcie-l40s"))) for i in range(150)]
     runs = [[replay(nodes, jobs, policy, 7).outcomes for policy in standard_policies(nodes)] for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+def test_a_node_with_part_of_a_board_installed_is_that_part_for_every_policy() -> None:
+    """A 4x V100 node is GPUs 0-3 of the DGX-1V: four GPUs for the engine, the stock plugin and the extender;
+    an 8-GPU pod never fits, and 2-GPU pods get its NV2 pairs (0,3) and (1,2) from go-gpuallocator."""
+    quad = ClusterNode("v100-quad", "dgx1-v100", "V100", (0, 1, 2, 3))
+    jobs = [Job("eight", 0, INF, 8), Job("two-a", 1, INF, 2), Job("two-b", 2, INF, 2), Job("two-c", 3, INF, 2)]
+    stock = _placements([quad], jobs, StockPolicy("quantity", DEFAULT))
+    assert stock == [None, ("v100-quad", (0, 3)), ("v100-quad", (1, 2)), None]
+    ours = ExtenderPolicy("ours", [quad], delivery=True)
+    got = _placements([quad], jobs, ours)
+    assert got[0] is None and got[3] is None and sorted(got[1][1] + got[2][1]) == [0, 1, 2, 3]
+    assert ours.cluster.topologies["v100-quad"].size == 4

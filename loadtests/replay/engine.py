@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from loadtests.replay.boards import board, board_key
 from loadtests.replay.model import ClusterNode, Job
-from topology.compiled import CompiledTopology, compile_topology
-from topology.platforms import PLATFORMS
+from topology.compiled import CompiledTopology
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +62,8 @@ class Fleet:
             raise ValueError("cluster node names must be unique")
         self.nodes = tuple(nodes)
         self.by_name = {node.name: node for node in nodes}
-        compiled: dict[str, CompiledTopology] = {}
-        self.compiled = {node.name: compiled.setdefault(node.platform, compile_topology(
-            PLATFORMS[node.platform].topology())) for node in nodes}
+        self.key = {node.name: board_key(node) for node in nodes}
+        self.compiled: dict[str, CompiledTopology] = {name: board(key) for name, key in self.key.items()}
         self.size = {name: board.size for name, board in self.compiled.items()}
         self.free = {name: board.full_mask for name, board in self.compiled.items()}
         self.free_count = dict(self.size)

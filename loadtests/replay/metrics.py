@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from functools import cache
 from itertools import combinations
 
+from loadtests.replay.boards import BoardKey, board, board_key
 from loadtests.replay.engine import Outcome, Run
-from topology.compiled import CompiledTopology, bits, compile_topology
+from topology.compiled import bits
 from topology.levels import Level
-from topology.platforms import PLATFORMS
 from topology.select import Choice, Request, Selector, ring_gbps
 
 COMM_SHARE = 0.3
@@ -69,54 +69,49 @@ class PodBandwidth:
 
 
 @cache
-def _board(platform: str) -> CompiledTopology:
-    return compile_topology(PLATFORMS[platform].topology())
-
-
-@cache
-def best_ring_gbps(platform: str, gpus: int) -> float:
-    """The best ring a pod of this size gets on an empty node of the platform."""
-    board = _board(platform)
-    choice = Selector().select(board, board.full_mask, Request(gpus))
-    assert isinstance(choice, Choice) and choice.ring_gbps is not None, (platform, gpus)
+def best_ring_gbps(key: BoardKey, gpus: int) -> float:
+    """The best ring a pod of this size gets on an empty node of the same board."""
+    compiled = board(key)
+    choice = Selector().select(compiled, compiled.full_mask, Request(gpus))
+    assert isinstance(choice, Choice) and choice.ring_gbps is not None, (key, gpus)
     return choice.ring_gbps
 
 
-def pod_bandwidth(platform_of: dict[str, str], outcome: Outcome) -> PodBandwidth | None:
+def pod_bandwidth(key_of: dict[str, BoardKey], outcome: Outcome) -> PodBandwidth | None:
     """Bandwidth facts of a placed multi-GPU pod; None for the others."""
     placement = outcome.placement
     if placement is None or len(placement.gpus) < 2:
         return None
-    platform = platform_of[placement.node]
-    board = _board(platform)
-    granted = ring_gbps(board, placement.gpus) or 0.0
+    key = key_of[placement.node]
+    compiled = board(key)
+    granted = ring_gbps(compiled, placement.gpus) or 0.0
     mask = sum(1 << gpu for gpu in placement.gpus)
-    return PodBandwidth(len(placement.gpus), granted, best_ring_gbps(platform, len(placement.gpus)),
-                        board.has_ring(Level.NVLINK, 0, mask))
+    return PodBandwidth(len(placement.gpus), granted, best_ring_gbps(key, len(placement.gpus)),
+                        compiled.has_ring(Level.NVLINK, 0, mask))
 
 
 @cache
-def nvlink_servable(platform: str, free: int, size: int) -> int:
+def nvlink_servable(key: BoardKey, free: int, size: int) -> int:
     """The free GPUs that sit in some free set of `size` GPUs with an NVLink ring."""
-    board = _board(platform)
+    compiled = board(key)
     servable = 0
     for chosen in combinations(bits(free), size):
         mask = sum(1 << gpu for gpu in chosen)
-        if mask & ~servable and board.has_ring(Level.NVLINK, 0, mask):
+        if mask & ~servable and compiled.has_ring(Level.NVLINK, 0, mask):
             servable |= mask
     return servable
 
 
 def fragmentation(run: Run, size: int) -> list[tuple[float, float | None]]:
     """(time, share of free GPUs that cannot serve a `size`-GPU NVLink request), None where nothing is free."""
-    platforms = [node.platform for node in run.nodes]
+    keys = [board_key(node) for node in run.nodes]
     series: list[tuple[float, float | None]] = []
     for snapshot in run.snapshots:
         free = stranded = 0
-        for platform, mask in zip(platforms, snapshot.free):
+        for key, mask in zip(keys, snapshot.free):
             count = mask.bit_count()
             free += count
-            stranded += count - nvlink_servable(platform, mask, size).bit_count() if count >= size else count
+            stranded += count - nvlink_servable(key, mask, size).bit_count() if count >= size else count
         series.append((snapshot.time_s, stranded / free if free else None))
     return series
 
@@ -133,14 +128,14 @@ def summarize(run: Run, comm_share: float = COMM_SHARE) -> Summary:
     if not 0 <= comm_share <= 1:
         raise ValueError(f"the communication share must be within 0..1, not {comm_share}")
     outcomes = run.outcomes
-    platform_of = {node.name: node.platform for node in run.nodes}
+    key_of = {node.name: board_key(node) for node in run.nodes}
     placed = [o for o in outcomes if o.placement is not None]
-    multi = [(o, pod) for o in placed if (pod := pod_bandwidth(platform_of, o)) is not None]
+    multi = [(o, pod) for o in placed if (pod := pod_bandwidth(key_of, o)) is not None]
     bandwidth = [pod for _, pod in multi]
     efficiencies = [pod.efficiency for pod in bandwidth]
     pending = [o.placed_s - o.job.submit_s for o in placed if o.placed_s is not None]
     horizon = max((o.job.submit_s for o in outcomes), default=0.0)
-    total_gpus = sum(_board(node.platform).size for node in run.nodes)
+    total_gpus = sum(board(key).size for key in key_of.values())
     held = sum(len(o.placement.gpus) * max(0.0, min(o.placed_s + o.job.duration_s, horizon) - o.placed_s)
                for o in placed if o.placed_s is not None and o.placed_s < horizon)
     finite = [(o, pod) for o, pod in multi if math.isfinite(o.job.duration_s)]

@@ -25,11 +25,11 @@ from extender.service import ExtenderService
 from extender.state import ClusterState
 from extender.wire import BindingArgs, ExtenderArgs
 from loadtests.gpuallocator_baseline import DGX1V_HIDDEN_PCIE, BestEffortBaseline
+from loadtests.replay.boards import BoardKey, board_key, board_topology
 from loadtests.replay.engine import Fleet, Placement
 from loadtests.replay.kube_scores import DEFAULT, GPU_PACKING, Profile, score_gpu_node, select_host, shipped_profile
 from loadtests.replay.model import ClusterNode, Job
 from topology.compiled import bits
-from topology.platforms import PLATFORMS
 
 NAMESPACE = "default"
 FROZEN_CLOCK = 1_800_000_000.0
@@ -38,17 +38,21 @@ stale; a replay is not timed, so one instant stands for all of them."""
 
 
 @cache
-def _baseline(platform: str) -> BestEffortBaseline:
-    """go-gpuallocator's pair scores for a platform; the DGX-1 with the PCIe levels NVML gives its NVLink pairs."""
-    return BestEffortBaseline(PLATFORMS[platform].topology(), DGX1V_HIDDEN_PCIE if platform == "dgx1-v100" else None)
+def _baseline(key: BoardKey) -> BestEffortBaseline:
+    """go-gpuallocator's pair scores for a board; the DGX-1's with the PCIe levels NVML gives its NVLink pairs."""
+    platform, installed = key
+    position = {gpu: at for at, gpu in enumerate(installed)}
+    hidden = {(position[i], position[j]): level for (i, j), level in DGX1V_HIDDEN_PCIE.items()
+              if i in position and j in position} if platform == "dgx1-v100" else None
+    return BestEffortBaseline(board_topology(key), hidden)
 
 
 @cache
-def stock_device_plugin(platform: str, free: int, count: int) -> tuple[int, ...]:
+def stock_device_plugin(key: BoardKey, free: int, count: int) -> tuple[int, ...]:
     """The GPUs the kubelet gives a container through NVIDIA's device plugin: go-gpuallocator's preferred set,
     then, as the kubelet does where the preference falls short (a padded set, PR #80), the lowest free ones."""
     available = bits(free)
-    preferred = _baseline(platform).search(available, count).gpus or ()
+    preferred = _baseline(key).search(available, count).gpus or ()
     rest = [gpu for gpu in available if gpu not in preferred]
     return tuple(sorted((*preferred, *rest[:count - len(preferred)])))
 
@@ -72,15 +76,30 @@ class StockPolicy:
         if not names:
             return None
         node = select_host(_kube_totals(self.profile, job, fleet, names), rng)
-        return Placement(node, stock_device_plugin(fleet.by_name[node].platform, fleet.free[node], job.gpus))
+        return Placement(node, stock_device_plugin(fleet.key[node], fleet.free[node], job.gpus))
 
     def release(self, job: Job, placement: Placement) -> None:
         """Nothing to forget: the fleet is the only state."""
 
 
+def demo_cluster(nodes: Sequence[ClusterNode], state: ClusterState, *, delivery: bool = True) -> DemoCluster:
+    """The in-memory cluster of these nodes, each with its installed board, on the replay's clock; with the
+    node agent's device plugin (delivery) or NVIDIA's."""
+    boards = {node.name: board_topology(board_key(node)) for node in nodes}
+    pairs = [(node.name, node.platform) for node in nodes]
+    if delivery:
+        return DemoCluster(state, pairs, clock=lambda: FROZEN_CLOCK, boards=boards)
+    return StockPluginCluster(state, pairs, clock=lambda: FROZEN_CLOCK, boards=boards,
+                              keys={node.name: board_key(node) for node in nodes})
+
+
 class StockPluginCluster(DemoCluster):
     """The demo cluster with NVIDIA's device plugin on every node: the kubelet allocates go-gpuallocator's pick
     among the GPUs no pod holds, whatever the extender bound."""
+
+    def __init__(self, *args: Any, keys: dict[str, BoardKey], **kwargs: Any) -> None:
+        self.keys = keys
+        super().__init__(*args, **kwargs)
 
     def _admit(self, node: str, pod: dict[str, Any]) -> None:
         uuids = [gpu.uuid for gpu in self.topologies[node].gpus]
@@ -88,7 +107,7 @@ class StockPluginCluster(DemoCluster):
                 if self.pods[uid]["spec"].get("nodeName") == node}
         free = sum(1 << index for index, uuid in enumerate(uuids) if uuid not in held)
         count = int(pod["spec"]["containers"][0]["resources"]["requests"][self.state.resource])
-        chosen = stock_device_plugin(self.platform_of[node], free, count)
+        chosen = stock_device_plugin(self.keys[node], free, count)
         self.delivered[pod["metadata"]["uid"]] = {"main": tuple(uuids[index] for index in chosen)}
 
 
@@ -101,8 +120,7 @@ class ExtenderPolicy:
         self.name = name
         self.profile = profile or shipped_profile()
         self.state = ClusterState(clock=lambda: FROZEN_CLOCK)
-        kind = DemoCluster if delivery else StockPluginCluster
-        self.cluster = kind(self.state, [(node.name, node.platform) for node in nodes], clock=lambda: FROZEN_CLOCK)
+        self.cluster = demo_cluster(nodes, self.state, delivery=delivery)
         self.service = ExtenderService(self.state, self.cluster)
         self.index = {name: {gpu.uuid: gpu.index for gpu in topology.gpus}
                       for name, topology in self.cluster.topologies.items()}
