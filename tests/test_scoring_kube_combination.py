@@ -26,7 +26,6 @@ from topology.platforms import PLATFORMS
 from topology.select import Choice, Request, Selector, mask_of
 
 CONFIG = Path(__file__).resolve().parents[1] / "scheduler-config" / "kube-scheduler-config.yaml"
-NOW = datetime.now(timezone.utc)  # reporters publish live states; an old one would be stale
 # kube-scheduler's framework.MaxNodeScore / extenderv1.MaxExtenderPriority: an extender's 0-10 is scaled to 0-100.
 EXTENDER_SCALE = 100 // 10
 # What NodeResourcesFit scores at most: a plugin score is 0-100 and the shipped config keeps its weight 1.
@@ -46,7 +45,8 @@ def _cluster(used: dict[str, tuple[str, tuple[int, ...]]]) -> ClusterState:
     nodes = []
     for name, (platform, held) in used.items():
         topology = with_uuids(name, PLATFORMS[platform].topology())
-        reported = NodeState(frozenset(topology.gpus[i].uuid for i in held), frozenset(), NOW, 1)
+        # Observed now: the state of a live reporter (one older than the staleness bound would be unknown).
+        reported = NodeState(frozenset(topology.gpus[i].uuid for i in held), frozenset(), datetime.now(timezone.utc), 1)
         nodes.append({"metadata": {"name": name, "annotations": {state.keys.topology: encode_topology(topology),
                                                                   state.keys.state: encode_state(reported)}}})
     state.nodes.replace(nodes)
