@@ -56,6 +56,8 @@ class DemoCluster:
                            for name, platform in nodes}
         self.platform_of = dict(nodes)
         self.pods: dict[str, dict[str, Any]] = {}
+        self._uids: dict[tuple[str, str], list[str]] = {}  # (namespace, name) -> uids, oldest first: O(1) reads
+        self._on_node: dict[str, dict[str, None]] = {name: {} for name in self.topologies}  # node -> uids bound
         self.delivered: dict[str, dict[str, tuple[str, ...]]] = {}  # pod uid -> container -> the GPUs it got
         self._boards = {name: Board(topology) for name, topology in self.topologies.items()}
         self._answered: dict[str, Delivered] = {name: {} for name in self.topologies}  # the agents' records
@@ -80,6 +82,7 @@ class DemoCluster:
             if pod["spec"].get("nodeName"):
                 raise Conflict(f"pod {namespace}/{name} is already assigned to node {pod['spec']['nodeName']}", 409)
             pod["spec"]["nodeName"] = node
+            self._on_node[node][uid] = None
             pod["metadata"].setdefault("annotations", {}).update(annotations)
             self._bump(pod)
             self.state.pods.apply("MODIFIED", pod)
@@ -91,7 +94,7 @@ class DemoCluster:
         asks the agent's GetPreferredAllocation, takes what is free of the answer, fills the rest, and
         Allocates; the agent attributes each call from the pods on the node and what the kubelet lists."""
         board, resource, keys = self._boards[node], self.state.resource, self.state.keys
-        on_node = [other for other in self.pods.values() if other["spec"].get("nodeName") == node]
+        on_node = [self.pods[uid] for uid in self._on_node[node]]
         pods = [read for other in on_node if (read := read_pod(other, keys, resource, board.ids)) is not None]
         listed = {(other["metadata"]["namespace"], other["metadata"]["name"]): dict(self.delivered[uid])
                   for other in on_node if (uid := other["metadata"]["uid"]) in self.delivered}
@@ -155,6 +158,8 @@ class DemoCluster:
             stored["spec"].pop("nodeName", None)
             stored["metadata"]["resourceVersion"] = str(stored["metadata"].get("resourceVersion") or "1")
             self.pods[stored["metadata"]["uid"]] = stored
+            self._uids.setdefault((stored["metadata"]["namespace"], stored["metadata"]["name"]), []).append(
+                stored["metadata"]["uid"])
             self.state.pods.apply("ADDED", stored)
             return stored
 
@@ -162,6 +167,12 @@ class DemoCluster:
         """The pod ends: the watch drops it and the node's reporter no longer lists its GPUs."""
         with self._lock:
             pod = self.pods.pop(uid)
+            key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+            self._uids[key].remove(uid)
+            if not self._uids[key]:
+                del self._uids[key]
+            if pod["spec"].get("nodeName"):
+                self._on_node[pod["spec"]["nodeName"]].pop(uid, None)
             self.delivered.pop(uid, None)
             pod["status"]["phase"] = "Succeeded"
             self.state.pods.apply("DELETED", pod)
@@ -182,7 +193,7 @@ class DemoCluster:
         self._generation += 1
         pods = {f"{pod['metadata']['namespace']}/{pod['metadata']['name']}":
                 frozenset(gpu for held in self.delivered.get(pod["metadata"]["uid"], {}).values() for gpu in held)
-                for pod in self.pods.values() if pod["spec"].get("nodeName") == name}
+                for pod in (self.pods[uid] for uid in self._on_node[name])}
         pods = {key: gpus for key, gpus in pods.items() if gpus}
         used = frozenset(gpu for gpus in pods.values() for gpu in gpus)
         state = NodeState(used, frozenset(), datetime.fromtimestamp(self.clock(), timezone.utc), self._generation,
@@ -194,9 +205,9 @@ class DemoCluster:
                 "status": {"allocatable": {self.state.resource: str(topology.size)}}}
 
     def _find(self, namespace: str, name: str) -> dict[str, Any]:
-        for pod in self.pods.values():
-            if pod["metadata"]["name"] == name and pod["metadata"]["namespace"] == namespace:
-                return pod
+        uids = self._uids.get((namespace, name))
+        if uids:
+            return self.pods[uids[0]]
         raise KubeError(f"pods {name!r} not found", 404)
 
     def _bump(self, pod: dict[str, Any]) -> None:

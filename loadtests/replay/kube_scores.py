@@ -30,6 +30,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Literal
 
@@ -124,9 +125,11 @@ def gpu_job_resources(gpus: int) -> dict[str, int]:
     return {GPU: gpus, "cpu": gpus * CPU_MILLI_PER_GPU, "memory": gpus * MEMORY_MIB_PER_GPU}
 
 
+@cache
 def score_gpu_node(profile: Profile, pod_gpus: int, node_used: int, node_gpus: int,
                    extender_score: int | None = None) -> int:
-    """`score_node` for a pod of `pod_gpus` on a node of `node_gpus` GPUs with `node_used` in use."""
+    """`score_node` for a pod of `pod_gpus` on a node of `node_gpus` GPUs with `node_used` in use (memoised:
+    a replay asks it for every node of every pod)."""
     return score_node(profile, gpu_job_resources(pod_gpus), gpu_job_resources(node_used),
                       gpu_job_resources(node_gpus), extender_score)
 

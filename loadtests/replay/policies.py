@@ -59,10 +59,12 @@ def stock_device_plugin(key: BoardKey, free: int, count: int) -> tuple[int, ...]
 
 def _kube_totals(profile: Profile, job: Job, fleet: Fleet, names: Sequence[str],
                  extender: Sequence[int] | None = None) -> list[tuple[str, int]]:
+    """Each node's total; scored once per distinct (GPUs, free, extender score), as thousands of nodes share few."""
     size, free = fleet.size, fleet.free_count
-    return [(name, score_gpu_node(profile, job.gpus, size[name] - free[name], size[name],
-                                  None if extender is None else extender[at]))
-            for at, name in enumerate(names)]
+    shapes = [(size[name], free[name], None if extender is None else extender[at]) for at, name in enumerate(names)]
+    scores = {shape: score_gpu_node(profile, job.gpus, shape[0] - shape[1], shape[0], shape[2])
+              for shape in set(shapes)}
+    return [(name, scores[shape]) for name, shape in zip(names, shapes)]
 
 
 class StockPolicy:
