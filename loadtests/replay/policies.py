@@ -105,8 +105,7 @@ class StockPluginCluster(DemoCluster):
 
     def _admit(self, node: str, pod: dict[str, Any]) -> None:
         uuids = [gpu.uuid for gpu in self.topologies[node].gpus]
-        held = {uuid for uid, got in self.delivered.items() for ids in got.values() for uuid in ids
-                if self.pods[uid]["spec"].get("nodeName") == node}
+        held = {uuid for uid in self._on_node[node] for ids in self.delivered.get(uid, {}).values() for uuid in ids}
         free = sum(1 << index for index, uuid in enumerate(uuids) if uuid not in held)
         count = int(pod["spec"]["containers"][0]["resources"]["requests"][self.state.resource])
         chosen = stock_device_plugin(self.keys[node], free, count)
