@@ -1,0 +1,37 @@
+"""python -m loadtests.replay end to end on a user's CSV: one JSON object with every policy, and clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loadtests.replay.__main__ import main
+
+
+def _csv(tmp_path: Path, rows: list[str]) -> Path:
+    path = tmp_path / "jobs.csv"
+    path.write_text("submit_time_s,duration_s,num_gpus,gpu_model\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def test_json_holds_the_metrics_of_every_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [f"{i * 10},{300 + i},{(1, 2, 4, 8)[i % 4]},V100" for i in range(24)]
+    assert main(["--cluster", "mixed", "--nodes-per-pool", "1", "--workload", str(_csv(tmp_path, rows)),
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert list(result["policies"]) == ["(1) quantity only", "(2) quantity, GPU packing",
+                                        "(3) ours, scheduling only", "(4) ours, with delivery"]
+    for metrics in result["policies"].values():
+        assert metrics["pods"] == 24 and metrics["placed"] + metrics["never_placed"] == 24
+        assert metrics["multi_gpu"] == metrics["placed"] - sum(1 for i in range(24) if i % 4 == 0)
+    assert main(["--cluster", "mixed", "--nodes-per-pool", "1", "--workload", str(_csv(tmp_path, rows)),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == result  # the same seed, the same numbers
+
+
+def test_a_job_no_node_can_hold_is_an_error_not_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--cluster", "mixed", "--workload", str(_csv(tmp_path, ["0,10,16,V100"]))]) == 2
+    assert "can never run" in capsys.readouterr().err
+    assert main(["--cluster", "mixed", "--workload", str(tmp_path / "missing.csv")]) == 2
