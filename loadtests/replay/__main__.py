@@ -61,9 +61,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     # In scheduling-only mode the extender warns of every pod the stock plugin gave other GPUs: expected here.
-    logging.getLogger("extender").setLevel(logging.ERROR)
-    summaries = [_run(cluster, jobs, policy, args.seed, args.comm_share, quiet=args.json)
-                 for policy in standard_policies(cluster)]
+    extender_log = logging.getLogger("extender")
+    level = extender_log.level
+    extender_log.setLevel(logging.ERROR)
+    try:
+        summaries = [_run(cluster, jobs, policy, args.seed, args.comm_share, quiet=args.json)
+                     for policy in standard_policies(cluster)]
+    finally:
+        extender_log.setLevel(level)
     if args.json:
         print(json.dumps({"cluster": args.cluster, "workload": args.workload, "seed": args.seed, "load": args.load,
                           "jobs": describe(jobs), "policies": {s.policy: _jsonable(s) for s in summaries}}))
