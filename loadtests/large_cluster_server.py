@@ -27,7 +27,6 @@ node publishes another set of used GPUs).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import gc
 import hashlib
@@ -42,7 +41,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -131,17 +130,11 @@ def load_index(name: str) -> int | None:
 
 
 class LoadCluster(DemoCluster):
-    """DemoCluster with indexes, so that the in-process API server costs the same at 10,000 pods as at 10.
-
-    DemoCluster finds a pod by scanning every pod, and builds a node's state from every pod; here a pod is
-    found by (namespace, name) and a node's state is built from the pods bound to it. Time spent inside the
-    API calls the extender makes (the Binding, including the watch events they apply to the extender's
-    state synchronously) is added up for the report.
-    """
+    """DemoCluster that times the API calls the extender makes (the Binding, including the watch events it
+    applies to the extender's state synchronously) for the report, and can replace boards and play a hostile
+    node."""
 
     def __init__(self, state: ClusterState, nodes: Sequence[tuple[str, str]]) -> None:
-        self._uid_of: dict[tuple[str, str], str] = {}
-        self._on_node: dict[str, set[str]] = {}
         self.api_calls = 0
         self.api_seconds = 0.0
         self.on_bound = lambda uid, name: None
@@ -150,25 +143,10 @@ class LoadCluster(DemoCluster):
         self.hostile_used: frozenset[str] = frozenset()
         super().__init__(state, nodes)
 
-    def add_pod(self, pod: Mapping[str, Any]) -> dict[str, Any]:
-        with self._lock:
-            stored = super().add_pod(pod)
-            self._uid_of[(stored["metadata"]["namespace"], stored["metadata"]["name"])] = stored["metadata"]["uid"]
-            return stored
-
     def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
         started = time.perf_counter()
         try:
-            with self._lock:
-                members = self._on_node.setdefault(node, set())
-                fresh = uid not in members
-                members.add(uid)  # before the bind, which republishes the node's state from its members
-                try:
-                    super().bind(namespace, name, uid, node, annotations)
-                except Exception:
-                    if fresh:
-                        members.discard(uid)
-                    raise
+            super().bind(namespace, name, uid, node, annotations)
         finally:
             self._count(started)
         self.on_bound(uid, name)
@@ -200,6 +178,7 @@ class LoadCluster(DemoCluster):
             self.topologies[name] = topology
             self._boards[name] = Board(topology)
             self._answered[name] = {}
+            self._on_node[name] = {}
             self.state.nodes.apply("ADDED", self._node(name))
 
     def rotate_hostile(self, rng: random.Random) -> int:
@@ -211,41 +190,13 @@ class LoadCluster(DemoCluster):
             self.report(self.hostile)
             return len(ids) - len(self.hostile_used)
 
-    def finish_pod(self, uid: str) -> None:
-        with self._lock:
-            pod = self.pods.get(uid)
-            if pod is not None:
-                self._uid_of.pop((pod["metadata"]["namespace"], pod["metadata"]["name"]), None)
-                self._on_node.get(pod["spec"].get("nodeName") or "", set()).discard(uid)
-            super().finish_pod(uid)
-
-    def _find(self, namespace: str, name: str) -> dict[str, Any]:
-        pod = self.pods.get(self._uid_of.get((namespace, name), ""))
-        return pod if pod is not None else super()._find(namespace, name)
-
     def _node(self, name: str) -> dict[str, Any]:
-        """DemoCluster's node object, built from the pods on this node only; the hostile node's state is its own."""
-        with self._lock, self._only_on(name):
-            node = super()._node(name)
+        """DemoCluster's node object; the hostile node's state is its own."""
+        node = super()._node(name)
         if name == self.hostile:
             state = NodeState(self.hostile_used, frozenset(), datetime.now(timezone.utc), self._generation)
             node["metadata"]["annotations"][self.state.keys.state] = encode_state(state)
         return node
-
-    def _admit(self, node: str, pod: dict[str, Any]) -> None:
-        """DemoCluster's kubelet admission, which reads the pods on this node only."""
-        with self._lock, self._only_on(node):
-            super()._admit(node, pod)
-
-    @contextlib.contextmanager
-    def _only_on(self, node: str) -> Iterator[None]:
-        everything = self.pods
-        members = self._on_node.get(node, ())
-        self.pods = {uid: everything[uid] for uid in members if uid in everything}
-        try:
-            yield
-        finally:
-            self.pods = everything
 
     def _count(self, started: float) -> None:
         self.api_seconds += time.perf_counter() - started
