@@ -1,0 +1,66 @@
+"""The load tests' cluster (loadtests/large_cluster_server.py) keeps working as the extender and DemoCluster
+change: the soak, the load test and the hostile-node benchmark all stand on it, and none of them runs in CI."""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "loadtests"))
+
+import large_cluster_server as load  # noqa: E402
+from hostile_node import SHAPES  # noqa: E402
+
+from extender.wire import BindingArgs  # noqa: E402
+from topology.codec import decode_state, encode_topology  # noqa: E402
+
+
+def held_twice(cluster: load.LoadCluster) -> list[str]:
+    counts = Counter(gpu for containers in cluster.delivered.values() for held in containers.values() for gpu in held)
+    return [gpu for gpu, count in counts.items() if count > 1]
+
+
+def test_pods_bind_churn_and_boards_are_replaced_with_no_gpu_twice(tmp_path: Path) -> None:
+    service, cluster, churn, facts = load.build(60, 0.45, 50, seed=1)
+    assert facts["used_gpus"] >= 0.45 * facts["gpus"]
+    churn.thread.start()
+    rng = random.Random(2)
+    names = load.node_names(60)
+    bound = 0
+    for index in range(40):
+        pod = load.load_pod(index)
+        node = rng.choice(names)
+        if not service.bind(BindingArgs(pod["metadata"]["name"], load.LOAD_NAMESPACE, pod["metadata"]["uid"], node)):
+            bound += 1
+        if index % 5 == 0:
+            boards = {name: service.state.view(name).compiled for name in names}
+            replaced = cluster.replace_board(rng)
+            assert replaced is not None, "some node holds no pod at this fill"
+            assert service.state.view(replaced).compiled is not boards[replaced], "the extender sees the new board"
+            assert not any(pod["spec"].get("nodeName") == replaced for pod in cluster.pods.values())
+    assert bound > 0 and cluster.api_calls >= bound
+    assert cluster.boards_replaced > 0
+    assert held_twice(cluster) == []
+    # Every pod the kubelet admitted got exactly the GPUs the extender annotated.
+    for uid, containers in cluster.delivered.items():
+        annotated = cluster.pods[uid]["metadata"]["annotations"][service.state.keys.gpus].split(",")
+        assert sorted(gpu for held in containers.values() for gpu in held) == sorted(annotated)
+
+
+def test_the_hostile_node_publishes_a_new_used_set_each_rotation(tmp_path: Path) -> None:
+    path = tmp_path / "hostile.json"
+    path.write_text(encode_topology(SHAPES["circulant-40"][1]()), encoding="utf-8")
+    service, cluster, _, _ = load.build(20, 0.45, 10, seed=1, hostile=path)
+    view = service.state.view(load.HOSTILE_NODE)
+    assert view is not None and view.compiled is not None and view.compiled.size == 40
+    rng = random.Random(3)
+    seen = set()
+    for _ in range(5):
+        free = cluster.rotate_hostile(rng)
+        node = cluster._node(load.HOSTILE_NODE)
+        used = decode_state(node["metadata"]["annotations"][service.state.keys.state]).used
+        assert len(used) == 40 - free
+        seen.add(used)
+    assert len(seen) > 1
