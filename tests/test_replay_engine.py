@@ -82,3 +82,19 @@ def test_the_fleet_refuses_a_gpu_taken_twice() -> None:
     with pytest.raises(ValueError, match="not free"):
         fleet.take(Placement("h100-a", (1, 2)))
     assert fleet.free_count["h100-a"] == 6
+
+
+def test_the_filter_pass_stops_at_the_limit_and_the_next_pass_starts_where_it_stopped() -> None:
+    nodes = [ClusterNode(f"n{i}", "dgx-h100", "H100" if i % 2 else "A100") for i in range(10)]
+    fleet = Fleet(nodes)
+    found, start = fleet.find_feasible(Job("p", 0, 1, 1, "H100"), 3, 8)
+    assert (found, start) == (["n9", "n1", "n3"], 4)  # n8, n0, n2 are another pool
+    found, start = fleet.find_feasible(Job("q", 0, 1, 1, "H100"), 100, start)
+    assert (found, start) == (["n5", "n7", "n9", "n1", "n3"], 4)  # every node processed: the start stays
+
+
+def test_default_kube_scheduler_scores_only_100_of_150_nodes() -> None:
+    nodes = [ClusterNode(f"n{i:03d}", "dgx-h100", "H100") for i in range(150)]
+    run = replay(nodes, [Job(f"p{i}", i, INF, 1) for i in range(3)], StockPolicy("quantity", DEFAULT), 1)
+    first, second, third = (int(o.placement.node[1:]) for o in run.outcomes)
+    assert first < 100 and (second >= 100 or second < 50) and 50 <= third < 150

@@ -52,3 +52,10 @@ def test_select_host_takes_the_best_and_breaks_ties_by_the_seeded_draw() -> None
     assert select_host([("a", 5), ("b", 9), ("c", 7)], random.Random(1)) == "b"
     picks = {select_host([("a", 9), ("b", 9), ("c", 1)], random.Random(seed)) for seed in range(20)}
     assert picks == {"a", "b"}
+
+
+def test_feasible_nodes_to_find_is_kube_schedulers_adaptive_share() -> None:
+    from loadtests.replay.kube_scores import feasible_nodes_to_find
+    assert [feasible_nodes_to_find(0, n) for n in (99, 150, 1213, 5000, 10000)] == [99, 100, 497, 500, 500]
+    assert feasible_nodes_to_find(100, 1213) == 1213 and feasible_nodes_to_find(10, 5000) == 500
+    assert shipped_profile().percentage_of_nodes_to_score == 100  # scheduler-config sends every node to us

@@ -81,6 +81,22 @@ class Fleet:
         free = self.free_count
         return [name for name in self.pool(job) if free[name] >= job.gpus]
 
+    def find_feasible(self, job: Job, limit: int, start: int) -> tuple[list[str], int]:
+        """kube-scheduler's filter pass: nodes in cluster order from `start`, round the end, until `limit` are
+        feasible by count and selector; returns them and where the next pod's pass starts."""
+        names, members, free, n = self.pools[None], self.members.get(job.gpu_model, frozenset()), self.free_count, len(
+            self.nodes)
+        found: list[str] = []
+        processed = n
+        for step in range(n):
+            name = names[(start + step) % n]
+            if name in members and free[name] >= job.gpus:
+                found.append(name)
+                if len(found) == limit:
+                    processed = step + 1
+                    break
+        return found, (start + processed) % n
+
     def take(self, placement: Placement) -> None:
         mask = sum(1 << gpu for gpu in placement.gpus)
         if self.free[placement.node] & mask != mask or len(placement.gpus) != len(set(placement.gpus)):

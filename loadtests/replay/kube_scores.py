@@ -10,6 +10,10 @@ From kubernetes/kubernetes pkg/scheduler (read, not copied):
   is skipped.
 - NodeResourcesBalancedAllocation: (1 - std) * 100 over the requested fractions of cpu and memory (capped at 1;
   with two resources std = |f1 - f2| / 2), truncated to an integer.
+- schedule_one.go numFeasibleNodesToFind and findNodesThatPassFilters: with 100 nodes or more, the filters stop
+  once they have found percentageOfNodesToScore of all nodes as feasible (default 0: adaptive, 50 - nodes / 125
+  percent, at least 5 percent and at least 100 nodes), starting where the previous pod's search stopped. Only
+  those nodes are scored and sent to the extender.
 - schedule_one.go prioritizeNodes: each score plugin's score times its weight (both plugins weigh 1 by
   default), plus, per interested extender, its 0-10 score times the extender's weight times
   MaxNodeScore / MaxExtenderPriority = 10. selectHost takes a node with the highest total, uniformly at random
@@ -39,6 +43,8 @@ import yaml
 MAX_NODE_SCORE = 100
 MAX_EXTENDER_PRIORITY = 10
 GPU = "nvidia.com/gpu"
+MIN_FEASIBLE_NODES_TO_FIND = 100
+MIN_FEASIBLE_NODES_PERCENTAGE_TO_FIND = 5
 CPU_MILLI_PER_GPU = 12_000
 MEMORY_MIB_PER_GPU = 131_072
 SHIPPED_CONFIG = Path(__file__).resolve().parents[2] / "scheduler-config" / "kube-scheduler-config.yaml"
@@ -58,6 +64,8 @@ class Profile:
     """NodeResourcesBalancedAllocation enabled (it scores cpu and memory)."""
     extender_weight: int | None = None
     """The extender's weight; None: no extender."""
+    percentage_of_nodes_to_score: int = 0
+    """0: kube-scheduler's adaptive default."""
 
 
 DEFAULT = Profile("kube-scheduler defaults", "LeastAllocated", (("cpu", 1), ("memory", 1)), True)
@@ -77,7 +85,17 @@ def shipped_profile(path: Path = SHIPPED_CONFIG) -> Profile:
     extender = config["extenders"][0]
     return Profile(f"shipped ({path.name})", strategy["type"],
                    tuple((item["name"], int(item["weight"])) for item in strategy["resources"]),
-                   "NodeResourcesBalancedAllocation" not in disabled, int(extender.get("weight", 1)))
+                   "NodeResourcesBalancedAllocation" not in disabled, int(extender.get("weight", 1)),
+                   int(profile.get("percentageOfNodesToScore", config.get("percentageOfNodesToScore", 0)) or 0))
+
+
+def feasible_nodes_to_find(percentage: int, all_nodes: int) -> int:
+    """numFeasibleNodesToFind: how many feasible nodes end the filter pass."""
+    if all_nodes < MIN_FEASIBLE_NODES_TO_FIND:
+        return all_nodes
+    if percentage <= 0:
+        percentage = max(50 - all_nodes // 125, MIN_FEASIBLE_NODES_PERCENTAGE_TO_FIND)
+    return max(all_nodes * min(percentage, 100) // 100, MIN_FEASIBLE_NODES_TO_FIND)
 
 
 def fit_score(strategy: Strategy, resources: Sequence[tuple[str, int]], pod: Mapping[str, int],

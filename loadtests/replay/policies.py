@@ -27,7 +27,8 @@ from extender.wire import BindingArgs, ExtenderArgs
 from loadtests.gpuallocator_baseline import DGX1V_HIDDEN_PCIE, BestEffortBaseline
 from loadtests.replay.boards import BoardKey, board_key, board_topology
 from loadtests.replay.engine import Fleet, Placement
-from loadtests.replay.kube_scores import DEFAULT, GPU_PACKING, Profile, score_gpu_node, select_host, shipped_profile
+from loadtests.replay.kube_scores import (DEFAULT, GPU_PACKING, Profile, feasible_nodes_to_find, score_gpu_node,
+                                          select_host, shipped_profile)
 from loadtests.replay.model import ClusterNode, Job
 from topology.compiled import bits
 
@@ -72,9 +73,11 @@ class StockPolicy:
 
     def __init__(self, name: str, profile: Profile) -> None:
         self.name, self.profile = name, profile
+        self.next_start = 0
 
     def place(self, job: Job, fleet: Fleet, rng: random.Random) -> Placement | None:
-        names = fleet.fits_by_count(job)
+        names, self.next_start = fleet.find_feasible(
+            job, feasible_nodes_to_find(self.profile.percentage_of_nodes_to_score, len(fleet.nodes)), self.next_start)
         if not names:
             return None
         node = select_host(_kube_totals(self.profile, job, fleet, names), rng)
@@ -127,9 +130,11 @@ class ExtenderPolicy:
                       for name, topology in self.cluster.topologies.items()}
         self.pending: dict[str, dict[str, Any]] = {}  # job name -> its pod, from first attempt to departure
         self.created = 0
+        self.next_start = 0
 
     def place(self, job: Job, fleet: Fleet, rng: random.Random) -> Placement | None:
-        names = fleet.fits_by_count(job)
+        names, self.next_start = fleet.find_feasible(
+            job, feasible_nodes_to_find(self.profile.percentage_of_nodes_to_score, len(fleet.nodes)), self.next_start)
         if not names:
             return None
         pod = self.pending.get(job.name)
