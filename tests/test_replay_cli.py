@@ -35,3 +35,12 @@ def test_a_job_no_node_can_hold_is_an_error_not_a_run(tmp_path: Path, capsys: py
     assert main(["--cluster", "mixed", "--workload", str(_csv(tmp_path, ["0,10,16,V100"]))]) == 2
     assert "can never run" in capsys.readouterr().err
     assert main(["--cluster", "mixed", "--workload", str(tmp_path / "missing.csv")]) == 2
+
+
+def test_plots_are_written_as_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [f"{i * 10},{300 + i},{(1, 2, 4)[i % 3]},A6000" for i in range(12)]
+    assert main(["--cluster", "mixed", "--nodes-per-pool", "1", "--workload", str(_csv(tmp_path, rows)),
+                 "--plots", str(tmp_path / "plots")]) == 0
+    written = sorted(path.name for path in (tmp_path / "plots").iterdir())
+    assert written == [f"mixed-jobs-load0.8-seed1-{name}.png" for name in ("efficiency", "fragmentation", "pending")]
+    assert all((tmp_path / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in written)

@@ -61,7 +61,9 @@ def test_fragmentation_counts_free_gpus_outside_every_free_nvlink_set() -> None:
     run = replay([A6000], [Job("a", 0, INF, 1), Job("b", 1, INF, 1), Job("c", 2, INF, 1)], QUANTITY, 1, samples=2)
     # The stock plugin takes GPUs 0, 1, 2: GPU 3 is stranded among five free.
     assert fragmentation(run, 2)[-1] == (2, pytest.approx(1 / 5))
-    assert fragmentation(run, 8)[-1] == (2, 1.0)
+    assert fragmentation(run, 8)[-1] == (2, None)  # bridge pairs never make an 8-GPU NVLink ring: not counted
+    dgx1 = replay([DGX1, A6000], [Job("one", 0, INF, 1, "V100")], QUANTITY, 1, samples=1)
+    assert fragmentation(dgx1, 8)[-1] == (0, 1.0)  # seven free V100s, no 8-GPU ring left; the A6000 is left out
 
 
 def test_percentile_is_nearest_rank_and_the_share_is_checked() -> None:

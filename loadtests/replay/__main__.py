@@ -22,9 +22,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from loadtests.replay.clusters import alibaba_fleet, mixed_fleet
-from loadtests.replay.engine import replay
+from loadtests.replay.engine import Policy, Run, replay
 from loadtests.replay.metrics import COMM_SHARE, Summary, summarize
 from loadtests.replay.model import ClusterNode, Job
+from loadtests.replay.plots import write_plots
 from loadtests.replay.policies import standard_policies
 from loadtests.replay.report import markdown_table
 from loadtests.replay.workloads import (TRACE_GPU_MIX, alibaba_trace, at_load, describe, inflation, parse_gpu_mix,
@@ -48,6 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--comm-share", type=float, default=COMM_SHARE,
                         help="share of a multi-GPU job's time spent communicating (modelled job time)")
     parser.add_argument("--json", action="store_true", help="print the per-policy metrics as one JSON object")
+    parser.add_argument("--plots", type=Path, metavar="DIR",
+                        help="write PNG plots (efficiency and pending-time CDFs, fragmentation over time) to DIR")
     args = parser.parse_args(argv)
     try:
         cluster = mixed_fleet(args.nodes_per_pool) if args.cluster == "mixed" else alibaba_fleet()
@@ -65,10 +68,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = extender_log.level
     extender_log.setLevel(logging.ERROR)
     try:
-        summaries = [_run(cluster, jobs, policy, args.seed, args.comm_share, quiet=args.json)
-                     for policy in standard_policies(cluster)]
+        runs = [_run(cluster, jobs, policy, args.seed, quiet=args.json) for policy in standard_policies(cluster)]
     finally:
         extender_log.setLevel(level)
+    summaries = [summarize(run, args.comm_share) for run in runs]
+    if args.plots is not None:
+        label = args.workload if args.workload in WORKLOADS else Path(args.workload).stem
+        for path in write_plots(runs, args.plots, f"{args.cluster}-{label}-load{args.load:g}-seed{args.seed}"):
+            print(f"wrote {path}", file=sys.stderr)
     if args.json:
         print(json.dumps({"cluster": args.cluster, "workload": args.workload, "seed": args.seed, "load": args.load,
                           "jobs": describe(jobs), "policies": {s.policy: _jsonable(s) for s in summaries}}))
@@ -89,12 +96,10 @@ def _workload(args: argparse.Namespace, cluster: Sequence[ClusterNode]) -> tuple
     return read_csv(Path(args.workload))
 
 
-def _run(cluster: Sequence[ClusterNode], jobs: Sequence[Job], policy, seed: int, comm_share: float,
-         quiet: bool) -> Summary:
+def _run(cluster: Sequence[ClusterNode], jobs: Sequence[Job], policy: Policy, seed: int, quiet: bool) -> Run:
     with tqdm(total=len(jobs), desc=policy.name, unit="pod", disable=quiet or len(jobs) < 500,
               file=sys.stderr, leave=False) as bar:
-        run = replay(cluster, jobs, policy, seed, progress=lambda done: bar.update(done - bar.n))
-    return summarize(run, comm_share)
+        return replay(cluster, jobs, policy, seed, progress=lambda done: bar.update(done - bar.n))
 
 
 def _jsonable(summary: Summary) -> dict[str, object]:

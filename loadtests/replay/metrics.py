@@ -7,7 +7,8 @@
 - Pending time (placement minus arrival) of placed pods, mean and p95 (nearest rank), and pods never placed.
 - GPU utilization: GPU-seconds held within [0, last arrival] over all GPUs times that span.
 - Fragmentation at each snapshot, for 2, 4 and 8 GPUs: the share of free GPUs that are in no free set of that
-  size with an NVLink ring on their node (1.0 where nothing free could serve such a request over NVLink).
+  size with an NVLink ring on their node, over the nodes whose board has such a set when empty (a PCIe-only
+  board is not fragmented, it never had one).
 - Modelled job time: a multi-GPU pod's duration with its communication share scaled by best/granted bandwidth,
   duration * ((1 - share) + share * best / granted). The share is an assumption, settable, not a measurement.
 """
@@ -105,10 +106,13 @@ def nvlink_servable(key: BoardKey, free: int, size: int) -> int:
 def fragmentation(run: Run, size: int) -> list[tuple[float, float | None]]:
     """(time, share of free GPUs that cannot serve a `size`-GPU NVLink request), None where nothing is free."""
     keys = [board_key(node) for node in run.nodes]
+    able = [nvlink_servable(key, board(key).full_mask, size) != 0 for key in keys]
     series: list[tuple[float, float | None]] = []
     for snapshot in run.snapshots:
         free = stranded = 0
-        for key, mask in zip(keys, snapshot.free):
+        for key, mask, counted in zip(keys, snapshot.free, able):
+            if not counted:
+                continue
             count = mask.bit_count()
             free += count
             stranded += count - nvlink_servable(key, mask, size).bit_count() if count >= size else count
