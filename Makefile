@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 $(BIN)/activate: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,harness]'  # the suite runs the replay harness too
 	touch $(BIN)/activate
 
 demo: $(BIN)/activate
@@ -29,7 +29,6 @@ hostile: $(BIN)/activate
 	$(BIN)/python loadtests/hostile_node.py --write BENCHMARKS.md
 
 soak: $(BIN)/activate
-	$(BIN)/pip install --quiet -e '.[harness]'
 	$(BIN)/python loadtests/soak.py --write BENCHMARKS.md
 
 failover: $(BIN)/activate

@@ -20,7 +20,7 @@ scheduling cycles, as a busy cluster's queue gives), not flat out, and every int
     python loadtests/soak.py [--nodes 1000] [--seconds 600] [--rate 20] [--write BENCHMARKS.md]
 
 The plot (`--plot`, default loadtests/plots/soak.png) needs matplotlib: `pip install -e '.[harness]'`
-(`make soak` does).
+(the Makefile's venv has it).
 """
 
 from __future__ import annotations
