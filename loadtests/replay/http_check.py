@@ -24,7 +24,7 @@ from extender.filter import FilterOutcome
 from extender.wire import BindingArgs, ExtenderArgs
 from loadtests.replay.engine import Outcome, replay
 from loadtests.replay.model import ClusterNode, Job
-from loadtests.replay.policies import NAMESPACE, ExtenderPolicy
+from loadtests.replay.policies import ExtenderPolicy
 
 IN_PROCESS = "(4) ours, with delivery"
 OVER_HTTP = "(5) ours over HTTP"

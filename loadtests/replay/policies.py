@@ -68,7 +68,20 @@ def _kube_totals(profile: Profile, job: Job, fleet: Fleet, names: Sequence[str],
     return [(name, scores[shape]) for name, shape in zip(names, shapes)]
 
 
-class StockPolicy:
+class _KubeSearch:
+    """kube-scheduler's search for feasible nodes: percentageOfNodesToScore of them, each pod's search starting
+    where the last one stopped."""
+
+    profile: Profile
+    next_start: int
+
+    def feasible(self, job: Job, fleet: Fleet) -> list[str]:
+        wanted = feasible_nodes_to_find(self.profile.percentage_of_nodes_to_score, len(fleet.nodes))
+        names, self.next_start = fleet.find_feasible(job, wanted, self.next_start)
+        return names
+
+
+class StockPolicy(_KubeSearch):
     """kube-scheduler with a profile chooses the node by count; the stock device plugin chooses the GPUs."""
 
     def __init__(self, name: str, profile: Profile) -> None:
@@ -76,8 +89,7 @@ class StockPolicy:
         self.next_start = 0
 
     def place(self, job: Job, fleet: Fleet, rng: random.Random) -> Placement | None:
-        names, self.next_start = fleet.find_feasible(
-            job, feasible_nodes_to_find(self.profile.percentage_of_nodes_to_score, len(fleet.nodes)), self.next_start)
+        names = self.feasible(job, fleet)
         if not names:
             return None
         node = select_host(_kube_totals(self.profile, job, fleet, names), rng)
@@ -115,7 +127,7 @@ class StockPluginCluster(DemoCluster):
         self.delivered[pod["metadata"]["uid"]] = {"main": tuple(uuids[index] for index in chosen)}
 
 
-class ExtenderPolicy:
+class ExtenderPolicy(_KubeSearch):
     """Our extender in-process: kube-scheduler's count filter, then the extender's filter, prioritize combined
     with the shipped profile's plugins, and bind; the GPUs are what the kubelet then delivered."""
 
@@ -133,8 +145,7 @@ class ExtenderPolicy:
         self.next_start = 0
 
     def place(self, job: Job, fleet: Fleet, rng: random.Random) -> Placement | None:
-        names, self.next_start = fleet.find_feasible(
-            job, feasible_nodes_to_find(self.profile.percentage_of_nodes_to_score, len(fleet.nodes)), self.next_start)
+        names = self.feasible(job, fleet)
         if not names:
             return None
         pod = self.pending.get(job.name)
