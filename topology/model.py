@@ -66,11 +66,12 @@ class Topology:
                 raise TopologyError(f"{what} {twice!r} belongs to two GPUs")
         links: dict[tuple[int, int], int] = {}
         per_gpu = [0] * n
+        link_budget = [bounds.max_nvlinks(gpu.model) for gpu in self.gpus]
         for pair in self.nvlinks:
             if not (0 <= pair.a < pair.b < n):
                 raise TopologyError(f"NVLink pair ({pair.a}, {pair.b}) is not a pair of distinct GPUs 0..{n - 1} "
                                     "with a < b")
-            budget = min(bounds.max_nvlinks(self.gpus[pair.a].model), bounds.max_nvlinks(self.gpus[pair.b].model))
+            budget = min(link_budget[pair.a], link_budget[pair.b])
             if not 1 <= pair.links <= budget:
                 raise TopologyError(f"NVLink pair ({pair.a}, {pair.b}) has {pair.links} links; these GPUs have "
                                     f"1 to {budget}")
@@ -80,10 +81,10 @@ class Topology:
             per_gpu[pair.a] += pair.links
             per_gpu[pair.b] += pair.links
         if not self.nvswitch:
-            for gpu, count in zip(self.gpus, per_gpu):
-                if count > bounds.max_nvlinks(gpu.model):
-                    raise TopologyError(f"GPU{gpu.index} has {count} NVLinks to its peers, more than the "
-                                        f"{bounds.max_nvlinks(gpu.model)} it has, and there is no NVSwitch")
+            for index, (count, budget) in enumerate(zip(per_gpu, link_budget)):
+                if count > budget:
+                    raise TopologyError(f"GPU{index} has {count} NVLinks to its peers, more than the {budget} it "
+                                        "has, and there is no NVSwitch")
         if len(self.pcie) != n or any(len(row) != n for row in self.pcie):
             raise TopologyError(f"the PCIe matrix must be {n}x{n}")
         for i in range(n):
