@@ -18,7 +18,6 @@ from typing import Protocol
 
 from loadtests.replay.boards import board, board_key
 from loadtests.replay.model import ClusterNode, Job
-from topology.compiled import CompiledTopology
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,25 +60,22 @@ class Fleet:
         if len({node.name for node in nodes}) != len(nodes):
             raise ValueError("cluster node names must be unique")
         self.nodes = tuple(nodes)
-        self.by_name = {node.name: node for node in nodes}
         self.key = {node.name: board_key(node) for node in nodes}
-        self.compiled: dict[str, CompiledTopology] = {name: board(key) for name, key in self.key.items()}
-        self.size = {name: board.size for name, board in self.compiled.items()}
-        self.free = {name: board.full_mask for name, board in self.compiled.items()}
+        compiled = {name: board(key) for name, key in self.key.items()}
+        self.size = {name: topology.size for name, topology in compiled.items()}
+        self.free = {name: topology.full_mask for name, topology in compiled.items()}
         self.free_count = dict(self.size)
-        self.pools: dict[str | None, tuple[str, ...]] = {None: tuple(node.name for node in nodes)}
+        pools: dict[str | None, list[str]] = {None: [node.name for node in nodes]}
         for node in nodes:
-            self.pools[node.gpu_model] = (*self.pools.get(node.gpu_model, ()), node.name)
-        self.members = {model: frozenset(names) for model, names in self.pools.items()}
+            pools.setdefault(node.gpu_model, []).append(node.name)
+        self.pools = {model: tuple(names) for model, names in pools.items()}
+        self.members = {model: frozenset(names) for model, names in pools.items()}
 
-    def pool(self, job: Job) -> tuple[str, ...]:
-        """The nodes the job's node selector allows."""
-        return self.pools.get(job.gpu_model, ())
-
-    def fits_by_count(self, job: Job) -> list[str]:
-        """kube-scheduler's own filter: the node selector (NodeAffinity) and enough free GPUs (NodeResourcesFit)."""
+    def fits_by_count(self, job: Job) -> bool:
+        """kube-scheduler's own filter passes some node: the node selector (NodeAffinity) and enough free GPUs
+        (NodeResourcesFit)."""
         free = self.free_count
-        return [name for name in self.pool(job) if free[name] >= job.gpus]
+        return any(free[name] >= job.gpus for name in self.pools.get(job.gpu_model, ()))
 
     def find_feasible(self, job: Job, limit: int, start: int) -> tuple[list[str], int]:
         """kube-scheduler's filter pass: nodes in cluster order from `start`, round the end, until `limit` are
