@@ -296,6 +296,16 @@ class AdmissionPolicy:
         return Verdict(applies=True, messages=messages)
 
 
+def assert_denied(policy: AdmissionPolicy, request: Doc, expected: list[str]) -> None:
+    """The policy denies the request with one message per expected part, none an evaluation error."""
+    verdict = policy.admit(request)
+    assert verdict.applies and not verdict.allowed
+    assert not [m for m in verdict.messages if m.startswith("evaluation error")], verdict.messages
+    assert len(verdict.messages) == len(expected), verdict.messages
+    for part in expected:
+        assert any(part in message for message in verdict.messages), (part, verdict.messages)
+
+
 @dataclass
 class ReplicaPod:
     """One extender Pod in the rollout model: its template revision, whether its caches are synced, whether it

@@ -51,6 +51,7 @@ from manifest_checks import (
     AdmissionPolicy,
     Doc,
     ReplicaPod,
+    assert_denied,
     container,
     flag_values,
     flatten_rules,
@@ -1537,16 +1538,6 @@ def test_bind_policy_allows_every_other_pod_write(case: str) -> None:
 @pytest.mark.parametrize("case", list(BIND_DENIED))
 def test_bind_policy_denies_forging_changing_or_removing_the_bind_annotations(case: str) -> None:
     assert_denied(BIND, *BIND_DENIED[case])
-
-
-def assert_denied(policy: AdmissionPolicy, request: Doc, expected: list[str]) -> None:
-    """The policy denies the request with one message per expected part, none an evaluation error."""
-    verdict = policy.admit(request)
-    assert verdict.applies and not verdict.allowed
-    assert not [m for m in verdict.messages if m.startswith("evaluation error")], verdict.messages
-    assert len(verdict.messages) == len(expected), verdict.messages
-    for part in expected:
-        assert any(part in message for message in verdict.messages), (part, verdict.messages)
 
 
 @pytest.mark.parametrize(
