@@ -7,14 +7,11 @@ each line matches the pod's `gpu-topology.io/containers` annotation.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
+from topology.agent.claims import Listed
 from topology.agent.devices import MIG, GpuIds
 from topology.compiled import compile_topology
 from topology.model import Topology
 from topology.select import ring_gbps
-
-Listed = Mapping[tuple[str, str], Mapping[str, tuple[str, ...]]]
 
 
 def holders_table(topology: Topology, listed: Listed) -> str:
@@ -25,10 +22,10 @@ def holders_table(topology: Topology, listed: Listed) -> str:
     held: set[int] = set()
     for (namespace, pod), containers in sorted(listed.items()):
         for container, devices in sorted(containers.items()):
-            gpus = [ids.resolve(device) for device in devices]
-            known = sorted({index[gpu] for gpu in gpus if gpu is not None and gpu != MIG})
             if not devices:
                 continue
+            gpus = [ids.resolve(device) for device in devices]
+            known = sorted({index[gpu] for gpu in gpus if gpu is not None and gpu != MIG})
             held |= set(known)
             ring = ring_gbps(compiled, known)
             strange = [device for device, gpu in zip(devices, gpus, strict=True) if gpu is None or gpu == MIG]
