@@ -104,9 +104,6 @@ class ExtenderService:
             return "caches not synced"
         return None
 
-    def ready(self) -> bool:
-        return self.readiness() is None
-
     def leads(self) -> bool:
         """True while this replica leads an election with its ledger rebuilt: its Pod should carry the label."""
         return self.leader is not None and self._not_leading() is None
