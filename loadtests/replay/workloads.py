@@ -52,9 +52,7 @@ def _trace_rows(path: Path) -> list[dict[str, str]]:
 def trace_statistics(path: Path = DATA / PODS) -> TraceStatistics:
     """The GPUs-per-pod mix and the lognormal fit of completed pods' durations, from the shipped trace copy."""
     rows = _trace_rows(path)
-    mix: dict[int, int] = {}
-    for row in rows:
-        mix[int(row["num_gpu"])] = mix.get(int(row["num_gpu"]), 0) + 1
+    mix = Counter(int(row["num_gpu"]) for row in rows)
     logs = [math.log(int(row["deletion_time"]) - int(row["creation_time"])) for row in rows
             if row["pod_phase"] in ("Succeeded", "Failed")]
     mu = sum(logs) / len(logs)
@@ -88,14 +86,13 @@ def synthetic(cluster: Sequence[ClusterNode], load: float, jobs: int = 2000, see
     if not sizes or any(not 1 <= size <= max(largest.values()) for size in sizes) or min(gpu_mix.values()) <= 0:
         raise ValueError(f"gpu_mix {dict(gpu_mix)}: sizes must fit the largest node ({max(largest.values())}) "
                          "and weights be positive")
+    pools = {size: sorted(name for name, most in largest.items() if most >= size) for size in sizes}
+    weights = {size: [capacity[name] for name in pools[size]] for size in sizes}
     rng = random.Random(seed)
     drawn: list[Job] = []
     submit = 0.0
     for index, size in enumerate(rng.choices(sizes, weights=[gpu_mix[size] for size in sizes], k=jobs)):
-        pool = None
-        if select_pool:
-            pools = sorted(name for name, most in largest.items() if most >= size)
-            pool = rng.choices(pools, weights=[capacity[name] for name in pools])[0]
+        pool = rng.choices(pools[size], weights=weights[size])[0] if select_pool else None
         submit += rng.expovariate(1.0)
         drawn.append(Job(f"syn-{index:06d}", submit, rng.lognormvariate(duration_mu, duration_sigma), size, pool))
     return at_load(drawn, cluster, load)
@@ -106,8 +103,7 @@ def offered_load(jobs: Sequence[Job], cluster: Sequence[ClusterNode]) -> float:
     last arrival) with each duration capped at the window's length: a pod that outlives the whole window asks
     for the window, not for more. For a steady stream the cap changes nothing; for the Alibaba trace it keeps
     150 censored pods (93 % of its GPU-seconds, months long) from passing for load."""
-    window = _window(jobs)
-    return _load(_parts(jobs), window, window, _capacity(cluster))
+    return _load(_parts(jobs), _window(jobs), _capacity(cluster))
 
 
 def at_load(jobs: Sequence[Job], cluster: Sequence[ClusterNode], load: float) -> tuple[Job, ...]:
@@ -124,7 +120,7 @@ def at_load(jobs: Sequence[Job], cluster: Sequence[ClusterNode], load: float) ->
     low, high = 1e-12, 1e12  # the factor: the load falls as it grows (each job's share min(d/fW, 1) does)
     for _ in range(200):
         middle = math.sqrt(low * high)
-        if _load(parts, window * middle, window * middle, capacity) > load:
+        if _load(parts, window * middle, capacity) > load:
             low = middle
         else:
             high = middle
@@ -138,8 +134,9 @@ def _parts(jobs: Sequence[Job]) -> list[tuple[int, float]]:
     return [(job.gpus, job.duration_s) for job in jobs]
 
 
-def _load(parts: list[tuple[int, float]], cap: float, window: float, capacity: int) -> float:
-    return sum(gpus * min(duration, cap) for gpus, duration in parts) / (capacity * window)
+def _load(parts: list[tuple[int, float]], window: float, capacity: int) -> float:
+    """The offered load over `window`, each duration capped at the window."""
+    return sum(gpus * min(duration, window) for gpus, duration in parts) / (capacity * window)
 
 
 def _window(jobs: Sequence[Job]) -> float:
