@@ -43,10 +43,7 @@ class PodResourcesClient:
         self._allocatable_supported = True
 
     def read(self) -> KubeletDevices:
-        if not os.path.exists(self.socket_path):
-            self.close()
-            raise PodResourcesUnavailable(f"the pod-resources socket {self.socket_path} does not exist "
-                                          "(is the kubelet running, and its pod-resources directory mounted?)")
+        self._require_socket()
         listed = self._call(api.LIST, api.ListPodResourcesRequest, api.ListPodResourcesResponse)
         assigned = tuple(
             ContainerDevices(pod.namespace, pod.name, container.name, devices.resource_name, tuple(devices.device_ids))
@@ -57,8 +54,7 @@ class PodResourcesClient:
                timeout: float | None = None) -> dict[tuple[str, str], dict[str, tuple[str, ...]]]:
         """(namespace, pod) -> container -> the device ids of `resource` it holds, for every pod and container
         List shows (the kubelet lists app containers and sidecars, allocated or not, and no init container)."""
-        if not os.path.exists(self.socket_path):
-            raise PodResourcesUnavailable(f"the pod-resources socket {self.socket_path} does not exist")
+        self._require_socket()
         answer = self._call(api.LIST, api.ListPodResourcesRequest, api.ListPodResourcesResponse, timeout)
         listed: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
         for pod in answer.pod_resources:
@@ -68,6 +64,13 @@ class PodResourcesClient:
                     device_id for devices in container.devices if devices.resource_name == resource
                     for device_id in devices.device_ids)
         return listed
+
+    def _require_socket(self) -> None:
+        """PodResourcesUnavailable when the socket is gone; the channel is dropped, so a new socket is dialled."""
+        if not os.path.exists(self.socket_path):
+            self.close()
+            raise PodResourcesUnavailable(f"the pod-resources socket {self.socket_path} does not exist "
+                                          "(is the kubelet running, and its pod-resources directory mounted?)")
 
     def _allocatable(self) -> dict[str, tuple[str, ...]] | None:
         if not self._allocatable_supported:
