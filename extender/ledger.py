@@ -47,6 +47,8 @@ class Ledger:
         self._by_pod: dict[str, Assignment] = {}
         self._by_node: dict[str, dict[str, Assignment]] = {}
         self._released: dict[str, dict[str, float]] = {}
+        # The UNCERTAIN entries, so that the sweep each bind makes reads them alone, not every pod's.
+        self._uncertain: dict[str, Assignment] = {}
 
     def __len__(self) -> int:
         return len(self._by_pod)
@@ -71,6 +73,10 @@ class Ledger:
                 self._drop_from_node(previous)
             self._by_pod[assignment.pod_uid] = assignment
             self._by_node.setdefault(assignment.node, {})[assignment.pod_uid] = assignment
+            if assignment.phase is Phase.UNCERTAIN:
+                self._uncertain[assignment.pod_uid] = assignment
+            else:
+                self._uncertain.pop(assignment.pod_uid, None)
             released = self._released.get(assignment.node)
             if released:
                 for gpu in assignment.gpus:
@@ -83,6 +89,7 @@ class Ledger:
             if entry is None:
                 return None
             self._drop_from_node(entry)
+            self._uncertain.pop(pod_uid, None)
             if freed:
                 released = self._released.setdefault(entry.node, {})
                 for gpu in entry.gpus:
@@ -101,6 +108,7 @@ class Ledger:
         with self.lock:
             for uid in list(self._by_node.pop(node, {})):
                 self._by_pod.pop(uid, None)
+                self._uncertain.pop(uid, None)
             self._released.pop(node, None)
 
     def pods(self) -> list[Assignment]:
@@ -110,8 +118,7 @@ class Ledger:
     def expired(self, now: float) -> list[Assignment]:
         """UNCERTAIN entries whose wait for the outcome is over."""
         with self.lock:
-            return [entry for entry in self._by_pod.values()
-                    if entry.phase is Phase.UNCERTAIN and entry.expires is not None and entry.expires <= now]
+            return [entry for entry in self._uncertain.values() if entry.expires is not None and entry.expires <= now]
 
     def _drop_from_node(self, entry: Assignment) -> None:
         node_entries = self._by_node.get(entry.node, {})
