@@ -8,7 +8,11 @@ tests/test_agent_manifests.py (the node agent in both modes and its admission po
 
 from __future__ import annotations
 
+import functools
 import re
+import subprocess
+import sys
+import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,6 +116,19 @@ def flatten_rules(rules: list[Doc]) -> set[tuple[str, str, str, tuple[str, ...]]
                 for verb in rule["verbs"]:
                     flat.add((group, resource, verb, tuple(rule.get("resourceNames", ()))))
     return flat
+
+
+@functools.cache
+def console_script_help(script: str, *args: str) -> str:
+    """What `script [args] --help` prints, run from the source tree through the entry point pyproject.toml gives
+    it ("module:function"), so no reinstall is needed."""
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, function = scripts[script].split(":")
+    run = f"import sys; from {module} import {function} as main; sys.exit(main())"
+    result = subprocess.run([sys.executable, "-c", run, *args, "--help"], cwd=ROOT, check=False,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
 
 
 _QUANTITY = re.compile(r"([0-9.]+)(m|k|M|G|T|Ki|Mi|Gi|Ti)?")

@@ -38,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
@@ -52,11 +51,11 @@ from topology.agent.deviceplugin import CDI_SPEC_DIRS as AGENTS_CDI_SPEC_DIRS
 from manifest_checks import (
     CONFIG,
     KUBERNETES_VERSION,
-    ROOT,
     AdmissionPolicy,
     Doc,
     Verdict,
     assert_denied,
+    console_script_help,
     container,
     documents,
     flag_values,
@@ -747,25 +746,14 @@ def test_deliver_agent_flags() -> None:
     assert [s.value for s in strategies] == ["cdi-annotations", "cdi-cri"]
 
 
-def _agent_help() -> str:
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"].get("scripts", {})
-    # The script's own entry point ("module:function"), run from the source tree, so no reinstall is needed.
-    module, function = scripts["gpu-topology-agent"].split(":")
-    run = f"import sys; from {module} import {function} as main; sys.exit(main())"
-    result = subprocess.run([sys.executable, "-c", run, "--help"], cwd=ROOT, check=False, capture_output=True,
-                            text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
 def test_the_agents_console_script_accepts_the_report_daemonsets_flags() -> None:
-    help_text = _agent_help()
+    help_text = console_script_help("gpu-topology-agent")
     for flag in FLAGS:
         assert flag in help_text, flag
 
 
 def test_the_agents_console_script_accepts_the_deliver_daemonsets_flags() -> None:
-    help_text = _agent_help()
+    help_text = console_script_help("gpu-topology-agent")
     if "--mode" not in help_text:
         pytest.skip("gpu-topology-agent has no --mode yet (the device plugin has not landed): agent-deliver.yaml "
                     "passes --mode, --device-plugin-dir and --device-list-strategy")
