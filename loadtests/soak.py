@@ -37,9 +37,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
 
 from bench_select import percentile, run_header, write_section  # noqa: E402
 from load_extender import VERBS, Client, Samples, Server, _loadavg, _post  # noqa: E402
+
+from loadtests.replay.kube_scores import feasible_nodes_to_find  # noqa: E402
 
 BEGIN, END = "<!-- soak:begin -->", "<!-- soak:end -->"
 WARMUP_SECONDS = 60.0  # RSS slope is fitted after this: the first minute fills caches that then stay
@@ -61,10 +64,7 @@ class Interval:
 
 def names_per_cycle(nodes: int) -> int:
     """kube-scheduler's numFeasibleNodesToFind with the default percentageOfNodesToScore (0: adaptive)."""
-    if nodes < 100:
-        return nodes
-    percentage = max(5, 50 - nodes // 125)
-    return max(100, nodes * percentage // 100)
+    return feasible_nodes_to_find(0, nodes)
 
 
 def rss_mb(pid: int) -> float:

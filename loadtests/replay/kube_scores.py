@@ -38,7 +38,6 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-import yaml
 
 MAX_NODE_SCORE = 100
 MAX_EXTENDER_PRIORITY = 10
@@ -77,6 +76,8 @@ resources at weight 10 (as NVIDIA's and most bin-packing guides configure it); e
 
 def shipped_profile(path: Path = SHIPPED_CONFIG) -> Profile:
     """The profile scheduler-config/ deploys with our extender, read from the file so the replay follows it."""
+    import yaml  # the harness extra; imported here so that the soak can use this module's node count without it
+
     config = yaml.safe_load(path.read_text(encoding="utf-8"))
     profile = config["profiles"][0]
     disabled = {entry["name"] for entry in profile.get("plugins", {}).get("multiPoint", {}).get("disabled", [])}
