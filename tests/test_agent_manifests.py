@@ -276,9 +276,7 @@ def test_deliver_agent_mounts_the_device_plugins_directory_and_nothing_else_writ
     assert DELIVER_FLAGS["--socket"] == f"{POD_RESOURCES_DIR}/kubelet.sock"
     assert DELIVER_FLAGS["--device-plugin-dir"].rstrip("/") == DEVICE_PLUGIN_DIR
     # The CDI directories are where the agent looks for specs (topology/agent/deviceplugin.py).
-    from topology.agent.deviceplugin import CDI_SPEC_DIRS as AGENTS_CDI_DIRS
-
-    assert tuple(AGENTS_CDI_DIRS) == CDI_SPEC_DIRS
+    assert tuple(AGENTS_CDI_SPEC_DIRS) == CDI_SPEC_DIRS
 
 
 def test_the_init_container_watches_nvidias_plugin_socket_read_only() -> None:
