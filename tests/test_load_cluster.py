@@ -22,7 +22,7 @@ def held_twice(cluster: load.LoadCluster) -> list[str]:
     return [gpu for gpu, count in counts.items() if count > 1]
 
 
-def test_pods_bind_churn_and_boards_are_replaced_with_no_gpu_twice(tmp_path: Path) -> None:
+def test_pods_bind_churn_and_boards_are_replaced_with_no_gpu_twice() -> None:
     service, cluster, churn, facts = load.build(60, 0.45, 50, seed=1)
     assert facts["used_gpus"] >= 0.45 * facts["gpus"]
     churn.thread.start()

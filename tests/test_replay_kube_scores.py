@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import random
 
-from loadtests.replay.kube_scores import (DEFAULT, GPU_PACKING, balanced_score, fit_score, score_gpu_node,
-                                          select_host, shipped_profile)
+from loadtests.replay.kube_scores import (DEFAULT, GPU_PACKING, balanced_score, feasible_nodes_to_find, fit_score,
+                                          score_gpu_node, select_host, shipped_profile)
 
 CPU_MEM = (("cpu", 1), ("memory", 1))
 POD = {"cpu": 3000, "memory": 5000}
@@ -55,7 +55,6 @@ def test_select_host_takes_the_best_and_breaks_ties_by_the_seeded_draw() -> None
 
 
 def test_feasible_nodes_to_find_is_kube_schedulers_adaptive_share() -> None:
-    from loadtests.replay.kube_scores import feasible_nodes_to_find
     assert [feasible_nodes_to_find(0, n) for n in (99, 150, 1213, 5000, 10000)] == [99, 100, 497, 500, 500]
     assert feasible_nodes_to_find(100, 1213) == 1213 and feasible_nodes_to_find(10, 5000) == 500
     assert shipped_profile().percentage_of_nodes_to_score == 100  # scheduler-config sends every node to us

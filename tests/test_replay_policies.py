@@ -62,7 +62,7 @@ def test_ours_with_delivery_keeps_nvlink_pairs_whole_where_quantity_only_breaks_
     node = ClusterNode("a6000-a", "rtx-a6000-pairs", "A6000")
     topology = PLATFORMS["rtx-a6000-pairs"].topology()
     compiled = compile_topology(topology)
-    assert [pair for pair in compiled_pairs(8) if topology.nvlink_count(*pair)] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert [pair for pair in topology.pairs() if topology.nvlink_count(*pair)] == [(0, 1), (2, 3), (4, 5), (6, 7)]
     jobs = [Job("s0", 0, 10, 1), Job("s1", 1, 9, 1), Job("s2", 2, INF, 1), Job("s3", 3, 7, 1),
             Job("x", 11, INF, 1), Job("y1", 12, INF, 2), Job("y2", 13, INF, 2), Job("y3", 14, INF, 2)]
     bridged = ring_gbps(compiled, (0, 1))
@@ -71,10 +71,6 @@ def test_ours_with_delivery_keeps_nvlink_pairs_whole_where_quantity_only_breaks_
     assert ours[4] == ("a6000-a", (3,)) and stock[4] == ("a6000-a", (0,))
     assert [ring_gbps(compiled, gpus) == bridged for _, gpus in ours[5:]] == [True, True, True]
     assert [ring_gbps(compiled, gpus) == bridged for _, gpus in stock[5:]] == [True, True, False]
-
-
-def compiled_pairs(size: int) -> list[tuple[int, int]]:
-    return [(i, j) for i in range(size) for j in range(i + 1, size)]
 
 
 def test_scheduling_only_gets_the_stock_plugins_gpus_and_its_ledger_follows_them() -> None:
