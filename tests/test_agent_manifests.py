@@ -214,19 +214,14 @@ def node_labels(gpu: tuple[str, ...], mode: str | None, plugin: str | None) -> d
 def test_every_gpu_node_runs_exactly_one_agent(gpu: tuple[str, ...], mode: str | None, plugin: str | None) -> None:
     labels = node_labels(gpu, mode, plugin)
     report, deliver = runs_on(POD, labels), runs_on(DELIVER_POD, labels)
+    # Never beside the GPU operator's device plugin (two plugins for one resource).
+    assert not (deliver and runs_on(OPERATOR_PLUGIN_POD, labels))
     if not gpu:
         assert not report and not deliver
         return
     assert report != deliver  # one agent, never two (they would both write the node's state)
     # Delivery exactly where the admin switched it on and the operator's plugin is off.
     assert deliver == (mode == "deliver" and plugin == "false")
-
-
-@pytest.mark.parametrize(("gpu", "mode", "plugin"), NODE_LABEL_CASES)
-def test_the_deliver_agent_never_runs_beside_the_operators_device_plugin(
-        gpu: tuple[str, ...], mode: str | None, plugin: str | None) -> None:
-    labels = node_labels(gpu, mode, plugin)
-    assert not (runs_on(DELIVER_POD, labels) and runs_on(OPERATOR_PLUGIN_POD, labels))
 
 
 def test_node_selection_is_readable() -> None:
