@@ -163,10 +163,7 @@ class LoadCluster(DemoCluster):
             self.boards_replaced += 1
             gpus = tuple(replace(gpu, numa_node=None if gpu.numa_node is None else (gpu.numa_node + 1) % 64)
                          for gpu in self.topologies[name].gpus)
-            topology = with_uuids(f"{name}#{self.boards_replaced}", replace(self.topologies[name], gpus=gpus))
-            self.topologies[name] = topology
-            self._boards[name] = Board(topology)
-            self._answered[name] = {}
+            self._install(name, with_uuids(f"{name}#{self.boards_replaced}", replace(self.topologies[name], gpus=gpus)))
             self.report(name)
             return name
 
@@ -175,11 +172,15 @@ class LoadCluster(DemoCluster):
         with self._lock:
             self.hostile = name
             self.hostile_used = frozenset()
-            self.topologies[name] = topology
-            self._boards[name] = Board(topology)
-            self._answered[name] = {}
+            self._install(name, topology)
             self._on_node[name] = {}
             self.state.nodes.apply("ADDED", self._node(name))
+
+    def _install(self, name: str, topology: Topology) -> None:
+        """The node's board is now `topology`: its node agent starts with no answers given."""
+        self.topologies[name] = topology
+        self._boards[name] = Board(topology)
+        self._answered[name] = {}
 
     def rotate_hostile(self, rng: random.Random) -> int:
         """The hostile node publishes a new set of used GPUs (a free count uniform in 0..n), so no memo of a
