@@ -101,12 +101,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    if bool(args.tls_cert) != bool(args.tls_key):
-        raise ValueError("--tls-cert and --tls-key go together")
-    if args.client_ca and not args.tls_cert:
-        raise ValueError("--client-ca needs --tls-cert and --tls-key")
-    if args.client_name and not args.client_ca:
-        raise ValueError("--client-name needs --client-ca: without client certificates there is no name to check")
+    options = ServeOptions(args.host, args.port, args.tls_cert, args.tls_key, args.client_ca, tuple(args.client_name),
+                           args.log_level)
     if args.leader_elect and args.demo:
         raise ValueError("--leader-elect needs a cluster (--kubeconfig or --in-cluster), not --demo")
     if args.leader_elect and not args.seal_key_file:
@@ -151,8 +147,7 @@ def _serve(args: argparse.Namespace) -> int:
     # uvicorn stops serving on SIGTERM, then raises it again: exit cleanly, through the `finally` below.
     signal.signal(signal.SIGTERM, _exit)
     try:
-        serve(service, ServeOptions(args.host, args.port, args.tls_cert, args.tls_key, args.client_ca,
-                                    tuple(args.client_name), args.log_level))
+        serve(service, options)
     finally:
         if label is not None:  # the Service stops routing here first, then the Lease is handed over at once
             label.stop()

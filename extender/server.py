@@ -47,10 +47,17 @@ class ServeOptions:
     log_level: str = "info"
     limits: Limits = Limits()
 
+    def __post_init__(self) -> None:
+        """TLS options that only work together, checked as the options are made: before the CLI starts anything."""
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("--tls-cert and --tls-key go together")
+        if self.client_ca and not self.tls_cert:
+            raise ValueError("--client-ca needs --tls-cert and --tls-key")
+        if self.client_names and not self.client_ca:
+            raise ValueError("--client-name needs --client-ca: without client certificates there is no name to check")
+
 
 def server_config(service: ExtenderService, options: ServeOptions) -> uvicorn.Config:
-    if options.client_names and not options.client_ca:
-        raise ValueError("--client-name needs --client-ca: without client certificates there is no name to check")
     refused = service.metrics.requests_refused
     protocol = limited_protocol(options.limits, frozenset(options.client_names),
                                 lambda reason: refused.labels("connection", reason).inc())
