@@ -175,12 +175,13 @@ def _paths(document_: Any, prefix: tuple = ()) -> Iterator[tuple]:
 
 def run_mutations(port: int, rng: random.Random, count: int) -> int:
     """Real bodies, one field replaced by a value of a wrong shape."""
-    bodies = [(path.name.split("--")[1].split(".")[0], orjson.loads(path.read_bytes()))
-              for path in sorted(CAPTURES.glob("*--*.json")) if "response" not in path.name]
+    captured = [(path.name.split("--")[1].split(".")[0], orjson.loads(path.read_bytes()))
+                for path in sorted(CAPTURES.glob("*--*.json")) if "response" not in path.name]
+    bodies = [(verb, body, list(_paths(body))[1:]) for verb, body in captured]  # every field, walked once
     client = Client(port)
     for _ in range(count):
-        verb, body = rng.choice(bodies)
-        where = rng.choice(list(_paths(body))[1:])
+        verb, body, fields = rng.choice(bodies)
+        where = rng.choice(fields)
         mutated = copy.deepcopy(body)
         target = mutated
         for step in where[:-1]:
