@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import re
@@ -1932,13 +1933,14 @@ ALERTS = [rule for group in PROMETHEUS_RULE["spec"]["groups"] for rule in group[
 _SERIES_SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum")}
 
 
-def exported_series() -> set[str]:
+@functools.cache
+def exported_series() -> frozenset[str]:
     """The series names a real extender's /metrics can carry (a labelled metric exports no sample until used)."""
     from extender.metrics import Metrics
     from extender.state import ClusterState
 
     families = Metrics(ClusterState()).registry.collect()
-    return {family.name + suffix for family in families for suffix in _SERIES_SUFFIXES[family.type]}
+    return frozenset(family.name + suffix for family in families for suffix in _SERIES_SUFFIXES[family.type])
 
 
 def test_prometheus_rule_is_well_formed() -> None:
