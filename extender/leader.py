@@ -245,10 +245,11 @@ class LeaderElector:
             self._announced = False
         try:
             lease = self.api.get_lease(self.namespace, self.name)
-            if lease is None or LeaseRecord.from_lease(lease).holder != self.identity:
+            current = LeaseRecord.from_lease(lease) if lease is not None else None
+            if current is None or current.holder != self.identity:
                 return
             now = micro_time(self._wall())
-            released = LeaseRecord("", 1, now, now, LeaseRecord.from_lease(lease).transitions)
+            released = LeaseRecord("", 1, now, now, current.transitions)
             self.api.replace_lease(self.namespace, self.name, self._lease(released, lease))
             log.info("leader election: %s released %s/%s", self.identity, self.namespace, self.name)
         except KubeError as error:
