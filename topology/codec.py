@@ -123,10 +123,7 @@ def encode_state(state: NodeState) -> str:
 
 def decode_state(text: str | bytes) -> NodeState:
     document = _load(text, STATE_MAX_BYTES, "state")
-    version = document.get("v")
-    # `type is int`: JSON true and 1.0 compare equal to 1 in Python.
-    if type(version) is not int or version not in _STATE_KEYS:
-        raise CodecError(f"state: version {version!r} is not supported (this build reads 1 and {STATE_VERSION})")
+    version = _version(document, "state", tuple(_STATE_KEYS))
     _exact_keys(document, _STATE_KEYS[version], "state")
     used = _uuids(document["used"], "state.used")
     unhealthy = _uuids(document["unhealthy"], "state.unhealthy")
@@ -196,10 +193,13 @@ def _exact_keys(document: Mapping[str, Any], expected: frozenset[str], where: st
         raise CodecError(f"{where}: unknown field {', '.join(unknown)}")
 
 
-def _version(document: Mapping[str, Any], where: str) -> None:
+def _version(document: Mapping[str, Any], where: str, supported: tuple[int, ...] = (VERSION,)) -> int:
+    version = document.get("v")
     # `type is int`: JSON true and 1.0 compare equal to 1 in Python.
-    if type(document["v"]) is not int or document["v"] != VERSION:
-        raise CodecError(f"{where}: version {document['v']!r} is not supported (this build reads {VERSION})")
+    if type(version) is not int or version not in supported:
+        raise CodecError(f"{where}: version {version!r} is not supported (this build reads "
+                         f"{' and '.join(map(str, supported))})")
+    return version
 
 
 def _gpu(raw: Any, where: str) -> Gpu:
