@@ -45,6 +45,7 @@ class Bound:
 @dataclass(frozen=True, slots=True)
 class _Reservation:
     assignment: Assignment
+    gpus: tuple[str, ...]  # in index order
     annotations: dict[str, str]
     ring_gbps: float | None
 
@@ -57,8 +58,7 @@ def bind_pod(state: ClusterState, selector: Selector, kube: KubeApi, args: Bindi
     reservation = _reserve(state, selector, pod, args)
     if isinstance(reservation, Bound):
         return reservation
-    assignment = reservation.assignment
-    gpus = tuple(reservation.annotations[state.keys.gpus].split(","))
+    assignment, gpus = reservation.assignment, reservation.gpus
     try:
         kube.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, reservation.annotations)
     except Conflict as error:
@@ -134,20 +134,21 @@ def _reservation(state: ClusterState, selector: Selector, pod: PodRequest, args:
                  chosen: int, previous: Assignment | None) -> _Reservation:
     assert view.compiled is not None
     parts = split(selector, view.compiled, chosen, pod.containers)
-    gpus = ",".join(view.gpu_ids(chosen))
+    ids = view.gpu_ids(chosen)
+    gpus = ",".join(ids)
     containers = encode_containers([(part.need.name, view.gpu_ids(part.gpus)) for part in parts])
-    ring = ring_of(selector, view, chosen)
+    ring = _ring_of(selector, view, chosen)
     annotations = {state.keys.gpus: gpus, state.keys.containers: containers,
                    state.keys.seal: state.seal.sign(args.pod_uid, args.node, gpus, containers)}
     if ring is not None:
         annotations[state.keys.ring_bandwidth] = f"{ring:g}"
-    assignment = previous or Assignment(args.pod_uid, pod.key, args.node, frozenset(view.gpu_ids(chosen)),
-                                        state.clock(), Phase.BINDING)
+    assignment = previous or Assignment(args.pod_uid, pod.key, args.node, frozenset(ids), state.clock(),
+                                        Phase.BINDING)
     state.record(replace(assignment, phase=Phase.BINDING, expires=None))
-    return _Reservation(assignment, annotations, ring)
+    return _Reservation(assignment, ids, annotations, ring)
 
 
-def ring_of(selector: Selector, view: NodeView, gpus: int) -> float | None:
+def _ring_of(selector: Selector, view: NodeView, gpus: int) -> float | None:
     assert view.compiled is not None
     choice = selector.select(view.compiled, gpus, Request(gpus.bit_count()))
     return choice.ring_gbps if isinstance(choice, Choice) else None
