@@ -13,10 +13,12 @@ from collections.abc import Sequence
 
 import orjson
 
+from topology import bounds
+
 CONTAINERS_MAX_BYTES = 16 * 1024
 MAX_CONTAINERS = 64
-MAX_GPUS_PER_CONTAINER = 64
-GPU_ID_MAX = 64  # a UUID is 40 characters (GPU-8-4-4-4-12)
+MAX_GPUS_PER_CONTAINER = bounds.MAX_GPUS  # no container gets more GPUs than a node may have
+GPU_ID_MAX = bounds.MAX_ID_LENGTH  # the longest GPU id a node may publish
 _CONTAINER_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS label, as the API requires
 _GPU_ID = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.:]*$")
 
