@@ -736,8 +736,8 @@ def start_extender(workdir: Path, admin_kubeconfig: Path, pki: Pki, stack: ExitS
         "--kubeconfig", admin_kubeconfig,
         "--host", "127.0.0.1", "--port", str(port),
         "--tls-cert", pki.cert("extender"), "--tls-key", pki.key("extender"), "--client-ca", pki.ca,
-        # Pinned as in scheduler-config/extender.yaml: kube-scheduler, and the extender's own certificate,
-        # which the harness's readiness probe presents.
+        # Clients pinned by name, as scheduler-config/extender.yaml does with its own names: this harness's
+        # kube-scheduler certificate, and the extender's own, which the harness's readiness probe presents.
         "--client-name", "system:kube-scheduler", "--client-name", "gpu-topology-extender",
     ], workdir / "logs" / "extender.log", env=env, cwd=ROOT)
     stack.callback(process.stop)
