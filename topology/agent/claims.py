@@ -329,7 +329,7 @@ def _answer(request: Preferred | Allocation, ask: _Ask, board: Board, reserved: 
 
 
 def _with(decision: Decision, ids: tuple[str, ...], outcome: Outcome, reason: str) -> Decision:
-    return Decision(ids, outcome, decision.pod, decision.container, decision.planned, decision.rivals, reason)
+    return replace(decision, ids=ids, outcome=outcome, reason=reason)
 
 
 def _blind(request: Preferred | Allocation, board: Board, reason: str) -> Decision:
