@@ -11,6 +11,7 @@ One job per module. The pure core imports neither Kubernetes nor gRPC:
 | `loop.py` | the polling loop: observe, plan, patch, wait (`topology/backoff.py` after failures); stops on an Event |
 | `claims.py` | which pod and container a device-plugin call is for, and which GPUs to answer |
 | `allocate.py` | Allocate's answer in NVIDIA's device list strategies (envvar, volume-mounts, CDI) |
+| `holders.py` | `--holders`: which container holds which GPUs, as pod-resources says, with each set's ring |
 
 The edges, the only modules that import gRPC or the Kubernetes client:
 
@@ -22,5 +23,6 @@ The edges, the only modules that import gRPC or the Kubernetes client:
 | `pods.py` | the pods bound to this node (field selector), bounded, through the same client |
 | `deviceplugin.py` | the device plugin API v1beta1 over gRPC: serve, register, re-register, the four calls |
 | `deviceplugin_v1beta1/` | that API's messages, built from the committed descriptor of `api.proto` |
+| `proto.py`, `regenerate.py` | message classes from a committed descriptor; `regenerate.py` remakes the descriptors |
 | `cli.py` | argument parsing, wiring, signals, exit codes |
 """
