@@ -2,7 +2,8 @@
 
 It plays the API server (it implements `KubeApi`: pod reads, Bindings with annotations, Events), each
 node's kubelet with the node agent's device plugin in `--mode deliver` (a bound pod is admitted container by
-container, each asking the agent's own attribution and answer, `topology.agent.claims`), and each node's agent (after every bind or pod end it republishes the node's `state` annotation with the GPUs its pods
+container, each asking the agent's own attribution and answer, `topology.agent.claims`), and each node's
+agent (after every bind or pod end it republishes the node's `state` annotation with the GPUs its pods
 hold), and feeds the extender's `ClusterState` the same raw objects the watches would.
 """
 
