@@ -260,6 +260,14 @@ class KubernetesApi:
             raise _translate(exc, what) from None
         return _read(resp, what)
 
+    def _object(self, what: str, kind: str, method: Any, /, *args: Any) -> dict:
+        """One object (a Pod, a Lease) by a call bounded by `timeout`, or a KubeError."""
+        body = self._call(what, method, *args, _request_timeout=(self.timeout, self.timeout))
+        parsed = _parse(body, what)
+        if not isinstance(parsed, dict):
+            raise KubeError(f"{what}: the answer is not a {kind}")
+        return parsed
+
     def _list(self, what: str, method: Any, **kwargs: Any) -> tuple[list[dict], str]:
         body = self._call(what, method, _request_timeout=(self.timeout, self.list_timeout), **kwargs)
         parsed = _parse(body, what)
@@ -307,13 +315,7 @@ class KubernetesApi:
 
     def get_pod(self, namespace: str, name: str) -> dict:
         """The pod as the API server has it now (bind reads it when the watch has not delivered it yet)."""
-        what = f"get pod {namespace}/{name}"
-        body = self._call(what, self._core.read_namespaced_pod, name, namespace,
-                          _request_timeout=(self.timeout, self.timeout))
-        pod = _parse(body, what)
-        if not isinstance(pod, dict):
-            raise KubeError(f"{what}: the answer is not a Pod")
-        return pod
+        return self._object(f"get pod {namespace}/{name}", "Pod", self._core.read_namespaced_pod, name, namespace)
 
     def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
         """POST pods/{name}/binding. The API server sets `spec.nodeName` and merges the Binding's annotations
@@ -349,18 +351,11 @@ class KubernetesApi:
 
     # -- the leader election's Lease (extender.leader.LeaseApi) --------------------------------------------------
 
-    def _lease_call(self, what: str, method: Any, /, *args: Any) -> dict:
-        body = self._call(what, method, *args, _request_timeout=(self.timeout, self.timeout))
-        lease = _parse(body, what)
-        if not isinstance(lease, dict):
-            raise KubeError(f"{what}: the answer is not a Lease")
-        return lease
-
     def get_lease(self, namespace: str, name: str) -> dict | None:
         """The Lease, or None when there is none yet."""
         try:
-            return self._lease_call(f"get lease {namespace}/{name}", self._coordination.read_namespaced_lease,
-                                    name, namespace)
+            return self._object(f"get lease {namespace}/{name}", "Lease", self._coordination.read_namespaced_lease,
+                                name, namespace)
         except KubeError as error:
             if error.status == 404:
                 return None
@@ -369,13 +364,13 @@ class KubernetesApi:
     def create_lease(self, namespace: str, lease: dict) -> dict:
         """Create the Lease; a 409 (`Conflict`) when another replica created it first."""
         name = (lease.get("metadata") or {}).get("name")
-        return self._lease_call(f"create lease {namespace}/{name}", self._coordination.create_namespaced_lease,
-                                namespace, lease)
+        return self._object(f"create lease {namespace}/{name}", "Lease", self._coordination.create_namespaced_lease,
+                            namespace, lease)
 
     def replace_lease(self, namespace: str, name: str, lease: dict) -> dict:
         """Update the Lease at the resourceVersion in `lease`; a 409 (`Conflict`) when it changed meanwhile."""
-        return self._lease_call(f"update lease {namespace}/{name}", self._coordination.replace_namespaced_lease,
-                                name, namespace, lease)
+        return self._object(f"update lease {namespace}/{name}", "Lease", self._coordination.replace_namespaced_lease,
+                            name, namespace, lease)
 
     def emit_event(
         self, namespace: str, pod_name: str, pod_uid: str, reason: str, message: str, event_type: str = "Warning"
