@@ -39,13 +39,17 @@ def test_pods_bind_churn_and_boards_are_replaced_with_no_gpu_twice() -> None:
             replaced = cluster.replace_board(rng)
             assert replaced is not None, "some node holds no pod at this fill"
             assert service.state.view(replaced).compiled is not boards[replaced], "the extender sees the new board"
-            assert not any(pod["spec"].get("nodeName") == replaced for pod in cluster.pods.values())
+            with cluster._lock:  # the churn thread adds and ends pods meanwhile
+                assert not any(pod["spec"].get("nodeName") == replaced for pod in cluster.pods.values())
     assert bound > 0 and cluster.api_calls >= bound
     assert cluster.boards_replaced > 0
-    assert held_twice(cluster) == []
+    with cluster._lock:  # the churn thread changes pods and deliveries under this lock
+        assert held_twice(cluster) == []
+        delivered = {uid: dict(containers) for uid, containers in cluster.delivered.items()}
+        annotations = {uid: cluster.pods[uid]["metadata"]["annotations"] for uid in delivered}
     # Every pod the kubelet admitted got exactly the GPUs the extender annotated.
-    for uid, containers in cluster.delivered.items():
-        annotated = cluster.pods[uid]["metadata"]["annotations"][service.state.keys.gpus].split(",")
+    for uid, containers in delivered.items():
+        annotated = annotations[uid][service.state.keys.gpus].split(",")
         assert sorted(gpu for held in containers.values() for gpu in held) == sorted(annotated)
 
 
