@@ -9,18 +9,16 @@ instead of 56 GB/s over NVLink.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import yaml
 
-from extender.demo_cluster import with_uuids
 from extender.pod_request import PodRequest, parse_pod
 from extender.scoring import MAX_SCORE, prioritize_nodes
-from extender.scoring.fragmentation import stranded_gbps
+from extender.scoring.fragmentation import lost_gpus
 from extender.state import ClusterState
-from topology.codec import NodeState, encode_state, encode_topology
+from reported_nodes import reported_cluster
 from topology.compiled import compile_topology
 from topology.platforms import PLATFORMS
 from topology.select import Choice, Request, Selector, mask_of
@@ -40,20 +38,7 @@ def extender_weight() -> int:
 
 
 def _cluster(used: dict[str, tuple[str, tuple[int, ...]]]) -> ClusterState:
-    """Nodes as their reporters publish them: the board and the GPUs its pods hold."""
-    state = ClusterState()
-    nodes = []
-    for name, (platform, held) in used.items():
-        topology = with_uuids(name, PLATFORMS[platform].topology())
-        # Observed now: the state of a live reporter (one older than the staleness bound would be unknown).
-        reported = NodeState(frozenset(topology.gpus[i].uuid for i in held), frozenset(), datetime.now(timezone.utc), 1)
-        nodes.append({"metadata": {"name": name, "annotations": {state.keys.topology: encode_topology(topology),
-                                                                  state.keys.state: encode_state(reported)}}})
-    state.nodes.replace(nodes)
-    state.nodes.synced()
-    state.pods.replace([])
-    state.pods.synced()
-    return state
+    return reported_cluster(used)
 
 
 def _pod(state: ClusterState, gpus: int) -> PodRequest:
@@ -103,19 +88,21 @@ def test_the_next_2_gpu_pod_then_gets_the_nvlink_pair() -> None:
     assert _choice(state, "l40s", 2).ring_gbps == 15.75, "the PCIe pair it would have had"
 
 
-@pytest.mark.parametrize(("platform", "free", "chosen", "stranded"), [
-    ("rtx-a6000-pairs", (6, 7), (6,), 56.0),  # GPU7 loses its NV4 partner
-    ("rtx-a6000-pairs", (4, 5, 6, 7), (4, 5), 0.0),  # a whole pair taken: 6-7 keep each other
-    ("rtx-a6000-pairs", (5, 6, 7), (5,), 0.0),  # the lone GPU fills the hole
-    ("pcie-l40s", (3, 4, 5, 6, 7), (3,), 0.0),  # 4-7 keep their NODE partners
-    ("pcie-l40s", (3, 4), (3,), 9.45),  # GPU4 loses its only partner, SYS: 31.5 x 0.3
-    ("dgx-h100", tuple(range(8)), (0,), 0.0),  # behind NVSwitch every free GPU keeps a full-rate partner
-    ("dgx-h100", (0, 1), (0,), 450.0),
+@pytest.mark.parametrize(("platform", "free", "chosen", "lost"), [
+    ("rtx-a6000-pairs", (6, 7), (6,), 2),  # the last free NVLink pair
+    ("rtx-a6000-pairs", (5, 6, 7), (5,), 0),  # the lone GPU fills the hole
+    ("rtx-a6000-pairs", (4, 5, 6, 7), (4, 5), 4),  # a pair for a 2-GPU pod is its own, but socket 4-7 is broken
+    ("pcie-l40s", (3, 4, 5, 6, 7), (3,), 0),  # GPU3 is alone on its socket: socket 4-7 stays whole
+    ("pcie-l40s", (3, 4, 5, 6, 7), (4,), 6),  # the only free socket of four, and with it one of two pairs
+    ("pcie-l40s", (3, 4), (3,), 0),  # one GPU per socket: no full pair to break
+    ("dgx-h100", (0, 1, 2), (0,), 0),  # behind NVSwitch any two GPUs are a full pair: one pair stays
+    ("dgx-h100", (0, 1), (0,), 2),
+    ("dgx1-v100", (0, 1, 2, 3), (0, 3), 4),  # an NVLink pair of the quad: the quad is gone, 1-2 stay a pair
 ])
-def test_stranded_bandwidth_on_real_boards(platform: str, free: tuple[int, ...], chosen: tuple[int, ...],
-                                           stranded: float) -> None:
+def test_full_sets_lost_on_real_boards(platform: str, free: tuple[int, ...], chosen: tuple[int, ...],
+                                       lost: int) -> None:
     compiled = compile_topology(PLATFORMS[platform].topology())
-    assert stranded_gbps(compiled, mask_of(free), mask_of(chosen)) == pytest.approx(stranded)
+    assert lost_gpus(Selector(), compiled, mask_of(free), compiled.full_mask, mask_of(chosen)) == lost
 
 
 def test_a_pod_that_takes_the_whole_pair_is_not_charged_for_it() -> None:

@@ -15,7 +15,7 @@ from functools import partial
 from extender.memo import ShapeMemo
 from extender.pod_request import PodRequest
 from extender.scoring.bandwidth import bandwidth_score
-from extender.scoring.fragmentation import fragmentation_score, stranded_gbps
+from extender.scoring.fragmentation import fragmentation_score, lost_gpus
 from extender.scoring.packing import packing_score
 from extender.state import ClusterState, Key, NodeKey
 from topology.select import Choice, Request, Selector, mask_of
@@ -26,12 +26,12 @@ WEIGHTS = {"bandwidth": 0.6, "packing": 0.1, "fragmentation": 0.3}
 
 @dataclass(frozen=True, slots=True)
 class Offer:
-    """What a node can give the pod now: the chosen set, whether it meets the pod's preferences, and the
-    bandwidth it strands among the GPUs left free (scoring.fragmentation)."""
+    """What a node can give the pod now: the chosen set, whether it meets the pod's preferences, and the GPUs
+    of the full-bandwidth sets it breaks among those left free (scoring.fragmentation)."""
 
     choice: Choice
     meets_preferences: bool
-    stranded_gbps: float
+    lost_gpus: int
 
 
 def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: Sequence[str],
@@ -51,13 +51,13 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
     offers = {key: known[key] for key in boards}
     live = [offer for offer in offers.values() if offer is not None]
     best_ring = max((offer.choice.ring_gbps or 0.0 for offer in live if offer.meets_preferences), default=0.0)
-    most_stranded = max((offer.stranded_gbps for offer in live), default=0.0)
+    most_lost = max((offer.lost_gpus for offer in live), default=0)
     score_of: dict[Key | None, int] = dict.fromkeys(distinct, 0)
     for key, offer in offers.items():
         if offer is not None:
             value = (WEIGHTS["bandwidth"] * bandwidth_score(offer.choice, offer.meets_preferences, best_ring)
                      + WEIGHTS["packing"] * packing_score(key.compiled, key.free, key.unhealthy, pod.request.count)
-                     + WEIGHTS["fragmentation"] * fragmentation_score(offer.stranded_gbps, most_stranded))
+                     + WEIGHTS["fragmentation"] * fragmentation_score(offer.lost_gpus, most_lost))
             score_of[key] = round(MAX_SCORE * value)
     return list(map(score_of.__getitem__, keys))
 
@@ -66,10 +66,11 @@ def _offer(selector: Selector, request: Request, key: NodeKey) -> Offer | None:
     if request.constrained:
         constrained = selector.select(key.compiled, key.free, request)
         if isinstance(constrained, Choice):
-            return _offered(key, constrained, True)
+            return _offered(selector, key, constrained, True)
     plain = selector.select(key.compiled, key.free, Request(request.count))
-    return _offered(key, plain, not request.constrained) if isinstance(plain, Choice) else None
+    return _offered(selector, key, plain, not request.constrained) if isinstance(plain, Choice) else None
 
 
-def _offered(key: NodeKey, choice: Choice, meets_preferences: bool) -> Offer:
-    return Offer(choice, meets_preferences, stranded_gbps(key.compiled, key.free, mask_of(choice.gpus)))
+def _offered(selector: Selector, key: NodeKey, choice: Choice, meets_preferences: bool) -> Offer:
+    healthy = key.compiled.full_mask & ~key.unhealthy
+    return Offer(choice, meets_preferences, lost_gpus(selector, key.compiled, key.free, healthy, mask_of(choice.gpus)))

@@ -1,0 +1,34 @@
+"""A ClusterState fed nodes as their reporters publish them: real boards, the GPUs their pods hold, the GPUs
+NVML calls unhealthy, observed at the state's own clock (a live reporter)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+
+from extender.demo_cluster import with_uuids
+from extender.state import ClusterState
+from topology.codec import NodeState, encode_state, encode_topology
+from topology.platforms import PLATFORMS
+
+
+def reported_cluster(used: Mapping[str, tuple[str, tuple[int, ...]]], *, clock: Callable[[], float] = time.time,
+                     stale_after: float = 120.0,
+                     unhealthy: Mapping[str, tuple[int, ...]] | None = None) -> ClusterState:
+    """`used` maps node name -> (platform, GPUs held); `unhealthy` node name -> sick GPUs."""
+    state = ClusterState(clock=clock, stale_after=stale_after)
+    nodes = []
+    for name, (platform, held) in used.items():
+        topology = with_uuids(name, PLATFORMS[platform].topology())
+        sick = (unhealthy or {}).get(name, ())
+        reported = NodeState(frozenset(topology.gpus[i].uuid for i in held),
+                             frozenset(topology.gpus[i].uuid for i in sick),
+                             datetime.fromtimestamp(clock(), timezone.utc), 1)
+        nodes.append({"metadata": {"name": name, "annotations": {state.keys.topology: encode_topology(topology),
+                                                                  state.keys.state: encode_state(reported)}}})
+    state.nodes.replace(nodes)
+    state.nodes.synced()
+    state.pods.replace([])
+    state.pods.synced()
+    return state
