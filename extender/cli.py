@@ -25,6 +25,7 @@ from extender.server import ServeOptions, serve
 from extender.service import ExtenderService
 from extender.seal import Seal
 from extender.state import BIND_OUTCOME_SECONDS, ClusterState
+from extender.wait import MAX_TOPOLOGY_WAIT_SECONDS, TOPOLOGY_WAIT_SECONDS
 from topology.annotations import DEFAULT_PREFIX, AnnotationKeys
 
 log = logging.getLogger("gpu-topology-extender")
@@ -76,6 +77,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--bind-outcome-seconds", type=float, default=BIND_OUTCOME_SECONDS, metavar="SECONDS",
                        help="how long GPUs stay reserved for a Binding whose answer was lost, while the watch has "
                             "not shown where the pod went (default: kube-apiserver's request timeout, 60)")
+    serve.add_argument("--topology-wait", type=float, default=TOPOLOGY_WAIT_SECONDS, metavar="SECONDS",
+                       help="how long a pod of 2 GPUs or more that states no requirement of its own waits for a node "
+                            "that can give it a full-bandwidth set (the best ring of its size on that node's board), "
+                            "counted from the first time a node could hold it by count; then it takes the best ring "
+                            f"on offer. 0: never wait (default {TOPOLOGY_WAIT_SECONDS:g}; see BENCHMARKS.md)")
     serve.add_argument("--api-timeout", type=float, default=1.2, metavar="SECONDS",
                        help="bound on each API call; bind makes one write (two calls after a conflict), which must "
                             "finish inside kube-scheduler's httpTimeout (3 s in scheduler-config/)")
@@ -103,6 +109,8 @@ def _parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace) -> int:
     options = ServeOptions(args.host, args.port, args.tls_cert, args.tls_key, args.client_ca, tuple(args.client_name),
                            args.log_level)
+    if not 0 <= args.topology_wait <= MAX_TOPOLOGY_WAIT_SECONDS:
+        raise ValueError(f"--topology-wait must be 0 to {MAX_TOPOLOGY_WAIT_SECONDS:g} seconds, not {args.topology_wait}")
     if args.leader_elect and args.demo:
         raise ValueError("--leader-elect needs a cluster (--kubeconfig or --in-cluster), not --demo")
     if args.leader_elect and not args.seal_key_file:
@@ -128,7 +136,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.demo:
         kube = DemoCluster(state)
         _heartbeat(kube)
-        service = ExtenderService(state, kube)
+        service = ExtenderService(state, kube, topology_wait=args.topology_wait)
     else:
         kube = (KubernetesApi.in_cluster(timeout=args.api_timeout) if args.in_cluster
                 else KubernetesApi.from_kubeconfig(args.kubeconfig, timeout=args.api_timeout))
@@ -136,7 +144,8 @@ def _serve(args: argparse.Namespace) -> int:
         pods = Reflector(kube.list_pods, kube.watch_pods, state.pods, name="pods")
         if timings is not None:
             elector = _elector(args, kube, timings)
-        service = ExtenderService(state, kube, leader=elector, pods=pods if elector else None)
+        service = ExtenderService(state, kube, leader=elector, pods=pods if elector else None,
+                                  topology_wait=args.topology_wait)
         nodes.start()
         pods.start()
         if elector is not None and own_pod is not None:

@@ -143,9 +143,12 @@ class DemoCluster:
 
     # What users and kubelets do.
     def create_pod(self, name: str, gpus: int, annotations: Mapping[str, str] | None = None,
-                   namespace: str = "default") -> dict[str, Any]:
+                   namespace: str = "default", created: float | None = None) -> dict[str, Any]:
+        """The pod as the API server stores it, stamped with its creation time (`created`, else now)."""
         uid = hashlib.sha256(f"{namespace}/{name}/{len(self.pods)}".encode()).hexdigest()[:32]
+        stamp = datetime.fromtimestamp(self.clock() if created is None else created, timezone.utc)
         return self.add_pod({"metadata": {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": "1",
+                                          "creationTimestamp": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
                                           "annotations": dict(annotations or {})},
                              "spec": {"containers": [{"name": "main", "resources": {
                                  "limits": {self.state.resource: str(gpus)},

@@ -16,7 +16,9 @@ from operator import eq
 from extender.memo import ShapeMemo
 from extender.pod_request import PodRequest
 from extender.state import ClusterState, Key
+from extender.wait import WAITING, WaitClock
 from topology.compiled import CompiledTopology
+from topology.full_sets import best_ring_gbps, full_choice
 from topology.levels import Interconnect
 from topology.select import Choice, NoFit, NoFitReason, Selector
 
@@ -54,9 +56,10 @@ Verdict = tuple[str, bool] | None
 
 
 def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: Sequence[str],
-                 memo: ShapeMemo[Verdict] | None = None) -> FilterOutcome:
+                 memo: ShapeMemo[Verdict] | None = None, wait: WaitClock | None = None) -> FilterOutcome:
     """One verdict per distinct node key (remembered across requests in `memo`); every pass over the names
-    runs in C builtins, not Python loops."""
+    runs in C builtins, not Python loops. A pod within its topology wait (extender/wait.py) passes only nodes
+    that can give it a full-bandwidth set."""
     if pod.problem is not None:
         return FilterOutcome([], {}, {pod.problem: list(names)})
     if pod.request is None:
@@ -66,8 +69,9 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
     if stale:
         keys = [STALE if name in stale else key for name, key in zip(names, keys, strict=True)]
     distinct = set(keys)
-    known = (memo or ShapeMemo()).answers((pod.request, pod.required), distinct,
-                                          partial(_verdict, selector, pod), state.key_epoch)
+    waiting = wait is not None and wait.waits(pod, state.clock())
+    known = (memo or ShapeMemo()).answers((pod.request, pod.required, waiting), distinct,
+                                          partial(_verdict, selector, pod, waiting), state.key_epoch)
     # Number the distinct verdicts (0 = pass) so that each pass over the names compares small ints.
     numbers: dict[Verdict, int] = {None: 0}
     number_of = {key: numbers.setdefault(known[key], len(numbers)) for key in distinct}
@@ -81,18 +85,18 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
     return outcome
 
 
-def _verdict(selector: Selector, pod: PodRequest, key: Key | None) -> Verdict:
+def _verdict(selector: Selector, pod: PodRequest, waiting: bool, key: Key | None) -> Verdict:
     if key is None:
         return NO_TOPOLOGY, False
     if key == STALE:
         return STALE, True
     if isinstance(key, str):
         return key, False
-    return node_verdict(selector, pod, key.compiled, key.free, key.unhealthy)
+    return node_verdict(selector, pod, key.compiled, key.free, key.unhealthy, waiting)
 
 
 def node_verdict(selector: Selector, pod: PodRequest, compiled: CompiledTopology, free: int,
-                 unhealthy: int) -> Verdict:
+                 unhealthy: int, waiting: bool = False) -> Verdict:
     request = pod.request
     assert request is not None
     healthy = compiled.full_mask & ~unhealthy
@@ -100,6 +104,9 @@ def node_verdict(selector: Selector, pod: PodRequest, compiled: CompiledTopology
         return TOO_SMALL, False
     if free.bit_count() < request.count:
         return NOT_ENOUGH_FREE, True
+    if waiting and best_ring_gbps(selector, compiled, healthy, request.count) is not None and full_choice(
+            selector, compiled, free, healthy, request.count) is None:
+        return WAITING, True
     if not (pod.required and request.constrained):
         return None
     result = selector.select(compiled, free, request)

@@ -30,6 +30,7 @@ from extender.preempt import preempt_nodes
 from extender.memo import ShapeMemo
 from extender.scoring import Offer, prioritize_nodes
 from extender.state import ClusterState
+from extender.wait import TOPOLOGY_WAIT_SECONDS, WaitClock
 from extender.wire import BindingArgs, ExtenderArgs, PreemptionArgs, Victims
 from topology.select import Selector
 
@@ -59,12 +60,14 @@ class Relister(Protocol):
 
 class ExtenderService:
     def __init__(self, state: ClusterState, kube: KubeApi, selector: Selector | None = None, *,
-                 leader: Leadership | None = None, pods: Relister | None = None) -> None:
+                 leader: Leadership | None = None, pods: Relister | None = None,
+                 topology_wait: float = TOPOLOGY_WAIT_SECONDS) -> None:
         if (leader is None) != (pods is None):
             raise ValueError("leader election needs the pod reflector, to rebuild the ledger on each win")
         self.state = state
         self.kube = kube
         self.selector = selector or Selector()
+        self.wait = WaitClock(topology_wait)
         self.leader, self._pod_lists = leader, pods
         self._rebuild: tuple[int, int] | None = None  # (term, ticket of the pod list that rebuilds its ledger)
         if leader is not None:
@@ -82,7 +85,7 @@ class ExtenderService:
 
     def filter(self, args: ExtenderArgs) -> FilterOutcome:
         pod = self.pod_request(args.pod)
-        outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._verdicts)
+        outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._verdicts, self.wait)
         self.metrics.decisions.labels("filter", "pass").inc(len(outcome.passed))
         self.metrics.decisions.labels("filter", "fail").inc(sum(map(len, outcome.failed.values())))
         self.metrics.decisions.labels("filter", "unresolvable").inc(sum(map(len, outcome.unresolvable.values())))
@@ -139,6 +142,7 @@ class ExtenderService:
             log.info("bind %s/%s to %s refused: %s", args.pod_namespace, args.pod_name, args.node, error)
             return str(error)
         self.metrics.decisions.labels("bind", "repeated" if bound.repeated else "bound").inc()
+        self.wait.forget(args.pod_uid)
         if bound.ring_gbps is not None and not bound.repeated:
             self.metrics.ring_gbps.observe(bound.ring_gbps)
         log.info("bound %s/%s to %s on %s (ring %s GB/s)", args.pod_namespace, args.pod_name, args.node,
