@@ -98,3 +98,36 @@ def test_default_kube_scheduler_scores_only_100_of_150_nodes() -> None:
     run = replay(nodes, [Job(f"p{i}", i, INF, 1) for i in range(3)], StockPolicy("quantity", DEFAULT), 1)
     first, second, third = (int(o.placement.node[1:]) for o in run.outcomes)
     assert first < 100 and (second >= 100 or second < 50) and 50 <= third < 150
+
+
+class _DeclineUntil(StockPolicy):
+    """Declines the job `name` (as our extender's filter does within the topology wait) until `until`."""
+
+    def __init__(self, name: str, until: float) -> None:
+        super().__init__("declining", DEFAULT)
+        self.declined, self.until, self.asked = name, until, []
+
+    def place(self, job: Job, fleet: Fleet, rng: random.Random, now: float) -> Placement | None:
+        if job.name == self.declined:
+            self.asked.append(now)
+            if now < self.until:
+                return None
+        return super().place(job, fleet, rng, now)
+
+
+def test_a_declined_pod_is_retried_at_the_next_event_after_its_backoff() -> None:
+    """kube-scheduler requeues a pod the extender refused on any cluster event, once its backoff (1 s, doubling,
+    at most 10 s) has passed; a pod that merely arrives is no cluster event until it is bound."""
+    policy = _DeclineUntil("waits", until=20)
+    jobs = [Job("waits", 0, 5, 2), Job("a", 0.5, INF, 1), Job("b", 3, INF, 1), Job("c", 12, INF, 1),
+            Job("d", 21, INF, 1)]
+    got = {o.job.name: o for o in replay([H100], jobs, policy, 1).outcomes}
+    # 0.5: backoff (1 s) not over; 3: due, declined (next 2 s); 12: declined (next 4 s); 21: placed.
+    assert policy.asked == [0, 3, 12, 21]
+    assert got["waits"].placed_s == 21
+
+
+def test_after_the_last_event_a_declined_pod_is_still_retried() -> None:
+    policy = _DeclineUntil("waits", until=20)
+    got = replay([H100], [Job("waits", 0, 5, 2)], policy, 1).outcomes[0]
+    assert policy.asked[-1] == got.placed_s and 20 <= got.placed_s <= 30  # backoff at most 10 s

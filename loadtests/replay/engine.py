@@ -1,10 +1,14 @@
 """The event-driven replay: pods arrive, are placed by a policy, run and leave.
 
-A pod that cannot be placed when it arrives waits. After each departure the waiting pods are retried in arrival
-order, as kube-scheduler's queue moves unschedulable pods back on a freed node, roughly. Only a pod that some
-node freed by that departure can now hold by count is retried: placements only take GPUs away and a node's
-verdict depends on that node alone, so every other waiting pod would fail again. At one instant departures
-come before arrivals. The only randomness is kube-scheduler's tie-break among equal node scores, drawn from
+A pod that cannot be placed when it arrives waits, and is retried in arrival order as kube-scheduler's queue
+retries it (pkg/scheduler/internal/queue, v1.36):
+- a pod that no node could hold by count (NodeResourcesFit) is retried when a departure frees GPUs on a node
+  of its pool that can now hold it: that plugin's queueing hint. Placements only take GPUs away and a node's
+  verdict depends on that node alone, so every other such pod would fail again;
+- a pod that fit by count but that the policy declined (our extender's filter refused every node) carries the
+  "Extender" rejector, which any cluster event requeues, after the pod's backoff (1 s doubling per attempt, at
+  most 10 s). Its retry is due at the later of that backoff and the next placement or departure.
+At one instant departures come before arrivals. The only randomness is kube-scheduler's tie-break among equal node scores, drawn from
 one `random.Random(seed)` per run, so a run is a function of (cluster, workload, policy, seed).
 """
 
@@ -105,12 +109,25 @@ class Fleet:
         self.free_count[placement.node] += len(placement.gpus)
 
 
+INITIAL_BACKOFF_S = 1.0
+MAX_BACKOFF_S = 10.0
+"""kube-scheduler's podInitialBackoffSeconds and podMaxBackoffSeconds defaults."""
+DECLINED_TAIL_S = 86_400.0
+"""After the last event, declined pods are still retried (kube-scheduler flushes them every 5 minutes) for
+this long, so a policy that declines a pod forever cannot keep a replay running."""
+
+
+def backoff_s(attempts: int) -> float:
+    """A pod's backoff after `attempts` failed scheduling attempts (kube-scheduler's calculateBackoffDuration)."""
+    return min(INITIAL_BACKOFF_S * 2 ** min(attempts - 1, 10), MAX_BACKOFF_S)
+
+
 class Policy(Protocol):
-    """Chooses a node and GPUs for a job on the fleet as it is, or None to keep the job waiting."""
+    """Chooses a node and GPUs for a job on the fleet as it is at `now`, or None to keep the job waiting."""
 
     name: str
 
-    def place(self, job: Job, fleet: Fleet, rng: random.Random) -> Placement | None: ...
+    def place(self, job: Job, fleet: Fleet, rng: random.Random, now: float) -> Placement | None: ...
 
     def release(self, job: Job, placement: Placement) -> None: ...
 
@@ -124,7 +141,10 @@ def replay(nodes: Sequence[ClusterNode], workload: Sequence[Job], policy: Policy
         raise ValueError("job names must be unique: policies follow a job by its name")
     fleet, rng = Fleet(nodes), random.Random(seed)
     placed: list[tuple[float, Placement] | None] = [None] * len(workload)
-    waiting: list[int] = []
+    waiting: dict[int, None] = {}  # in arrival order
+    attempts = [0] * len(workload)
+    declined: list[tuple[float, int]] = []  # (retry due, job) for pods the policy declined
+    due_at: dict[int, float] = {}  # each declined pod's latest due time: older heap entries are void
     departures: list[tuple[float, int]] = []
     horizon = workload[-1].submit_s if workload else 0.0
     sample_times = [horizon * step / samples for step in range(samples + 1)] if samples else []
@@ -137,30 +157,43 @@ def replay(nodes: Sequence[ClusterNode], workload: Sequence[Job], policy: Policy
 
     def attempt(index: int, now: float) -> bool:
         job = workload[index]
+        attempts[index] += 1
         if not fleet.fits_by_count(job):
             return False
-        placement = policy.place(job, fleet, rng)
+        placement = policy.place(job, fleet, rng, now)
         if placement is None:
+            due_at[index] = now + backoff_s(attempts[index])
+            heapq.heappush(declined, (due_at[index], index))
             return False
+        due_at.pop(index, None)
         fleet.take(placement)
         placed[index] = (now, placement)
+        waiting.pop(index, None)
         heapq.heappush(departures, (now + job.duration_s, index))
         return True
+
+    def retry_declined(now: float) -> None:
+        """After a cluster event: the declined pods whose backoff has passed, in arrival order."""
+        due: list[int] = []
+        while declined and declined[0][0] <= now:
+            when, index = heapq.heappop(declined)
+            if due_at.get(index) == when:
+                due.append(index)
+        for index in sorted(due):
+            if index in waiting:
+                attempt(index, now)
 
     def depart(now: float) -> None:
         _, index = heapq.heappop(departures)
         job, (_, placement) = workload[index], placed[index]
         fleet.release(placement)
         policy.release(job, placement)
-        freed = fleet.free_count[placement.node]
-        still: list[int] = []
-        for waiter in waiting:
+        node, free = placement.node, fleet.free_count
+        for waiter in list(waiting):
             candidate = workload[waiter]
-            if candidate.gpus > freed or placement.node not in fleet.members.get(candidate.gpu_model, ()) or not attempt(waiter, now):
-                still.append(waiter)
-            else:
-                freed = fleet.free_count[placement.node]
-        waiting[:] = still
+            if candidate.gpus <= free[node] and node in fleet.members.get(candidate.gpu_model, ()):
+                attempt(waiter, now)
+        retry_declined(now)
 
     for index, job in enumerate(workload):
         while departures and departures[0][0] <= job.submit_s:
@@ -168,13 +201,18 @@ def replay(nodes: Sequence[ClusterNode], workload: Sequence[Job], policy: Policy
             sample_before(now)
             depart(now)
         sample_before(job.submit_s)
-        if not attempt(index, job.submit_s):
-            waiting.append(index)
+        if attempt(index, job.submit_s):
+            retry_declined(job.submit_s)
+        else:
+            waiting[index] = None
         if progress is not None:
             progress(index + 1)
     sample_before(float("inf"))
     while departures and departures[0][0] != float("inf"):
         depart(departures[0][0])
+    end = max(horizon, max((entry[0] for entry in placed if entry is not None), default=0.0))
+    while waiting and declined and declined[0][0] <= end + DECLINED_TAIL_S:
+        retry_declined(declined[0][0])
     outcomes = tuple(Outcome(job, None, None) if entry is None else Outcome(job, entry[0], entry[1])
                      for job, entry in zip(workload, placed))
     return Run(policy.name, seed, fleet.nodes, outcomes, tuple(snapshots))

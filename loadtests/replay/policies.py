@@ -15,6 +15,7 @@ plays the API server, the kubelets and the node agents; nothing of the extender'
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from functools import cache
@@ -23,6 +24,7 @@ from typing import Any
 from extender.demo_cluster import DemoCluster
 from extender.service import ExtenderService
 from extender.state import ClusterState
+from extender.wait import TOPOLOGY_WAIT_SECONDS
 from extender.wire import BindingArgs, ExtenderArgs
 from loadtests.gpuallocator_baseline import DGX1V_HIDDEN_PCIE, BestEffortBaseline
 from loadtests.replay.boards import BoardKey, board_key, board_topology
@@ -33,9 +35,8 @@ from loadtests.replay.model import ClusterNode, Job
 from topology.compiled import bits
 
 NAMESPACE = "default"
-FROZEN_CLOCK = 1_800_000_000.0
-"""The extender's and the agents' clock. Real agents republish node state every few seconds, so no node goes
-stale; a replay is not timed, so one instant stands for all of them."""
+EPOCH = 1_800_000_000.0
+"""The wall-clock instant of the replay's time 0, for the extender, the agents and pods' creationTimestamp."""
 
 
 @cache
@@ -88,7 +89,7 @@ class StockPolicy(_KubeSearch):
         self.name, self.profile = name, profile
         self.next_start = 0
 
-    def place(self, job: Job, fleet: Fleet, rng: random.Random) -> Placement | None:
+    def place(self, job: Job, fleet: Fleet, rng: random.Random, now: float) -> Placement | None:
         names = self.feasible(job, fleet)
         if not names:
             return None
@@ -100,13 +101,13 @@ class StockPolicy(_KubeSearch):
 
 
 def demo_cluster(nodes: Sequence[ClusterNode], state: ClusterState, *, delivery: bool = True) -> DemoCluster:
-    """The in-memory cluster of these nodes, each with its installed board, on the replay's clock; with the
+    """The in-memory cluster of these nodes, each with its installed board, on the state's clock; with the
     node agent's device plugin (delivery) or NVIDIA's."""
     boards = {node.name: board_topology(board_key(node)) for node in nodes}
     pairs = [(node.name, node.platform) for node in nodes]
     if delivery:
-        return DemoCluster(state, pairs, clock=lambda: FROZEN_CLOCK, boards=boards)
-    return StockPluginCluster(state, pairs, clock=lambda: FROZEN_CLOCK, boards=boards,
+        return DemoCluster(state, pairs, clock=state.clock, boards=boards)
+    return StockPluginCluster(state, pairs, clock=state.clock, boards=boards,
                               keys={node.name: board_key(node) for node in nodes})
 
 
@@ -132,26 +133,30 @@ class ExtenderPolicy(_KubeSearch):
     with the shipped profile's plugins, and bind; the GPUs are what the kubelet then delivered."""
 
     def __init__(self, name: str, nodes: Sequence[ClusterNode], *, delivery: bool,
-                 profile: Profile | None = None) -> None:
+                 profile: Profile | None = None, topology_wait: float = TOPOLOGY_WAIT_SECONDS) -> None:
         self.name = name
         self.profile = profile or shipped_profile()
-        self.state = ClusterState(clock=lambda: FROZEN_CLOCK)
+        self.now = 0.0
+        # Real agents republish node state every few seconds, so no node goes stale: the replay's never do.
+        self.state = ClusterState(clock=lambda: EPOCH + self.now, stale_after=math.inf)
         self.cluster = demo_cluster(nodes, self.state, delivery=delivery)
-        self.service = ExtenderService(self.state, self.cluster)
+        self.service = ExtenderService(self.state, self.cluster, topology_wait=topology_wait)
         self.index = {name: {gpu.uuid: gpu.index for gpu in topology.gpus}
                       for name, topology in self.cluster.topologies.items()}
         self.pending: dict[str, dict[str, Any]] = {}  # job name -> its pod, from first attempt to departure
         self.created = 0
         self.next_start = 0
 
-    def place(self, job: Job, fleet: Fleet, rng: random.Random) -> Placement | None:
+    def place(self, job: Job, fleet: Fleet, rng: random.Random, now: float) -> Placement | None:
+        self.now = now
         names = self.feasible(job, fleet)
         if not names:
             return None
         pod = self.pending.get(job.name)
         if pod is None:
             self.created += 1
-            pod = self.pending[job.name] = self.cluster.create_pod(f"job-{self.created}", job.gpus)
+            pod = self.pending[job.name] = self.cluster.create_pod(f"job-{self.created}", job.gpus,
+                                                                   created=EPOCH + job.submit_s)
         passed = self.service.filter(ExtenderArgs(pod, names, None)).passed
         if not passed:
             return None
