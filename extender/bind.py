@@ -50,12 +50,13 @@ class _Reservation:
     ring_gbps: float | None
 
 
-def bind_pod(state: ClusterState, selector: Selector, kube: KubeApi, args: BindingArgs) -> Bound:
+def bind_pod(state: ClusterState, selector: Selector, kube: KubeApi, args: BindingArgs, held: int = 0) -> Bound:
+    """`held`: GPUs of the node drained for other pods (extender/drain.py), which this pod may not take."""
     pod = _read_pod(state, kube, args)
     existing = state.ledger.get(args.pod_uid)
     if existing is not None and existing.phase is Phase.UNCERTAIN and existing.node != args.node:
         _settle_elsewhere(state, kube, args, existing)
-    reservation = _reserve(state, selector, pod, args)
+    reservation = _reserve(state, selector, pod, args, held)
     if isinstance(reservation, Bound):
         return reservation
     assignment, gpus = reservation.assignment, reservation.gpus
@@ -99,7 +100,8 @@ def _read_pod(state: ClusterState, kube: KubeApi, args: BindingArgs) -> PodReque
     return pod
 
 
-def _reserve(state: ClusterState, selector: Selector, pod: PodRequest, args: BindingArgs) -> _Reservation | Bound:
+def _reserve(state: ClusterState, selector: Selector, pod: PodRequest, args: BindingArgs,
+             held: int) -> _Reservation | Bound:
     """Reserve the best set on the node now, or find the pod's existing reservation there."""
     request = pod.request
     assert request is not None
@@ -122,9 +124,10 @@ def _reserve(state: ClusterState, selector: Selector, pod: PodRequest, args: Bin
         if state.is_stale(view, state.clock()):
             raise BindError(f"node {args.node}: {STALE}")
         count = device_count(pod.containers)
-        choice = selector.select(view.compiled, view.free, replace(request, count=count))
+        free = view.free & ~held
+        choice = selector.select(view.compiled, free, replace(request, count=count))
         if not isinstance(choice, Choice) and not pod.required:
-            choice = selector.select(view.compiled, view.free, Request(count))
+            choice = selector.select(view.compiled, free, Request(count))
         if not isinstance(choice, Choice):
             raise BindError(f"node {args.node}: {choice.message}")
         return _reservation(state, selector, pod, args, view, mask_of(choice.gpus), None)

@@ -13,6 +13,7 @@ from functools import partial
 from itertools import compress
 from operator import eq
 
+from extender.drain import Drains
 from extender.memo import ShapeMemo
 from extender.pod_request import PodRequest
 from extender.state import ClusterState, Key
@@ -56,15 +57,19 @@ Verdict = tuple[str, bool] | None
 
 
 def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: Sequence[str],
-                 memo: ShapeMemo[Verdict] | None = None, wait: WaitClock | None = None) -> FilterOutcome:
+                 memo: ShapeMemo[Verdict] | None = None, wait: WaitClock | None = None,
+                 drains: Drains | None = None) -> FilterOutcome:
     """One verdict per distinct node key (remembered across requests in `memo`); every pass over the names
     runs in C builtins, not Python loops. A pod within its topology wait (extender/wait.py) passes only nodes
-    that can give it a full-bandwidth set."""
+    that can give it a full-bandwidth set; GPUs drained for other waiting pods (extender/drain.py) are not
+    free to it."""
     if pod.problem is not None:
         return FilterOutcome([], {}, {pod.problem: list(names)})
     if pod.request is None:
         return FilterOutcome(list(names), {}, {})
     keys = state.keys_for(names)
+    if drains is not None:
+        keys = drains.hide(state, names, keys, pod.uid, state.clock())
     stale = state.stale_names()
     if stale:
         keys = [STALE if name in stale else key for name, key in zip(names, keys, strict=True)]

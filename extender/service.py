@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from extender.bind import BindError, Bound, bind_pod
+from extender.drain import Drains
 from extender.filter import FilterOutcome, Verdict, filter_nodes
 from extender.kube import KubeApi
 from extender.ledger import Assignment
@@ -29,8 +30,8 @@ from extender.pod_request import PodRequest, parse_pod
 from extender.preempt import preempt_nodes
 from extender.memo import ShapeMemo
 from extender.scoring import Offer, prioritize_nodes
-from extender.state import ClusterState
-from extender.wait import TOPOLOGY_WAIT_SECONDS, WaitClock
+from extender.state import ClusterState, NodeKey
+from extender.wait import TOPOLOGY_WAIT_SECONDS, WAITING, WaitClock
 from extender.wire import BindingArgs, ExtenderArgs, PreemptionArgs, Victims
 from topology.select import Selector
 
@@ -68,6 +69,7 @@ class ExtenderService:
         self.kube = kube
         self.selector = selector or Selector()
         self.wait = WaitClock(topology_wait)
+        self.drains = Drains()
         self.leader, self._pod_lists = leader, pods
         self._rebuild: tuple[int, int] | None = None  # (term, ticket of the pod list that rebuilds its ledger)
         if leader is not None:
@@ -85,7 +87,10 @@ class ExtenderService:
 
     def filter(self, args: ExtenderArgs) -> FilterOutcome:
         pod = self.pod_request(args.pod)
-        outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._verdicts, self.wait)
+        outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._verdicts, self.wait,
+                               self.drains)
+        if not outcome.passed and WAITING in outcome.failed:
+            self._drain(pod, outcome.failed[WAITING])
         self.metrics.decisions.labels("filter", "pass").inc(len(outcome.passed))
         self.metrics.decisions.labels("filter", "fail").inc(sum(map(len, outcome.failed.values())))
         self.metrics.decisions.labels("filter", "unresolvable").inc(sum(map(len, outcome.unresolvable.values())))
@@ -93,7 +98,19 @@ class ExtenderService:
 
     def prioritize(self, args: ExtenderArgs) -> tuple[list[str], list[int]]:
         names = args.candidates()
-        return names, prioritize_nodes(self.state, self.selector, self.pod_request(args.pod), names, self._offers)
+        return names, prioritize_nodes(self.state, self.selector, self.pod_request(args.pod), names, self._offers,
+                                       self.drains)
+
+    def _drain(self, pod: PodRequest, waiting: list[str]) -> None:
+        """Every candidate refused the pod only to wait for a full set: drain the one nearest to free."""
+        deadline = self.wait.deadline(pod.uid)
+        if deadline is None or pod.request is None:
+            return
+        candidates = [(name, key) for name, key in zip(waiting, self.state.keys_for(waiting), strict=True)
+                      if isinstance(key, NodeKey)]
+        drain = self.drains.start(pod.uid, candidates, self.selector, pod.request.count, deadline, self.state.clock())
+        if drain is not None:
+            self.metrics.decisions.labels("filter", "drain").inc()
 
     def preempt(self, args: PreemptionArgs) -> dict[str, Victims]:
         kept = preempt_nodes(self.state, self.selector, self.pod_request(args.pod), args.victims)
@@ -136,13 +153,15 @@ class ExtenderService:
             return f"binding {args.pod_namespace}/{args.pod_name} refused: {standby}; kube-scheduler will retry the pod"
         self.state.sweep()
         try:
-            bound: Bound = bind_pod(self.state, self.selector, self.kube, args)
+            held = self.drains.held(args.node, args.pod_uid, self.state.clock())
+            bound: Bound = bind_pod(self.state, self.selector, self.kube, args, held)
         except BindError as error:
             self.metrics.decisions.labels("bind", "error").inc()
             log.info("bind %s/%s to %s refused: %s", args.pod_namespace, args.pod_name, args.node, error)
             return str(error)
         self.metrics.decisions.labels("bind", "repeated" if bound.repeated else "bound").inc()
         self.wait.forget(args.pod_uid)
+        self.drains.end(args.pod_uid)
         if bound.ring_gbps is not None and not bound.repeated:
             self.metrics.ring_gbps.observe(bound.ring_gbps)
         log.info("bound %s/%s to %s on %s (ring %s GB/s)", args.pod_namespace, args.pod_name, args.node,

@@ -289,6 +289,14 @@ class ClusterState:
             self._keys[view.name] = self._intern(view.compiled, view.free, view.unhealthy)
             self._observed[view.name] = float("-inf") if view.observed is None else view.observed
 
+    def key_without(self, key: NodeKey, gpus: int) -> NodeKey:
+        """The key of a node with `gpus` taken out of its free ones, as a pod sees a node that drains GPUs for
+        another pod (extender/drain.py)."""
+        if not key.free & gpus:
+            return key
+        with self.ledger.lock:
+            return self._intern(key.compiled, key.free & ~gpus, key.unhealthy)
+
     def _intern(self, compiled: CompiledTopology, free: int, unhealthy: int) -> NodeKey:
         value = (compiled, free, unhealthy)
         key = self._interned.get(value)

@@ -57,6 +57,12 @@ class WaitClock:
                 self._started.popitem(last=False)
         return now - started < self.wait_seconds
 
+    def deadline(self, uid: str) -> float | None:
+        """When the pod's wait ends, if it has started."""
+        with self._lock:
+            started = self._started.get(uid)
+        return None if started is None else started + self.wait_seconds
+
     def forget(self, uid: str) -> None:
         """The pod was bound or deleted."""
         with self._lock:

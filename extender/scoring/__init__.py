@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from extender.drain import Drains
 from extender.memo import ShapeMemo
 from extender.pod_request import PodRequest
 from extender.scoring.bandwidth import bandwidth_score
@@ -35,12 +36,15 @@ class Offer:
 
 
 def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: Sequence[str],
-                     memo: ShapeMemo[Offer | None] | None = None) -> list[int]:
+                     memo: ShapeMemo[Offer | None] | None = None, drains: Drains | None = None) -> list[int]:
     """A score per name. Scores depend only on the node key, so each distinct key is scored once; what each
-    node key offers the pod is remembered across requests in `memo`."""
+    node key offers the pod is remembered across requests in `memo`. GPUs drained for other pods
+    (extender/drain.py) are not free to this one."""
     if pod.request is None:
         return [0] * len(names)
     keys = state.keys_for(names)
+    if drains is not None:
+        keys = drains.hide(state, names, keys, pod.uid, state.clock())
     stale = state.stale_names()
     if stale:
         keys = [None if name in stale else key for name, key in zip(names, keys, strict=True)]

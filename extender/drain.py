@@ -1,0 +1,153 @@
+"""Draining for waiting pods: while a pod holds out for a full-bandwidth set (extender/wait.py), the free GPUs
+of the full set nearest to free on one candidate node are kept from other pods, so that departures complete the
+set instead of small pods refilling it.
+
+Why: waiting alone rarely works at high load. The replay (BENCHMARKS.md) showed 4-GPU pods that waited their
+whole wait on an L40S pool while 1-GPU pods took each GPU the moment it came free, so no socket of four ever
+emptied. Batch schedulers call this a reservation with draining; kube-scheduler has none, and kube-scheduler's
+own count filter still sees the drained GPUs as free, so our filter, prioritize and bind hide them from every
+other pod.
+
+A drain lasts no longer than its pod's wait and ends when the pod binds; at most one per pod and
+MAX_DRAINS in all, so a flood of waiting pods cannot hold back the cluster. Only GPUs that are free are drained:
+a drain never takes a GPU from anyone.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import combinations
+
+from extender.state import ClusterState, Key, NodeKey
+from topology.compiled import CompiledTopology, bits
+from topology.full_sets import is_full
+from topology.select import Selector
+
+MAX_DRAINS = 1024
+"""Pods draining at once; a pod past it waits without draining."""
+MAX_SETS_SEARCHED = 4096
+"""Candidate full sets per (board, size): an 8-GPU board has at most 70; a larger board with more combinations
+than this drains nothing (it waits only)."""
+DRAINED = "GPUs held for a waiting multi-GPU pod (topology wait)"
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    uid: str
+    node: str
+    gpus: int
+    """The full set being drained: its free GPUs are held back now, its busy ones as they free up."""
+    until: float
+
+
+class Drains:
+    """The drains in force, by pod UID, with the union of drained GPUs per node for the hot path."""
+
+    def __init__(self, limit: int = MAX_DRAINS) -> None:
+        self._limit = limit
+        self._by_pod: dict[str, Drain] = {}
+        self._by_node: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._by_pod)
+
+    def held(self, node: str, uid: str, now: float) -> int:
+        """GPUs of `node` that pod `uid` may not take: those drained for other pods."""
+        return self._others(uid, now).get(node, 0)
+
+    def hide(self, state: ClusterState, names: Sequence[str], keys: list[Key | None], uid: str,
+             now: float) -> list[Key | None]:
+        """The keys as pod `uid` sees them: on nodes draining for other pods, the drained GPUs are not free."""
+        hidden = self._others(uid, now)
+        if not hidden:
+            return keys
+        return [state.key_without(key, hidden[name]) if name in hidden and isinstance(key, NodeKey) else key
+                for name, key in zip(names, keys, strict=True)]
+
+    def start(self, uid: str, candidates: Sequence[tuple[str, NodeKey]], selector: Selector, size: int,
+              until: float, now: float) -> Drain | None:
+        """Drain, for pod `uid`, the full set of `size` nearest to free among the candidate nodes (most GPUs
+        already free; the first candidate on a tie). A pod already draining keeps its drain."""
+        self._expire(now)
+        with self._lock:
+            if uid in self._by_pod:
+                return self._by_pod[uid]
+            if len(self._by_pod) >= self._limit:
+                return None
+            best: tuple[int, str, int] | None = None
+            for node, key in candidates:
+                taken = self._by_node.get(node, 0)
+                for target in full_set_masks(selector, key.compiled, key.compiled.full_mask & ~key.unhealthy, size):
+                    ready = (target & key.free).bit_count()
+                    if not target & taken and (best is None or ready > best[0]):
+                        best = (ready, node, target)
+            if best is None:
+                return None
+            _, node, target = best
+            drain = self._by_pod[uid] = Drain(uid, node, target, until)
+            self._by_node[node] = self._by_node.get(node, 0) | target
+            return drain
+
+    def end(self, uid: str) -> None:
+        with self._lock:
+            drain = self._by_pod.pop(uid, None)
+            if drain is not None:
+                self._remark(drain.node)
+
+    def _others(self, uid: str, now: float) -> dict[str, int]:
+        """Per node, the GPUs drained for pods other than `uid`."""
+        self._expire(now)
+        with self._lock:
+            if not self._by_node:
+                return {}
+            hidden = dict(self._by_node)
+            own = self._by_pod.get(uid)
+            if own is not None:
+                hidden[own.node] = self._drained(own.node, besides=uid)
+            return hidden
+
+    def _expire(self, now: float) -> None:
+        with self._lock:
+            expired = [drain for drain in self._by_pod.values() if drain.until <= now]
+            for drain in expired:
+                del self._by_pod[drain.uid]
+                self._remark(drain.node)
+
+    def _drained(self, node: str, besides: str | None = None) -> int:
+        mask = 0
+        for drain in self._by_pod.values():
+            if drain.node == node and drain.uid != besides:
+                mask |= drain.gpus
+        return mask
+
+    def _remark(self, node: str) -> None:
+        mask = self._drained(node)
+        if mask:
+            self._by_node[node] = mask
+        else:
+            self._by_node.pop(node, None)
+
+
+_FULL_SETS: dict[tuple[str, int, int], tuple[int, ...]] = {}
+_FULL_SETS_LIMIT = 1024
+
+
+def full_set_masks(selector: Selector, compiled: CompiledTopology, healthy: int, size: int) -> tuple[int, ...]:
+    """Every full-bandwidth set of `size` among the healthy GPUs, as masks; none past MAX_SETS_SEARCHED.
+    Remembered by board fingerprint (no board is kept alive by it), for at most 1,024 (board, health, size)."""
+    key = (compiled.fingerprint, healthy, size)
+    found = _FULL_SETS.get(key)
+    if found is None:
+        members = bits(healthy)
+        found = ()
+        if size <= len(members) and math.comb(len(members), size) <= MAX_SETS_SEARCHED:
+            masks = (sum(1 << gpu for gpu in chosen) for chosen in combinations(members, size))
+            found = tuple(mask for mask in masks if is_full(selector, compiled, mask, healthy))
+        if len(_FULL_SETS) >= _FULL_SETS_LIMIT:
+            _FULL_SETS.clear()
+        _FULL_SETS[key] = found
+    return found
