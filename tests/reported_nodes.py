@@ -13,6 +13,16 @@ from topology.codec import NodeState, encode_state, encode_topology
 from topology.platforms import PLATFORMS
 
 
+class ManualClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def reported_cluster(used: Mapping[str, tuple[str, tuple[int, ...]]], *, clock: Callable[[], float] = time.time,
                      stale_after: float = 120.0,
                      unhealthy: Mapping[str, tuple[int, ...]] | None = None) -> ClusterState:

@@ -11,19 +11,14 @@ from extender.service import ExtenderService
 from extender.state import ClusterState, NodeKey
 from extender.wait import WAITING
 from extender.wire import BindingArgs, ExtenderArgs
-from reported_nodes import reported_cluster
+from reported_nodes import ManualClock, reported_cluster
 from topology.select import Selector
 
 WAIT = 300.0
 SOCKET_1 = 0b11110000
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+Clock = ManualClock
 
 
 def _pod(uid: str, gpus: int) -> dict:

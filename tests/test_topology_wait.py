@@ -10,18 +10,13 @@ from extender.filter import NOT_ENOUGH_FREE, filter_nodes
 from extender.pod_request import PodRequest, parse_pod
 from extender.state import ClusterState
 from extender.wait import MAX_TOPOLOGY_WAIT_SECONDS, WAITING, WaitClock
-from reported_nodes import reported_cluster
+from reported_nodes import ManualClock, reported_cluster
 from topology.select import Selector
 
 WAIT = 300.0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+Clock = ManualClock
 
 
 def _cluster(clock: Clock, used: dict[str, tuple[str, tuple[int, ...]]],
