@@ -1,9 +1,10 @@
 """prioritize: a 0-10 score per node, a weighted sum of one strategy per module.
 
 Bandwidth dominates: a node that gives the pod a faster ring wins over one that only packs better. Among nodes
-that offer the same ring, fragmentation weighs most: stranding the last free NVLink pair costs 3 points, which
-at the shipped extender weight (5, x10) outweighs any NodeResourcesFit difference (0-100), so MostAllocated
-cannot pull a 1-GPU pod onto that pair (issue 10). Packing is light, as kube-scheduler's MostAllocated packs too.
+that offer the same ring, fragmentation weighs most: breaking the last free NVLink pair, where another candidate
+breaks no full set, costs 3 points, which at the shipped extender weight (5, x10) outweighs any NodeResourcesFit
+difference (0-100), so MostAllocated cannot pull a 1-GPU pod onto that pair (issue 10). Packing is light, as
+kube-scheduler's MostAllocated packs too.
 """
 
 from __future__ import annotations
