@@ -25,8 +25,9 @@ from extender.server import ServeOptions, serve
 from extender.service import ExtenderService
 from extender.seal import Seal
 from extender.state import BIND_OUTCOME_SECONDS, ClusterState
-from extender.wait import MAX_TOPOLOGY_WAIT_SECONDS, TOPOLOGY_WAIT_SECONDS
+from extender.wait import TOPOLOGY_WAIT_SECONDS
 from topology.annotations import DEFAULT_PREFIX, AnnotationKeys
+from topology.bounds import MAX_TOPOLOGY_WAIT_SECONDS
 
 log = logging.getLogger("gpu-topology-extender")
 DEMO_HEARTBEAT_SECONDS = 30.0

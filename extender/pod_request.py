@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from topology.annotations import AnnotationKeys
+from topology.bounds import MAX_TOPOLOGY_WAIT_SECONDS
 from topology.levels import Interconnect
 from topology.select import Request
 from topology.split import ContainerNeed, container_needs, device_request, parse_count
@@ -38,6 +39,7 @@ class PodRequest:
     required: bool  # nodes that cannot meet the constraints are filtered out, not just scored low
     problem: str | None = None
     containers: tuple[ContainerNeed, ...] = ()  # its GPU containers in the kubelet's allocation order
+    wait_seconds: float | None = None  # its own topology wait (extender/wait.py); None: the extender's
 
     @property
     def key(self) -> str:
@@ -58,11 +60,13 @@ def parse_pod(pod: Mapping[str, Any], keys: AnnotationKeys, resource: str = DEFA
         gpus = effective_gpu_request(spec, resource)
     except ValueError as error:
         return PodRequest(namespace, name, uid, 0, None, True, f"{resource}: {error}")
+    annotations = metadata.get("annotations") or {}
     try:
-        request, required = _constraints(metadata.get("annotations") or {}, keys, gpus)
+        request, required = _constraints(annotations, keys, gpus)
+        wait_seconds = _wait_seconds(annotations.get(keys.topology_wait), keys)
     except ValueError as error:
         return PodRequest(namespace, name, uid, gpus, None, True, str(error), containers)
-    return PodRequest(namespace, name, uid, gpus, request, required, None, containers)
+    return PodRequest(namespace, name, uid, gpus, request, required, None, containers, wait_seconds)
 
 
 def pod_shape_problem(pod: Mapping[str, Any]) -> str | None:
@@ -174,6 +178,17 @@ def effective_gpu_request(spec: Mapping[str, Any], resource: str) -> int:
             peak = max(peak, sidecars + amount)
     overhead = parse_count((spec.get("overhead") or {}).get(resource, 0))
     return max(total + sidecars, peak) + overhead
+
+
+def _wait_seconds(raw: Any, keys: AnnotationKeys) -> float | None:
+    """The pod's own topology wait: whole seconds, 0 to MAX_TOPOLOGY_WAIT_SECONDS."""
+    if raw is None:
+        return None
+    text = str(raw).strip()
+    if not text.isdigit() or len(text) > 6 or int(text) > MAX_TOPOLOGY_WAIT_SECONDS:
+        raise ValueError(f"{keys.topology_wait}: {text[:40]!r} is not a whole number of seconds from 0 to "
+                         f"{MAX_TOPOLOGY_WAIT_SECONDS:g}")
+    return float(text)
 
 
 def _constraints(annotations: Mapping[str, Any], keys: AnnotationKeys, gpus: int) -> tuple[Request | None, bool]:

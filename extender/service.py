@@ -103,7 +103,7 @@ class ExtenderService:
 
     def _drain(self, pod: PodRequest, waiting: list[str]) -> None:
         """Every candidate refused the pod only to wait for a full set: drain the one nearest to free."""
-        deadline = self.wait.deadline(pod.uid)
+        deadline = self.wait.deadline(pod)
         if deadline is None or pod.request is None:
             return
         candidates = [(name, key) for name, key in zip(waiting, self.state.keys_for(waiting), strict=True)

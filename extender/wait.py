@@ -24,10 +24,10 @@ import threading
 from collections import OrderedDict
 
 from extender.pod_request import PodRequest
+from topology.bounds import MAX_TOPOLOGY_WAIT_SECONDS
 
 TOPOLOGY_WAIT_SECONDS = 300.0
 """How long a pod waits by default (--topology-wait); 0 turns the wait off."""
-MAX_TOPOLOGY_WAIT_SECONDS = 86_400.0
 MAX_WAITING_PODS = 32_768
 """Pods whose wait is remembered. Past that the oldest is forgotten and, if it comes back, waits once more:
 at most one more wait, never an unbounded one, and never more memory."""
@@ -47,21 +47,24 @@ class WaitClock:
 
     def waits(self, pod: PodRequest, now: float) -> bool:
         """The pod still holds out for a full-bandwidth set: it asks for 2 GPUs or more, requires nothing
-        itself (a stated requirement is its own, unbounded, wait) and its wait has not run out."""
+        itself (a stated requirement is its own, unbounded, wait) and its wait (its own annotation, else the
+        extender's) has not run out."""
         request = pod.request
-        if request is None or request.count < 2 or pod.required or not pod.uid or self.wait_seconds <= 0:
+        wait = self.wait_seconds if pod.wait_seconds is None else pod.wait_seconds
+        if request is None or request.count < 2 or pod.required or not pod.uid or wait <= 0:
             return False
         with self._lock:
             started = self._started.setdefault(pod.uid, now)
             if len(self._started) > self._limit:
                 self._started.popitem(last=False)
-        return now - started < self.wait_seconds
+        return now - started < wait
 
-    def deadline(self, uid: str) -> float | None:
+    def deadline(self, pod: PodRequest) -> float | None:
         """When the pod's wait ends, if it has started."""
         with self._lock:
-            started = self._started.get(uid)
-        return None if started is None else started + self.wait_seconds
+            started = self._started.get(pod.uid)
+        wait = self.wait_seconds if pod.wait_seconds is None else pod.wait_seconds
+        return None if started is None else started + wait
 
     def forget(self, uid: str) -> None:
         """The pod was bound or deleted."""

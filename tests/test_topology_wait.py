@@ -9,7 +9,8 @@ from extender.cli import main
 from extender.filter import NOT_ENOUGH_FREE, filter_nodes
 from extender.pod_request import PodRequest, parse_pod
 from extender.state import ClusterState
-from extender.wait import MAX_TOPOLOGY_WAIT_SECONDS, WAITING, WaitClock
+from extender.wait import WAITING, WaitClock
+from topology.bounds import MAX_TOPOLOGY_WAIT_SECONDS
 from reported_nodes import ManualClock, reported_cluster
 from topology.select import Selector
 
@@ -116,3 +117,26 @@ def test_out_of_range_waits_are_refused(seconds: float, capsys: pytest.CaptureFi
         WaitClock(seconds)
     assert main(["serve", "--demo", "--topology-wait", str(seconds)]) == 2
     assert "--topology-wait must be 0 to 86400 seconds" in capsys.readouterr().err
+
+
+def test_a_pod_states_its_own_wait() -> None:
+    clock = Clock()
+    state = _cluster(clock, {"scattered": SCATTERED})
+    wait = WaitClock(WAIT)
+    patient = _pod(state, 2, uid="patient", annotations={"gpu-topology.io/topology-wait": "900"})
+    hurried = _pod(state, 2, uid="hurried", annotations={"gpu-topology.io/topology-wait": "0"})
+    assert filter_nodes(state, Selector(), hurried, ["scattered"], wait=wait).passed == ["scattered"]
+    assert filter_nodes(state, Selector(), patient, ["scattered"], wait=wait).passed == []
+    clock.now += WAIT
+    assert filter_nodes(state, Selector(), patient, ["scattered"], wait=wait).passed == []
+    clock.now += 900 - WAIT
+    assert filter_nodes(state, Selector(), patient, ["scattered"], wait=wait).passed == ["scattered"]
+
+
+@pytest.mark.parametrize("value", ["-1", "1e3", "300s", "86401", "9" * 40, ""])
+def test_a_malformed_wait_annotation_is_refused_with_its_name(value: str) -> None:
+    state = _cluster(Clock(), {"scattered": SCATTERED})
+    pod = _pod(state, 2, annotations={"gpu-topology.io/topology-wait": value})
+    assert pod.problem is not None and pod.problem.startswith("gpu-topology.io/topology-wait: ")
+    outcome = filter_nodes(state, Selector(), pod, ["scattered"], wait=WaitClock(WAIT))
+    assert outcome.unresolvable == {pod.problem: ["scattered"]}

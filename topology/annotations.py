@@ -39,6 +39,7 @@ class AnnotationKeys:
     interconnect = _Key("interconnect")
     placement = _Key("placement")
     min_bandwidth = _Key("min-bandwidth")
+    topology_wait = _Key("topology-wait")  # seconds this pod waits for a full-bandwidth set (extender/wait.py)
     # On pods, written by the extender at bind (in the Binding, so in the same write that sets the node).
     gpus = _Key("gpus")  # every GPU of the pod, comma-separated
     containers = _Key("containers")  # each container's GPUs (topology/assignment.py); the agent delivers these
