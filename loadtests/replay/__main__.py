@@ -2,6 +2,7 @@
 
     python -m loadtests.replay --cluster mixed --workload synthetic --load 0.8 --seed 1
     python -m loadtests.replay --cluster alibaba --workload alibaba --load 0.9 --json
+    python -m loadtests.replay --cluster alibaba --fleet-scale 0.1 --workload synthetic --jobs 20000
     python -m loadtests.replay --cluster mixed --workload inflation
     python -m loadtests.replay --cluster mixed --workload jobs.csv   # submit_time_s,duration_s,num_gpus[,gpu_model]
 
@@ -46,6 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gpu-mix", type=parse_gpu_mix, default=TRACE_GPU_MIX,
                         help="synthetic GPUs-per-pod weights, e.g. 1:60,2:20,4:12,8:8 (default: the Alibaba trace's)")
     parser.add_argument("--nodes-per-pool", type=int, default=4, help="mixed fleet size")
+    parser.add_argument("--fleet-scale", type=_fleet_scale, default=1.0,
+                        help="Alibaba fleet: keep this share (0 < scale <= 1) of each model's nodes (default 1)")
     parser.add_argument("--comm-share", type=float, default=COMM_SHARE,
                         help="share of a multi-GPU job's time spent communicating (modelled job time)")
     parser.add_argument("--json", action="store_true", help="print the per-policy metrics as one JSON object")
@@ -53,7 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="write PNG plots (efficiency and pending-time CDFs, fragmentation over time) to DIR")
     args = parser.parse_args(argv)
     try:
-        cluster = mixed_fleet(args.nodes_per_pool) if args.cluster == "mixed" else alibaba_fleet()
+        cluster = (mixed_fleet(args.nodes_per_pool) if args.cluster == "mixed"
+                   else alibaba_fleet(scale=args.fleet_scale))
         jobs = _workload(args, cluster)
         problem = unplaceable(jobs, cluster)
         if problem is not None:
@@ -84,6 +88,17 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"seed {args.seed}\n")
         print(markdown_table(summaries))
     return 0
+
+
+def _fleet_scale(text: str) -> float:
+    """A share of the Alibaba fleet's nodes: more than 0, at most 1."""
+    try:
+        scale = float(text)
+    except ValueError:
+        scale = math.nan
+    if not 0 < scale <= 1:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number more than 0 and at most 1")
+    return scale
 
 
 def _workload(args: argparse.Namespace, cluster: Sequence[ClusterNode]) -> tuple[Job, ...]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import tomllib
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,17 +99,31 @@ def _mapping(entry: object, where: str) -> ModelMapping:
     return ModelMapping(model, gpus, platform, tuple(sorted(installed)), why)
 
 
-def alibaba_fleet(gpu_model_map: Path = GPU_MODEL_MAP, nodes: Path = DATA / NODES) -> tuple[ClusterNode, ...]:
-    """The 1,213 GPU nodes of the trace, each the board its (model, GPU count) maps to; the pool is the model."""
+def alibaba_fleet(gpu_model_map: Path = GPU_MODEL_MAP, nodes: Path = DATA / NODES,
+                  scale: float = 1.0) -> tuple[ClusterNode, ...]:
+    """The 1,213 GPU nodes of the trace, each the board its (model, GPU count) maps to; the pool is the model.
+
+    `scale` below 1 keeps round(count * scale) nodes, at least one, of each (model, GPU count) group, the first
+    in file order, so the model proportions hold: the whole fleet at high load needs ~200,000 synthetic jobs to
+    reach steady state, one node in ten reaches it with a tenth of them."""
+    if not 0 < scale <= 1:
+        raise ValueError(f"the fleet scale must be more than 0 and at most 1, not {scale}")
     mappings = load_gpu_model_map(gpu_model_map)
-    fleet: list[ClusterNode] = []
+    rows: list[tuple[tuple[str, int], ClusterNode]] = []
     with open(nodes, newline="", encoding="utf-8") as handle:
         for row in csv.DictReader(handle):
             key = (row["model"], int(row["gpu"]))
             if key not in mappings:
                 raise ValueError(f"{gpu_model_map}: no entry for {key[0]} with {key[1]} GPUs (node {row['sn']})")
             mapping = mappings[key]
-            fleet.append(ClusterNode(row["sn"], mapping.platform, mapping.model, mapping.installed))
+            rows.append((key, ClusterNode(row["sn"], mapping.platform, mapping.model, mapping.installed)))
+    keep = {key: max(1, round(count * scale)) for key, count in Counter(key for key, _ in rows).items()}
+    seen: Counter[tuple[str, int]] = Counter()
+    fleet: list[ClusterNode] = []
+    for key, node in rows:
+        seen[key] += 1
+        if seen[key] <= keep[key]:
+            fleet.append(node)
     return tuple(fleet)
 
 
