@@ -1,9 +1,11 @@
-"""PNG plots of replay runs, one line per policy: the CDFs of bandwidth efficiency and pending time, and
-fragmentation over time. matplotlib is the harness extra; nothing else in the replay imports it."""
+"""PNG plots of replay runs, one line per policy: the CDFs of bandwidth efficiency and pending time,
+fragmentation over time, and FGD's allocation-ratio curve of an inflation run.
+matplotlib is the harness extra; nothing else in the replay imports it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -13,6 +15,8 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend is chosen first: no 
 
 from loadtests.replay.boards import board_key  # noqa: E402
 from loadtests.replay.engine import Run  # noqa: E402
+from loadtests.replay.inflation_curve import (COMPARABILITY, CurvePoint, PublishedPoint,  # noqa: E402
+                                              published_by_policy)
 from loadtests.replay.metrics import fragmentation, pod_bandwidth  # noqa: E402
 
 
@@ -51,3 +55,28 @@ def write_plots(runs: Sequence[Run], directory: Path, prefix: str, fragmentation
         plt.close(figure)
         paths.append(path)
     return paths
+
+
+def write_inflation_plot(curves: Mapping[str, Sequence[CurvePoint]], published: Sequence[PublishedPoint],
+                         directory: Path, prefix: str) -> Path:
+    """Write `<prefix>-inflation.png`: allocated against arrived GPUs (in % of capacity), one line per policy,
+    FGD's published medians as markers, and y = x, the ideal every policy follows until the cluster is full."""
+    directory.mkdir(parents=True, exist_ok=True)
+    figure, axis = plt.subplots(figsize=(7, 4.6))
+    for policy, curve in curves.items():
+        axis.plot([100 * point.arrived for point in curve], [100 * point.allocated for point in curve], label=policy)
+    for (policy, points), marker in zip(published_by_policy(published).items(), "os^vDP*X"):
+        axis.plot([point.arrived_pct for point in points], [point.median_pct for point in points], marker,
+                  markersize=4, linestyle="none", label=f"FGD paper: {policy}")
+    axis.plot([0, 100], [0, 100], linestyle=":", color="grey", label="ideal (y = x)")
+    axis.set_xlabel("arrived workload: GPUs requested, % of capacity")
+    axis.set_ylabel("GPUs allocated, % of capacity")
+    axis.set_title(textwrap.fill(COMPARABILITY, 95), fontsize=7)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    path = directory / f"{prefix}-inflation.png"
+    figure.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(figure)
+    return path
+
