@@ -31,7 +31,8 @@ MAX_DRAINS = 1024
 MAX_SETS_SEARCHED = 4096
 """Candidate full sets per (board, size): an 8-GPU board has at most 70; a larger board with more combinations
 than this drains nothing (it waits only)."""
-DRAINED = "GPUs held for a waiting multi-GPU pod (topology wait)"
+FEW_DRAINED_NODES = 16
+"""Up to this many draining nodes, each is looked up among a request's names in C; past it, one pass."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +66,19 @@ class Drains:
         hidden = self._others(uid, now)
         if not hidden:
             return keys
-        return [state.key_without(key, hidden[name]) if name in hidden and isinstance(key, NodeKey) else key
-                for name, key in zip(names, keys, strict=True)]
+        if len(hidden) > FEW_DRAINED_NODES:
+            return [state.key_without(key, hidden[name]) if name in hidden and isinstance(key, NodeKey) else key
+                    for name, key in zip(names, keys, strict=True)]
+        keys = list(keys)
+        for node, gpus in hidden.items():  # a few C-speed scans beat one Python pass over 5,000 names
+            try:
+                at = names.index(node)  # kube-scheduler names each node once; bind holds the GPUs back anyway
+            except ValueError:
+                continue
+            key = keys[at]
+            if isinstance(key, NodeKey):
+                keys[at] = state.key_without(key, gpus)
+        return keys
 
     def start(self, uid: str, candidates: Sequence[tuple[str, NodeKey]], selector: Selector, size: int,
               until: float, now: float) -> Drain | None:
