@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench bench-bind loadtest hostile soak failover fuzz clean
+.PHONY: demo test bench bench-select bench-bind loadtest hostile soak failover fuzz clean
 
 $(BIN)/activate: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,9 @@ test: $(BIN)/activate
 	$(BIN)/python -m pytest -q
 
 bench: $(BIN)/activate
+	$(BIN)/python -m loadtests.replay.bench --write BENCHMARKS.md
+
+bench-select: $(BIN)/activate
 	$(BIN)/python loadtests/bench_select.py
 
 loadtest: $(BIN)/activate

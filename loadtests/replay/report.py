@@ -15,10 +15,10 @@ HEADER = ("policy", "placed", "never placed", "multi-GPU on NVLink ring", "effic
 def markdown_table(summaries: Sequence[Summary]) -> str:
     rows = [HEADER, tuple("---" for _ in HEADER)]
     for s in summaries:
-        rows.append((s.policy, f"{s.placed:,}", f"{s.never_placed:,}", _pct(s.nvlink_ring_share),
-                     f"{_pct(s.efficiency_median)} / {_pct(s.efficiency_p10)}", _pct(s.efficiency_full_share),
-                     f"{_num(s.pending_mean_s)} / {_num(s.pending_p95_s)}", _pct(s.gpu_utilization),
-                     " / ".join(_pct(s.fragmentation_mean[size]) for size in FRAGMENTATION_SIZES),
+        rows.append((s.policy, f"{s.placed:,}", f"{s.never_placed:,}", percent(s.nvlink_ring_share),
+                     f"{percent(s.efficiency_median)} / {percent(s.efficiency_p10)}", percent(s.efficiency_full_share),
+                     f"{_num(s.pending_mean_s)} / {_num(s.pending_p95_s)}", percent(s.gpu_utilization),
+                     " / ".join(percent(s.fragmentation_mean[size]) for size in FRAGMENTATION_SIZES),
                      f"x{s.modelled_slowdown:.3f}" if not math.isnan(s.modelled_slowdown) else "-"))
     note = ""
     if summaries and summaries[0].fractional:
@@ -29,7 +29,7 @@ def markdown_table(summaries: Sequence[Summary]) -> str:
         "best/granted ring bandwidth, summed, over their durations summed.")
 
 
-def _pct(value: float) -> str:
+def percent(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.1%}"
 
 
