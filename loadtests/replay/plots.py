@@ -73,7 +73,7 @@ def write_inflation_plot(curves: Mapping[str, Sequence[CurvePoint]], published: 
     axis.set_ylabel("GPUs allocated, % of capacity")
     axis.set_title(textwrap.fill(COMPARABILITY, 95), fontsize=7)
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=7, ncol=2)
+    axis.legend(fontsize=7, ncol=2, loc="lower right")
     figure.tight_layout()
     path = directory / f"{prefix}-inflation.png"
     figure.savefig(path, dpi=110, metadata={"Software": None})
