@@ -52,6 +52,7 @@ class Drains:
         self._by_pod: dict[str, Drain] = {}
         self._by_node: dict[str, int] = {}
         self._lock = threading.Lock()
+        self.started = 0  # drains begun since start, for the replay's checks
 
     def __len__(self) -> int:
         return len(self._by_pod)
@@ -101,6 +102,7 @@ class Drains:
                 return None
             _, node, target = best
             drain = self._by_pod[uid] = Drain(uid, node, target, until)
+            self.started += 1
             self._by_node[node] = self._by_node.get(node, 0) | target
             return drain
 

@@ -103,13 +103,14 @@ class Mismatch:
 
 @dataclass(frozen=True, slots=True)
 class HttpCheck:
-    """The sample both policies replayed, what it exercised (pods placed, multi-GPU ones, pods that waited and
-    were retried after a departure), and every pod the two disagree on."""
+    """The sample both policies replayed, what it exercised (pods placed, multi-GPU ones, pods that waited, drains
+    the extender began for pods waiting for a full set), and every pod the two disagree on."""
 
     jobs: int
     placed: int
     multi_gpu_placed: int
     waited: int
+    drained: int
     mismatches: tuple[Mismatch, ...]
 
     @property
@@ -119,7 +120,8 @@ class HttpCheck:
     def summary(self) -> str:
         verdict = "the same decisions pod for pod" if self.matches else f"{len(self.mismatches)} pods differ"
         return (f"{OVER_HTTP} against {IN_PROCESS} on {self.jobs} jobs ({self.placed} placed, "
-                f"{self.multi_gpu_placed} of them multi-GPU, {self.waited} after waiting): {verdict}")
+                f"{self.multi_gpu_placed} of them multi-GPU, {self.waited} after waiting, {self.drained} drains): "
+                f"{verdict}")
 
 
 def compare(in_process: Sequence[Outcome], over_http: Sequence[Outcome]) -> tuple[Mismatch, ...]:
@@ -137,10 +139,11 @@ def http_check(nodes: Sequence[ClusterNode], workload: Sequence[Job], seed: int,
     if sample < 1:
         raise ValueError(f"the HTTP sample needs at least one job, not {sample}")
     jobs = tuple(workload[:sample])
-    in_process = replay(nodes, jobs, ExtenderPolicy(IN_PROCESS, nodes, delivery=True), seed)
+    reference = ExtenderPolicy(IN_PROCESS, nodes, delivery=True)
+    in_process = replay(nodes, jobs, reference, seed)
     with policy_over_http(nodes) as policy:
         over_http = replay(nodes, jobs, policy, seed)
     placed = [outcome for outcome in in_process.outcomes if outcome.placement is not None]
     return HttpCheck(len(jobs), len(placed), sum(1 for outcome in placed if outcome.job.gpus > 1),
                      sum(1 for outcome in placed if outcome.placed_s != outcome.job.submit_s),
-                     compare(in_process.outcomes, over_http.outcomes))
+                     reference.service.drains.started, compare(in_process.outcomes, over_http.outcomes))
