@@ -120,8 +120,8 @@ class HttpCheck:
     def summary(self) -> str:
         verdict = "the same decisions pod for pod" if self.matches else f"{len(self.mismatches)} pods differ"
         return (f"{OVER_HTTP} against {IN_PROCESS} on {self.jobs} jobs ({self.placed} placed, "
-                f"{self.multi_gpu_placed} of them multi-GPU, {self.waited} after waiting, {self.drained} drains): "
-                f"{verdict}")
+                f"{self.multi_gpu_placed} of them multi-GPU, {self.waited} after waiting, "
+                f"{self.drained} drain{'' if self.drained == 1 else 's'} begun): {verdict}")
 
 
 def compare(in_process: Sequence[Outcome], over_http: Sequence[Outcome]) -> tuple[Mismatch, ...]:
