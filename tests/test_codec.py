@@ -12,6 +12,7 @@ from topology.annotations import AnnotationKeys
 from topology.codec import CodecError, NodeState, decode_state, decode_topology, encode_state, encode_topology
 from topology.model import Topology
 from topology.platforms import PLATFORMS
+from topology.sharing import Sharing
 
 
 def _with_identities(topology: Topology) -> Topology:
@@ -87,10 +88,24 @@ def test_state_round_trip_and_refusals() -> None:
         ('{"v":2,"used":["GPU-a"],"unhealthy":[],"pods":{"nobody":["GPU-a"]},"observed":"2026-11-21T19:00:00Z",'
          '"generation":1}', "not a namespace/name"),
         ('{"v":true,"used":[],"unhealthy":[],"observed":"2026-11-21T19:00:00Z","generation":1}', "not supported"),
-        ('{"v":3,"used":[],"unhealthy":[],"observed":"2026-11-21T19:00:00Z","generation":1}', "not supported"),
+        ('{"v":4,"used":[],"unhealthy":[],"observed":"2026-11-21T19:00:00Z","generation":1}', "not supported"),
+        ('{"v":3,"used":[],"unhealthy":[],"pods":{},"observed":"2026-11-21T19:00:00Z","generation":1}',
+         "missing sharing"),
+        ('{"v":3,"used":[],"unhealthy":[],"pods":{},"observed":"2026-11-21T19:00:00Z","generation":1,'
+         '"sharing":"none"}', "expected 'replicas' or 'mig'"),
     ]:
         with pytest.raises(CodecError, match=message):
             decode_state(bad)
+
+
+def test_a_sharing_node_writes_v3_and_a_whole_gpu_node_stays_v2() -> None:
+    observed = datetime(2026, 11, 21, 19, 0, tzinfo=timezone.utc)
+    shared = NodeState(frozenset({"GPU-a"}), frozenset(), observed, 3, {"ml/a": frozenset({"GPU-a"})},
+                       Sharing.REPLICAS)
+    text = encode_state(shared)
+    assert orjson.loads(text)["v"] == 3 and orjson.loads(text)["sharing"] == "replicas"
+    assert decode_state(text) == shared
+    assert orjson.loads(encode_state(replace(shared, sharing=Sharing.NONE)))["v"] == 2
 
 
 def test_annotation_keys_follow_the_prefix() -> None:

@@ -15,6 +15,7 @@ from topology.platforms import PLATFORMS
 from topology.backoff import Backoff
 from topology.agent.devices import MIG, ContainerDevices, GpuIds, KubeletDevices, Observation, Unknown, observe
 from topology.agent.plan import NodeAnnotations, plan
+from topology.sharing import Sharing
 
 KEYS = AnnotationKeys()
 T0 = datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC)
@@ -79,7 +80,18 @@ def test_used_is_every_gpu_of_the_resource_in_any_container():
                               container(U[7], resource="example.com/other")))
     observed = observe(GpuIds(UUIDS), devices, {}, "nvidia.com/gpu")
     assert observed == Observation(frozenset({U[0], U[1], U[2]}), {}, (), {
-        "ns/a": frozenset({U[0], U[1]}), "ns/b": frozenset({U[2]}), "ns/c": frozenset({U[2]})})
+        "ns/a": frozenset({U[0], U[1]}), "ns/b": frozenset({U[2]}), "ns/c": frozenset({U[2]})}, Sharing.REPLICAS)
+
+
+def test_the_agent_sees_sharing_in_the_kubelets_device_ids():
+    """Replicas (`<id>::<n>`, time-slicing or MPS) or MIG devices, given out or merely offered, mark the node
+    as sharing its GPUs (topology/sharing.py); whole GPUs do not."""
+    whole = KubeletDevices((container(U[0]),), {"nvidia.com/gpu": (U[0], U[1])})
+    offered = KubeletDevices((), {"nvidia.com/gpu": (f"{U[0]}::0", f"{U[0]}::1")})
+    other = KubeletDevices((container(f"{U[0]}::0", resource="example.com/other"),), {"nvidia.com/gpu": (U[0],)})
+    assert observe(GpuIds(UUIDS), whole, {}, "nvidia.com/gpu").sharing is Sharing.NONE
+    assert observe(GpuIds(UUIDS), offered, {}, "nvidia.com/gpu").sharing is Sharing.REPLICAS
+    assert observe(GpuIds(UUIDS), other, {}, "nvidia.com/gpu").sharing is Sharing.NONE  # another resource
 
 
 def test_the_resource_name_is_configurable():
@@ -90,7 +102,7 @@ def test_the_resource_name_is_configurable():
 def test_mig_devices_are_ignored_and_said():
     devices = KubeletDevices((container("MIG-aaaa", "MIG-bbbb"), container(U[1])))
     observed = observe(GpuIds(UUIDS), devices, {}, "nvidia.com/gpu")
-    assert observed.used == {U[1]}
+    assert observed.used == {U[1]} and observed.sharing is Sharing.MIG
     assert observed.notes == (
         "2 MIG device(s) of nvidia.com/gpu are assigned and ignored: only whole GPUs are reported",)
 

@@ -19,14 +19,18 @@ from topology.bounds import MAX_GPUS, STATE_MAX_BYTES, TOPOLOGY_MAX_BYTES
 from topology.catalog import NvLinkGen
 from topology.levels import PCIE_CODES, Level
 from topology.model import Gpu, NvLinkPair, Topology, TopologyError
+from topology.sharing import Sharing
 
 VERSION = 1  # of the topology annotation
 STATE_VERSION = 2  # v2 adds `pods`; v1 (without it) is still read
+SHARED_STATE_VERSION = 3  # v3 adds `sharing`, written only by nodes that share their GPUs, so v2 readers keep
+# reading every whole-GPU node through a rolling upgrade
 
 _TOPOLOGY_KEYS = frozenset({"v", "fp", "nvswitch", "gpus", "nvlink", "pcie"})
 _GPU_KEYS = frozenset({"i", "uuid", "bus", "numa", "model", "mem", "nvl", "pcie"})
 _STATE_KEYS = {1: frozenset({"v", "used", "unhealthy", "observed", "generation"}),
-               2: frozenset({"v", "used", "unhealthy", "pods", "observed", "generation"})}
+               2: frozenset({"v", "used", "unhealthy", "pods", "observed", "generation"}),
+               3: frozenset({"v", "used", "unhealthy", "pods", "observed", "generation", "sharing"})}
 
 
 class CodecError(ValueError):
@@ -47,6 +51,7 @@ class NodeState:
     observed: datetime
     generation: int
     pods: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    sharing: Sharing = Sharing.NONE  # what the agent saw of the kubelet's device ids (topology/sharing.py)
 
     def __post_init__(self) -> None:
         if self.observed.tzinfo is None:
@@ -117,8 +122,12 @@ def encode_state(state: NodeState) -> str:
     # Milliseconds when there are any: the extender orders reports against its own binds by this time.
     observed = at.strftime("%Y-%m-%dT%H:%M:%S") + (f".{at.microsecond // 1000:03d}Z" if at.microsecond else "Z")
     pods = {key: sorted(gpus) for key, gpus in sorted(state.pods.items())}
-    return orjson.dumps({"v": STATE_VERSION, "used": sorted(state.used), "unhealthy": sorted(state.unhealthy),
-                         "pods": pods, "observed": observed, "generation": state.generation}).decode()
+    document: dict[str, object] = {"v": STATE_VERSION, "used": sorted(state.used),
+                                   "unhealthy": sorted(state.unhealthy), "pods": pods, "observed": observed,
+                                   "generation": state.generation}
+    if state.sharing.shared:
+        document.update(v=SHARED_STATE_VERSION, sharing=state.sharing.value)
+    return orjson.dumps(document).decode()
 
 
 def decode_state(text: str | bytes) -> NodeState:
@@ -140,7 +149,14 @@ def decode_state(text: str | bytes) -> NodeState:
     generation = _int(document["generation"], "state.generation")
     if not 0 <= generation <= bounds.MAX_GENERATION:
         raise CodecError(f"state.generation: expected 0 to {bounds.MAX_GENERATION}")
-    return NodeState(used, unhealthy, observed, generation, pods)
+    sharing = Sharing.NONE
+    if version >= 3:
+        observed_sharing = document["sharing"]
+        if observed_sharing not in (Sharing.REPLICAS.value, Sharing.MIG.value):
+            raise CodecError(f"state.sharing: expected {Sharing.REPLICAS.value!r} or {Sharing.MIG.value!r}, "
+                             f"got {str(observed_sharing)[:40]!r}")
+        sharing = Sharing(observed_sharing)
+    return NodeState(used, unhealthy, observed, generation, pods, sharing)
 
 
 def check_state(state: NodeState, gpu_ids: Collection[str], now: float) -> None:

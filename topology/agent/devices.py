@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from topology.model import Topology
+from topology.sharing import Sharing
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"  # where the kubelet serves pod-resources
 MIG = "MIG"  # what `GpuIds.resolve` answers for a MIG device
@@ -59,6 +60,7 @@ class Observation:
     reasons: Mapping[str, str] = field(default_factory=dict)  # GPU id -> why it is unhealthy
     notes: tuple[str, ...] = ()  # what a person should know, e.g. ignored MIG devices
     pods: Mapping[str, frozenset[str]] = field(default_factory=dict)  # "namespace/name" -> the GPUs it holds
+    sharing: Sharing = Sharing.NONE  # replica or MIG ids among the kubelet's devices (topology/sharing.py)
 
     @property
     def unhealthy(self) -> frozenset[str]:
@@ -132,7 +134,20 @@ def observe(ids: GpuIds, devices: KubeletDevices, health: Mapping[str, str], res
                 reasons.setdefault(gpu, "the kubelet does not offer it (the device plugin reports it unhealthy, "
                                         "or it is in MIG mode)")
     used = frozenset(gpu for gpus in pods.values() for gpu in gpus)
-    return Observation(used, reasons, tuple(notes), {key: frozenset(gpus) for key, gpus in pods.items()})
+    return Observation(used, reasons, tuple(notes), {key: frozenset(gpus) for key, gpus in pods.items()},
+                       _sharing(ids, devices, resource))
+
+
+def _sharing(ids: GpuIds, devices: KubeletDevices, resource: str) -> Sharing:
+    """MIG when any device the kubelet offers or gave out is a MIG device, replicas when any is `<id>::<n>`."""
+    seen = [device_id for container in devices.assigned if container.resource == resource
+            for device_id in container.device_ids]
+    seen += list((devices.allocatable or {}).get(resource, ()))
+    if any(ids.resolve(device_id) == MIG for device_id in seen):
+        return Sharing.MIG
+    if any("::" in device_id for device_id in seen):
+        return Sharing.REPLICAS
+    return Sharing.NONE
 
 
 def _hint(ids: GpuIds, device_id: str) -> str:

@@ -94,7 +94,7 @@ def _state(observation: Observation, node: NodeAnnotations, now: float, heartbea
     """The state to write and why, or (None, None, "") when the node's state is current and no heartbeat is due."""
     previous = node.state
     changed = (previous is None or previous.used != observation.used or previous.unhealthy != observation.unhealthy
-               or previous.pods != observation.pods)
+               or previous.pods != observation.pods or previous.sharing != observation.sharing)
     if changed:
         reason = "state published" if previous is None else "state changed"
         generation = node.generation + 1
@@ -103,5 +103,6 @@ def _state(observation: Observation, node: NodeAnnotations, now: float, heartbea
         generation = previous.generation
     else:
         return None, None, ""
-    state = NodeState(observation.used, observation.unhealthy, observed, generation, observation.pods)
+    state = NodeState(observation.used, observation.unhealthy, observed, generation, observation.pods,
+                      observation.sharing)
     return state, encode_state(state), reason
