@@ -26,6 +26,7 @@ from extender.state import ClusterState, NodeView
 from extender.wire import BindingArgs
 from topology.assignment import encode_containers
 from topology.select import Choice, Request, Selector, mask_of
+from topology.sharing import Sharing, no_guarantee
 from topology.split import device_count, split
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,9 @@ class _Reservation:
 def bind_pod(state: ClusterState, selector: Selector, kube: KubeApi, args: BindingArgs, held: int = 0) -> Bound:
     """`held`: GPUs of the node drained for other pods (extender/drain.py), which this pod may not take."""
     pod = _read_pod(state, kube, args)
+    view = state.view(args.node)
+    if view is not None and view.sharing.shared and state.ledger.get(args.pod_uid) is None:
+        return _bind_shared(kube, pod, args, view.sharing)
     existing = state.ledger.get(args.pod_uid)
     if existing is not None and existing.phase is Phase.UNCERTAIN and existing.node != args.node:
         _settle_elsewhere(state, kube, args, existing)
@@ -78,6 +82,28 @@ def bind_pod(state: ClusterState, selector: Selector, kube: KubeApi, args: Bindi
         raise
     state.record(replace(assignment, phase=Phase.BOUND))
     return Bound(gpus, reservation.ring_gbps, repeated=False)
+
+
+def _bind_shared(kube: KubeApi, pod: PodRequest, args: BindingArgs, sharing: Sharing) -> Bound:
+    """A node that shares its GPUs: a plain Binding, as kube-scheduler would make. The kubelet and the device
+    plugin give out replicas or slices there, so no GPUs are chosen, reserved or annotated: the ledger never
+    turns a replica into a whole GPU."""
+    if pod.required and pod.request is not None and pod.request.constrained:
+        raise BindError(f"node {args.node}: {no_guarantee(sharing)}")
+    try:
+        kube.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, {})
+    except Conflict as error:
+        try:
+            current = kube.get_pod(args.pod_namespace, args.pod_name)
+        except KubeError:
+            raise BindError(f"binding {pod.key} to {args.node} conflicted: {error}") from None
+        if (str((current.get("metadata") or {}).get("uid")) == args.pod_uid
+                and (current.get("spec") or {}).get("nodeName") == args.node):
+            return Bound((), None, repeated=True)  # an earlier Binding of ours whose answer was lost
+        raise BindError(f"binding {pod.key} to {args.node} conflicted: {error}") from None
+    except KubeError as error:
+        raise BindError(f"binding {pod.key} to {args.node} failed: {error}") from None
+    return Bound((), None, repeated=False)
 
 
 def _read_pod(state: ClusterState, kube: KubeApi, args: BindingArgs) -> PodRequest:

@@ -16,12 +16,13 @@ from operator import eq
 from extender.drain import Drains
 from extender.memo import ShapeMemo
 from extender.pod_request import PodRequest
-from extender.state import ClusterState, Key
+from extender.state import ClusterState, Key, SharedKey
 from extender.wait import WAITING, WaitClock
 from topology.compiled import CompiledTopology
 from topology.full_sets import best_ring_gbps, full_choice
 from topology.levels import Interconnect
 from topology.select import Choice, NoFit, NoFitReason, Selector
+from topology.sharing import no_guarantee
 
 STALE = "no fresh GPU state from the node reporter"
 NO_TOPOLOGY = "no GPU topology reported"
@@ -97,6 +98,10 @@ def _verdict(selector: Selector, pod: PodRequest, waiting: bool, key: Key | None
         return STALE, True
     if isinstance(key, str):
         return key, False
+    if isinstance(key, SharedKey):
+        # Placed as kube-scheduler alone would place it, unless the pod requires what shared devices cannot give.
+        return (no_guarantee(key.sharing), False) if pod.required and pod.request is not None \
+            and pod.request.constrained else None
     return node_verdict(selector, pod, key.compiled, key.free, key.unhealthy, waiting)
 
 

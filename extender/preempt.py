@@ -26,6 +26,10 @@ def preempt_nodes(state: ClusterState, selector: Selector, pod: PodRequest,
     kept = {}
     for node, entry in victims.items():
         view = state.view(node)
+        if view is not None and view.sharing.shared:
+            if not (pod.required and pod.request.constrained):
+                kept[node] = entry  # kube-scheduler's count decides there (topology/sharing.py)
+            continue
         if view is None or view.compiled is None:
             continue
         freed = 0

@@ -20,6 +20,7 @@ from topology.assignment import AssignmentError, decode_containers
 from topology.annotations import AnnotationKeys
 from topology.codec import CodecError, StateAheadError, check_state, decode_state, decode_topology
 from topology.compiled import CompiledTopology, compile_topology
+from topology.sharing import Sharing, combine, from_labels
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class NodeView:
     problem: str | None = None  # why the node's topology cannot be used
     refused: str | None = None  # the short, stable class of a refused annotation (REFUSED), for the metric
     raw_topology: str | None = None
+    sharing: Sharing = Sharing.NONE  # from GFD's labels and the agent's observation (topology/sharing.py)
 
     @property
     def size(self) -> int:
@@ -65,8 +67,15 @@ class NodeKey:
     unhealthy: int
 
 
+@dataclass(frozen=True, slots=True)
+class SharedKey:
+    """The key of a node whose GPUs are shared: kube-scheduler's count decides, topology promises nothing."""
+
+    sharing: Sharing
+
+
 # A node's key, or for a node without a usable topology the reason.
-Key = NodeKey | str
+Key = NodeKey | SharedKey | str
 
 # Refused annotations: the metric's reason class -> the filter reason the node's pods are shown.
 REFUSED: dict[str, str] = {
@@ -271,7 +280,7 @@ class ClusterState:
                 self.ledger.forget_node(name)
                 self._restale(name, stale=False)
                 return name
-            view = self._decode_node(name, metadata.get("annotations") or {})
+            view = self._decode_node(name, metadata.get("annotations") or {}, metadata.get("labels") or {})
             self._store(view)
             self._restale(name, stale=view.compiled is not None and self.is_stale(view, self.clock()))
             if view.observed is not None:
@@ -282,7 +291,11 @@ class ClusterState:
 
     def _store(self, view: NodeView) -> None:
         self._views[view.name] = view
-        if view.compiled is None:
+        if view.sharing.shared:
+            # Its devices are replicas or slices: no free mask of ours means anything there, so it is never stale.
+            self._keys[view.name] = SharedKey(view.sharing)
+            self._observed.pop(view.name, None)
+        elif view.compiled is None:
             self._keys[view.name] = view.problem or "no GPU topology reported"
             self._observed.pop(view.name, None)
         else:
@@ -320,7 +333,12 @@ class ClusterState:
         self._boards_limit = len(self._interned_boards) + MAX_DEAD_BOARDS
         self.key_epoch += 1
 
-    def _decode_node(self, name: str, annotations: Mapping[str, Any]) -> NodeView:
+    def _decode_node(self, name: str, annotations: Mapping[str, Any], labels: Mapping[str, Any]) -> NodeView:
+        view = self._decode_annotations(name, annotations)
+        sharing = combine(from_labels(labels if isinstance(labels, dict) else {}), view.sharing)
+        return replace(view, sharing=sharing) if sharing is not view.sharing else view
+
+    def _decode_annotations(self, name: str, annotations: Mapping[str, Any]) -> NodeView:
         raw = annotations.get(self.keys.topology)
         if raw is None:
             return NodeView(name, problem="no GPU topology reported")
@@ -349,7 +367,7 @@ class ClusterState:
             return _refused(name, "state-future" if isinstance(error, StateAheadError) else "state-invalid",
                             view.raw_topology)
         return replace(view, unhealthy=view.mask(state.unhealthy), reported_used=state.used,
-                       reported_pods=state.pods, observed=state.observed.timestamp())
+                       reported_pods=state.pods, observed=state.observed.timestamp(), sharing=state.sharing)
 
     def _replace_pods(self, items: list[dict[str, Any]]) -> None:
         with self.ledger.lock:

@@ -11,6 +11,7 @@ from extender.demo_cluster import with_uuids
 from extender.state import ClusterState
 from topology.codec import NodeState, encode_state, encode_topology
 from topology.platforms import PLATFORMS
+from topology.sharing import Sharing
 
 
 class ManualClock:
@@ -24,9 +25,11 @@ class ManualClock:
 
 
 def reported_cluster(used: Mapping[str, tuple[str, tuple[int, ...]]], *, clock: Callable[[], float] = time.time,
-                     stale_after: float = 120.0,
-                     unhealthy: Mapping[str, tuple[int, ...]] | None = None) -> ClusterState:
-    """`used` maps node name -> (platform, GPUs held); `unhealthy` node name -> sick GPUs."""
+                     stale_after: float = 120.0, unhealthy: Mapping[str, tuple[int, ...]] | None = None,
+                     labels: Mapping[str, Mapping[str, str]] | None = None,
+                     observed: Mapping[str, Sharing] | None = None) -> ClusterState:
+    """`used` maps node name -> (platform, GPUs held); `unhealthy` node name -> sick GPUs; `labels` node name ->
+    its labels (GPU feature discovery's); `observed` node name -> the sharing its agent saw."""
     state = ClusterState(clock=clock, stale_after=stale_after)
     nodes = []
     for name, (platform, held) in used.items():
@@ -34,9 +37,11 @@ def reported_cluster(used: Mapping[str, tuple[str, tuple[int, ...]]], *, clock: 
         sick = (unhealthy or {}).get(name, ())
         reported = NodeState(frozenset(topology.gpus[i].uuid for i in held),
                              frozenset(topology.gpus[i].uuid for i in sick),
-                             datetime.fromtimestamp(clock(), timezone.utc), 1)
-        nodes.append({"metadata": {"name": name, "annotations": {state.keys.topology: encode_topology(topology),
-                                                                  state.keys.state: encode_state(reported)}}})
+                             datetime.fromtimestamp(clock(), timezone.utc), 1,
+                             sharing=(observed or {}).get(name, Sharing.NONE))
+        nodes.append({"metadata": {"name": name, "labels": dict((labels or {}).get(name, {})),
+                                   "annotations": {state.keys.topology: encode_topology(topology),
+                                                   state.keys.state: encode_state(reported)}}})
     state.nodes.replace(nodes)
     state.nodes.synced()
     state.pods.replace([])

@@ -19,7 +19,7 @@ from extender.pod_request import PodRequest
 from extender.scoring.bandwidth import bandwidth_score
 from extender.scoring.fragmentation import fragmentation_score, lost_gpus
 from extender.scoring.packing import packing_score
-from extender.state import ClusterState, Key, NodeKey
+from extender.state import ClusterState, Key, NodeKey, SharedKey
 from topology.select import Choice, Request, Selector, mask_of
 
 MAX_SCORE = 10
@@ -64,6 +64,12 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
                      + WEIGHTS["packing"] * packing_score(key.compiled, key.free, key.unhealthy, pod.request.count)
                      + WEIGHTS["fragmentation"] * fragmentation_score(offer.lost_gpus, most_lost))
             score_of[key] = round(MAX_SCORE * value)
+    shared = [key for key in distinct if isinstance(key, SharedKey)]
+    if shared:
+        # Neither blocked nor scored down for sharing: level with the best whole-GPU node, so kube-scheduler's
+        # own plugins choose among them as they would without us.
+        level = max((score_of[key] for key in boards), default=MAX_SCORE)
+        score_of.update(dict.fromkeys(shared, level))
     return list(map(score_of.__getitem__, keys))
 
 
