@@ -9,6 +9,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from extender.state import ClusterState
+from topology.sharing import Sharing
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 _GBPS_BUCKETS = (5, 10, 20, 50, 100, 150, 200, 300, 450, 600, 900)
@@ -42,6 +43,7 @@ class Metrics:
                        registry=self.registry)
         leader.set_function(lambda: 1 if leading() else 0)
         self.registry.register(_RefusedNodes(state))
+        self.registry.register(_SharedNodes(state))
 
 
 class _RefusedNodes(Collector):
@@ -55,4 +57,23 @@ class _RefusedNodes(Collector):
                                    "Nodes whose GPU annotation was refused, by reason", labels=["reason"])
         for reason, count in self._state.refused_counts().items():
             family.add_metric([reason], count)
+        yield family
+
+
+class _SharedNodes(Collector):
+    """gpu_topology_extender_nodes_shared{mode}: nodes placed by count alone because they share their GPUs
+    (topology/sharing.py), every mode listed, zero where none."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("gpu_topology_extender_nodes_shared",
+                                   "Nodes whose GPUs are shared (time-slicing, MPS, MIG), by mode", labels=["mode"])
+        counts = dict.fromkeys((mode for mode in Sharing if mode.shared), 0)
+        for view in list(self._state.views().values()):
+            if view.sharing.shared:
+                counts[view.sharing] += 1
+        for mode, count in counts.items():
+            family.add_metric([mode.value], count)
         yield family

@@ -12,6 +12,7 @@ import pytest
 
 from extender.bind import BindError, bind_pod
 from extender.filter import filter_nodes
+from extender.metrics import Metrics
 from extender.pod_request import PodRequest, parse_pod
 from extender.preempt import preempt_nodes
 from extender.scoring import prioritize_nodes
@@ -151,3 +152,10 @@ def test_a_shared_node_without_a_reporter_is_not_locked_out() -> None:
     state.pods.replace([])
     state.pods.synced()
     assert filter_nodes(state, Selector(), _pod(state, 1), ["sliced"]).passed == ["sliced"]
+
+
+def test_metrics_count_shared_nodes_by_mode() -> None:
+    state = _cluster(MIG_MIXED, Sharing.MIG)
+    metrics = Metrics(state, leading=lambda: True)
+    assert metrics.registry.get_sample_value("gpu_topology_extender_nodes_shared", {"mode": "mig-mixed"}) == 1
+    assert metrics.registry.get_sample_value("gpu_topology_extender_nodes_shared", {"mode": "time-slicing"}) == 0
