@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from topology.levels import Level
-from topology.nvidia_smi import TopoParseError, parse_topo_matrix
+from topology.model import Topology
+from topology.nvidia_smi import TopoParseError, parse_topo_capture, parse_topo_matrix
 from topology.platforms import PLATFORMS
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -137,3 +138,100 @@ def test_legacy_soc_code_reads_as_sys() -> None:
     topology = parse_topo_matrix(text, "NVIDIA L40S")
     assert topology.level(0, 4) is Level.SYS
     assert topology.fingerprint == PLATFORMS["pcie-l40s"].topology().fingerprint
+
+
+TOPO_M = FIXTURES / "topo_m"
+_DGX1 = ["X NV1 NV1 NV2 NV2 SYS SYS SYS", "NV1 X NV2 NV1 SYS NV2 SYS SYS", "NV1 NV2 X NV2 SYS SYS NV1 SYS",
+         "NV2 NV1 NV2 X SYS SYS SYS NV1", "NV2 SYS SYS SYS X NV1 NV1 NV2", "SYS NV2 SYS SYS NV1 X NV2 NV1",
+         "SYS SYS NV1 SYS NV1 NV2 X NV2", "SYS SYS SYS NV1 NV2 NV1 NV2 X"]
+
+
+def _mesh(n: int, code: str) -> list[str]:
+    return [" ".join("X" if i == j else code for j in range(n)) for i in range(n)]
+
+
+def _codes(topology: Topology) -> list[str]:
+    """The GPU part of the matrix as topo -m prints it, one string a row."""
+    def code(i: int, j: int) -> str:
+        if i == j:
+            return "X"
+        links = topology.nvlink_count(i, j)
+        return f"NV{links}" if links else topology.level(i, j).name
+    return [" ".join(code(i, j) for j in range(topology.size)) for i in range(topology.size)]
+
+
+@pytest.mark.parametrize(("name", "matrix", "numa"), [
+    ("r470-dgx1-v100.txt", _DGX1, [0, 0, 0, 0, 1, 1, 1, 1]),
+    ("r535-dgx-h100.txt", _mesh(8, "NV18"), [0, 0, 0, 0, 1, 1, 1, 1]),
+    ("r580-dgx-h100.txt", _mesh(8, "NV18"), [0, 0, 0, 0, 1, 1, 1, 1]),
+    ("r580-h100-vm.txt", ["X"], [0]),
+    ("tabs-hgx-h100-4gpu.txt", _mesh(4, "NV6"), [3, 1, 7, 5]),
+    ("no-nic-rows-dgx-a100.txt", _mesh(8, "NV12"), [3, 3, 1, 1, 7, 7, 5, 5]),
+    ("na-cells-vm.txt", ["X PHB", "PHB X"], [None, None]),
+])
+def test_every_driver_layout_reads_to_the_gpu_matrix_and_numa_nodes(name: str, matrix: list[str],
+                                                                     numa: list[int | None]) -> None:
+    topology = parse_topo_matrix((TOPO_M / name).read_text())
+    assert _codes(topology) == matrix
+    assert [gpu.numa_node for gpu in topology.gpus] == numa
+
+
+def test_the_reported_r580_vm_capture_parses_as_printed() -> None:
+    text = "\x1b[4m\tGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\nGPU0\t X \t0-15\t0\t\tN/A\n"
+    topology = parse_topo_matrix(text, "NVIDIA H100 80GB HBM3")
+    assert topology.size == 1 and topology.gpus[0].numa_node == 0
+
+
+def test_escapes_anywhere_are_ignored() -> None:
+    text = (TOPO_M / "r535-dgx-h100.txt").read_text().replace("NV18", "\x1b[1mNV18\x1b[0m")
+    text = text.replace("GPU3\t", "\x1b[32mGPU3\x1b[m\t")
+    assert _codes(parse_topo_matrix(text)) == _mesh(8, "NV18")
+
+
+def test_missing_nic_rows_are_a_note_not_an_error() -> None:
+    parsed = parse_topo_capture((TOPO_M / "no-nic-rows-dgx-a100.txt").read_text())
+    assert parsed.notes == ("no row for NIC0, NIC1, NIC2, NIC3 and 6 more of the 10 NIC columns; every GPU row is "
+                            "there, so the GPU links are complete",)
+    assert parse_topo_capture((TOPO_M / "r535-dgx-h100.txt").read_text()).notes == ()
+
+
+def test_a_missing_gpu_row_stays_an_error_even_without_nic_rows() -> None:
+    text = "\n".join(line for line in (TOPO_M / "no-nic-rows-dgx-a100.txt").read_text().splitlines()
+                     if not line.startswith("GPU5"))
+    with pytest.raises(TopoParseError, match="partial matrix: no row for GPU5"):
+        parse_topo_matrix(text)
+
+
+def test_asymmetry_and_unknown_codes_stay_errors_in_new_layouts() -> None:
+    text = (TOPO_M / "r580-dgx-h100.txt").read_text()
+    with pytest.raises(TopoParseError, match="asymmetric pair: row GPU0, column GPU1 says NV12 but row GPU1, "
+                                             "column GPU0 says NV18"):
+        parse_topo_matrix(text.replace("GPU0\t X \tNV18", "GPU0\t X \tNV12"))
+    with pytest.raises(TopoParseError, match="row GPU0, column GPU1: unknown code 'NVX'"):
+        parse_topo_matrix(text.replace("GPU0\t X \tNV18", "GPU0\t X \tNVX"))
+
+
+def test_a_matrix_without_its_header_says_so() -> None:
+    text = "\n".join((TOPO_M / "r535-dgx-h100.txt").read_text().splitlines()[4:])
+    assert text.startswith("GPU0\t X ")
+    with pytest.raises(TopoParseError, match="no header line: the first line starting with GPU0 is the GPU0 row"):
+        parse_topo_matrix(text)
+
+
+def test_a_repeated_header_label_is_named() -> None:
+    text = _capture("gb200-nvl72-node.txt").replace("GPU2    GPU3    CPU", "GPU2    GPU2    CPU")
+    with pytest.raises(TopoParseError, match="header: column label GPU2 appears twice"):
+        parse_topo_matrix(text)
+
+
+def test_bad_gpu_numa_id_is_named() -> None:
+    text = (TOPO_M / "r580-h100-vm.txt").read_text().replace("\t\tN/A", "\t\tzero")
+    with pytest.raises(TopoParseError, match="row GPU0, column GPU NUMA ID: 'zero' is not a NUMA node"):
+        parse_topo_matrix(text)
+
+
+def test_affinity_values_that_fit_two_ways_are_refused() -> None:
+    text = (TOPO_M / "r580-h100-vm.txt").read_text().replace("0-15\t0\t\tN/A", "0-15\t0\t\t")
+    with pytest.raises(TopoParseError, match="row GPU0: the values '0-15 0' fit the columns CPU Affinity \\| "
+                                             "NUMA Affinity \\| GPU NUMA ID in more than one way"):
+        parse_topo_matrix(text)

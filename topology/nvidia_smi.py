@@ -1,16 +1,19 @@
 """Reads `nvidia-smi topo -m` text into a Topology.
 
-Real captures vary by driver: tabs or runs of spaces, a header with or without leading whitespace, NIC rows
-named NICn or mlx5_*, legends (full, one-line or missing), and CPU/NUMA affinity columns that some drivers
-omit. The parser accepts all of those. It refuses, naming the row and column, anything it would otherwise
-have to guess: a missing row, a row the header lacks, an asymmetric pair, an unknown code, NVLink to a NIC, an
-unreadable affinity, and anything beyond what real hardware has (topology/bounds.py).
+Real captures vary by driver (R450 to R580): tabs or runs of spaces, a header with or without leading
+whitespace, underlined with ANSI escapes even into a file (R580), NIC rows named NICn or mlx5_*, legends
+(full, one-line or missing), CPU Affinity, NUMA Affinity and GPU NUMA ID columns that some drivers omit, and
+affinity cells that are N/A or empty. The parser accepts all of those, and missing NIC rows too (the GPU rows
+hold every GPU link), which it reports as a note. It refuses, naming the row and column, anything it would
+otherwise have to guess: a missing GPU row, a row the header lacks, an asymmetric pair, an unknown code,
+NVLink to a NIC, an unreadable affinity, and anything beyond what real hardware has (topology/bounds.py).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from itertools import combinations
 from dataclasses import dataclass
 
 from topology import bounds, catalog
@@ -18,6 +21,9 @@ from topology.levels import PCIE_CODES, Level
 from topology.model import Gpu, NvLinkPair, Topology, TopologyError
 
 _AFFINITY_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+# CSI sequences (ESC [ ... final byte) such as the underline R580 puts on the header, and charset selections.
+_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[()][0-9A-Za-z])")
+_NUMA_VALUE = re.compile(r"[0-9]{1,6}$")
 _GPU_LABEL = re.compile(r"GPU(\d+)$")
 # Digit counts cap what int() is asked to read; anything longer is no code nvidia-smi prints.
 _NVLINK_CODE = re.compile(r"NV([0-9]{1,6})$")
@@ -29,6 +35,14 @@ class TopoParseError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class ParsedCapture:
+    """The topology and what the capture lacked without it being an error (missing NIC rows)."""
+
+    topology: Topology
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class _Row:
     label: str
     cells: tuple[str, ...]
@@ -37,17 +51,22 @@ class _Row:
 
 def parse_topo_matrix(text: str, gpu_model: str | None = None, memory_mib: int | None = None) -> Topology:
     """Parse a capture. `gpu_model` (e.g. "NVIDIA A100-SXM4-40GB") supplies what the text cannot say."""
+    return parse_topo_capture(text, gpu_model, memory_mib).topology
+
+
+def parse_topo_capture(text: str, gpu_model: str | None = None, memory_mib: int | None = None) -> ParsedCapture:
+    """As parse_topo_matrix, with the notes a person should see (gputopo prints them)."""
     lines = _capture_lines(text)
     header_at, columns, affinity_columns = _read_header(lines)
     rows = _read_rows(lines[header_at + 1:], columns, affinity_columns)
-    _check_complete(rows, columns)
+    notes = _check_complete(rows, columns)
     _check_symmetric(rows, columns)
     model = gpu_model.strip() if gpu_model and gpu_model.strip() else catalog.UNKNOWN_MODEL
-    return _build(rows, columns, model, memory_mib)
+    return ParsedCapture(_build(rows, columns, model, memory_mib), notes)
 
 
 def _capture_lines(text: str) -> list[str]:
-    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    lines = _ESCAPE.sub("", text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
     start = 0
     while start < len(lines) and (lines[start].lstrip().startswith("#") or not lines[start].strip()):
         start += 1
@@ -58,6 +77,9 @@ def _read_header(lines: Sequence[str]) -> tuple[int, tuple[str, ...], tuple[str,
     for at, line in enumerate(lines):
         tokens = line.split()
         if tokens and tokens[0] == "GPU0":
+            if tokens[1:2] == ["X"]:
+                raise TopoParseError("no header line: the first line starting with GPU0 is the GPU0 row (GPU0 X ...), "
+                                     "so the line of column labels above it is missing or unreadable")
             return (at, *_split_header(" ".join(tokens)))
     raise TopoParseError("no `nvidia-smi topo -m` matrix found: expected a header line starting with GPU0")
 
@@ -67,8 +89,12 @@ def _split_header(header: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     starts = [header.find(name) for name in _AFFINITY_COLUMNS if name in header]
     cut = min(starts, default=len(header))
     columns = tuple(header[:cut].split())
-    if len(set(columns)) != len(columns):
-        raise TopoParseError("header: a column label appears twice")
+    twice = next((label for at, label in enumerate(columns) if label in columns[:at]), None)
+    if twice is not None:
+        raise TopoParseError(f"header: column label {twice} appears twice")
+    code = next((label for label in columns if label in PCIE_CODES or _NVLINK_CODE.match(label)), None)
+    if code is not None:
+        raise TopoParseError(f"header: {code} is a link code, not a column label; the header line is unreadable")
     gpus = sum(1 for label in columns if _GPU_LABEL.match(label))
     if gpus > bounds.MAX_GPUS or len(columns) - gpus > bounds.MAX_NICS:
         raise TopoParseError(f"header: {gpus} GPU and {len(columns) - gpus} other columns; a node has at most "
@@ -101,12 +127,7 @@ def _read_rows(lines: Sequence[str], columns: tuple[str, ...], affinity_columns:
         extra = values[len(columns):]
         affinity: dict[str, str] = {}
         if label.startswith("GPU") and affinity_columns:
-            if len(extra) != len(affinity_columns):
-                raise TopoParseError(f"row {label}: after the {len(columns)} link entries expected "
-                                     f"{' | '.join(affinity_columns)}, found {' '.join(extra)!r}")
-            affinity = dict(zip(affinity_columns, extra))
-            if "CPU Affinity" in affinity:
-                _cpu_set(label, affinity["CPU Affinity"])
+            affinity = _affinity(label, extra, affinity_columns, len(columns))
         elif extra:
             raise TopoParseError(f"row {label}: unexpected trailing values {extra}")
         if any(row.label == label for row in rows):
@@ -115,22 +136,66 @@ def _read_rows(lines: Sequence[str], columns: tuple[str, ...], affinity_columns:
     return rows
 
 
-def _check_complete(rows: Sequence[_Row], columns: tuple[str, ...]) -> None:
+def _affinity(label: str, values: Sequence[str], names: tuple[str, ...], links: int) -> dict[str, str]:
+    """Values to affinity columns. Whitespace hides empty cells, so a short row is placed by what each value
+    can be (a CPU list, a NUMA node or N/A); it is refused when it fits more than one way."""
+    if len(values) > len(names):
+        raise TopoParseError(f"row {label}: after the {links} link entries expected {' | '.join(names)}, "
+                             f"found {' '.join(values)!r}")
+    readings = {tuple(dict(zip(chosen, values)).get(name, "N/A") for name in names)
+                for chosen in combinations(names, len(values))
+                if all(_fits(name, value) for name, value in zip(chosen, values))}
+    if len(readings) != 1:
+        if len(values) == len(names):
+            bad = next(name for name, value in zip(names, values) if not _fits(name, value))
+            value = values[names.index(bad)]
+            if bad == "CPU Affinity":
+                _cpu_set(label, value)  # raises, naming the part it cannot read
+            raise TopoParseError(f"row {label}, column {bad}: {value!r} is not a NUMA node 0..{bounds.MAX_NUMA_NODE}")
+        how = "in more than one way" if readings else "in no way"
+        raise TopoParseError(f"row {label}: the values {' '.join(values)!r} fit the columns {' | '.join(names)} {how}")
+    affinity = dict(zip(names, readings.pop()))
+    if "CPU Affinity" in affinity:
+        _cpu_set(label, affinity["CPU Affinity"])
+    return affinity
+
+
+def _fits(name: str, value: str) -> bool:
+    if value == "N/A":
+        return True
+    if name == "CPU Affinity":
+        return all(_CPU_RANGE.match(part) for part in value.split(","))
+    return bool(_NUMA_VALUE.match(value)) and int(value) <= bounds.MAX_NUMA_NODE
+
+
+def _check_complete(rows: Sequence[_Row], columns: tuple[str, ...]) -> tuple[str, ...]:
+    """Every GPU row must be there; missing NIC rows only lose NIC-to-NIC links, so they are a note."""
     have = {row.label for row in rows}
     missing = [label for label in columns if label not in have]
-    if missing:
-        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
-        raise TopoParseError(f"partial matrix: no row for {shown} (the header lists {len(columns)} columns)")
+    gpus_missing = [label for label in missing if _GPU_LABEL.match(label)]
+    if gpus_missing:
+        raise TopoParseError(f"partial matrix: no row for {_some(gpus_missing)} (the header lists {len(columns)} "
+                             "columns)")
     gpus = [label for label in columns if label.startswith("GPU")]
     for position, label in enumerate(gpus):
         if label != f"GPU{position}":
             raise TopoParseError(f"header: column {label} where GPU{position} was expected; "
                                  "GPU columns must run GPU0, GPU1, ... in order")
+    if not missing:
+        return ()
+    return (f"no row for {_some(missing)} of the {len(columns) - len(gpus)} NIC columns; every GPU row is there, "
+            "so the GPU links are complete",)
+
+
+def _some(labels: Sequence[str]) -> str:
+    return ", ".join(labels[:4]) + (f" and {len(labels) - 4} more" if len(labels) > 4 else "")
 
 
 def _check_symmetric(rows: Sequence[_Row], columns: tuple[str, ...]) -> None:
     cell = {row.label: dict(zip(columns, row.cells)) for row in rows}
     for r, label in enumerate(columns):
+        if label not in cell:
+            continue
         for c, other in enumerate(columns):
             value = cell[label][other]
             if r == c:
@@ -144,7 +209,7 @@ def _check_symmetric(rows: Sequence[_Row], columns: tuple[str, ...]) -> None:
             if _NVLINK_CODE.match(value) and not (_GPU_LABEL.match(label) and _GPU_LABEL.match(other)):
                 raise TopoParseError(f"row {label}, column {other}: {value} between a GPU and a NIC; NVLink joins "
                                      "only GPUs")
-            if c > r and cell[other][label] != value:
+            if c > r and other in cell and cell[other][label] != value:
                 raise TopoParseError(f"asymmetric pair: row {label}, column {other} says {value} but "
                                      f"row {other}, column {label} says {cell[other][label]}")
 
