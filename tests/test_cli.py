@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import orjson
@@ -119,3 +120,41 @@ def test_discover_without_a_gpu_is_one_clear_line(capsys: pytest.CaptureFixture[
     code, out, err = _run(capsys, "discover")
     assert code == 2 and out == ""
     assert err.startswith("gputopo: error: NVML is not available") and err.count("\n") == 1
+
+
+TOPO_M = FIXTURES / "topo_m"
+
+
+def test_parse_dash_reads_the_r580_capture_from_stdin(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO((TOPO_M / "r580-h100-vm.txt").read_text()))
+    code, out, err = _run(capsys, "parse", "-", "--gpu-model", "NVIDIA H100 80GB HBM3")
+    assert code == 0 and err == ""
+    topology = decode_topology(out)
+    assert topology.size == 1 and topology.gpus[0].numa_node == 0
+
+
+def test_show_dash_reads_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO((TOPO_M / "r580-dgx-h100.txt").read_text()))
+    code, out, err = _run(capsys, "show", "-")
+    assert code == 0 and err == ""
+    assert out.startswith("<stdin>\n")
+    assert any(line.split() == ["GPU0", "X", *["NV18"] * 7, "0"] for line in out.splitlines())
+
+
+def test_bad_stdin_is_one_line_naming_stdin(monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("GPU0\t X \tNV18\n"))
+    code, out, err = _run(capsys, "show", "-")
+    assert code == 2 and out == ""
+    assert err == ("gputopo: error: <stdin>: no header line: the first line starting with GPU0 is the GPU0 row "
+                   "(GPU0 X ...), so the line of column labels above it is missing or unreadable\n")
+
+
+@pytest.mark.parametrize("command", ["parse", "show"])
+def test_missing_nic_rows_are_a_note_line(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    path = TOPO_M / "no-nic-rows-dgx-a100.txt"
+    code, out, err = _run(capsys, command, str(path))
+    assert code == 0 and out
+    assert err == (f"gputopo: note: {path}: no row for NIC0, NIC1, NIC2, NIC3 and 6 more of the 10 NIC columns; "
+                   "every GPU row is there, so the GPU links are complete\n")

@@ -20,7 +20,7 @@ from topology.discover import NvmlUnavailable, discover
 from topology.graph import nvlink_islands
 from topology.levels import Interconnect, Level
 from topology.model import Topology
-from topology.nvidia_smi import TopoParseError, parse_topo_matrix
+from topology.nvidia_smi import TopoParseError, parse_topo_capture, parse_topo_matrix
 from topology.platforms import PLATFORMS
 from topology.select import Choice, Request, Selector
 
@@ -50,7 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gputopo", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
-    source_help = "nvidia-smi topo -m text, topology JSON, or a bundled platform name (see `gputopo platforms`)"
+    source_help = ("nvidia-smi topo -m text, topology JSON, or a bundled platform name (see `gputopo platforms`); "
+                   "- reads standard input")
 
     parse = commands.add_parser("parse", help="topo -m text -> topology JSON (the annotation schema)")
     parse.add_argument("file", help=source_help)
@@ -90,27 +91,42 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
 
 def load_topology(source: str, gpu_model: str | None = None) -> tuple[str, Topology]:
     """A name for people and the topology, from a platform name, topology JSON or topo -m text."""
+    title, topology, _ = _load(source, gpu_model)
+    return title, topology
+
+
+def _load(source: str, gpu_model: str | None) -> tuple[str, Topology, tuple[str, ...]]:
+    """As load_topology, with the parser's notes on what the capture lacked; `-` is standard input."""
     path = Path(source)
     if source in PLATFORMS and not path.exists():
         platform = PLATFORMS[source]
         topology = platform.topology() if gpu_model is None else parse_topo_matrix(platform.capture_text(), gpu_model)
-        return f"{platform.name}: {platform.description}", topology
+        return f"{platform.name}: {platform.description}", topology, ()
+    name = "<stdin>" if source == "-" else source
     try:
-        text = path.read_text(encoding="utf-8")
+        text = sys.stdin.read() if source == "-" else path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise CliError(f"{source}: no such file or bundled platform") from None
     except (OSError, UnicodeDecodeError) as error:
-        raise CliError(f"{source}: cannot read it as text ({error.__class__.__name__})") from None
+        raise CliError(f"{name}: cannot read it as text ({error.__class__.__name__})") from None
     if text.lstrip().startswith("{"):
-        return source, decode_topology(text)
+        return name, decode_topology(text), ()
     try:
-        return source, parse_topo_matrix(text, gpu_model)
+        parsed = parse_topo_capture(text, gpu_model)
     except TopoParseError as error:
-        raise CliError(f"{source}: {error}") from None
+        raise CliError(f"{name}: {error}") from None
+    return name, parsed.topology, tuple(f"{name}: {note}" for note in parsed.notes)
+
+
+def _print_notes(notes: Sequence[str]) -> None:
+    for note in notes:
+        print(f"gputopo: note: {note}", file=sys.stderr)
 
 
 def _run_parse(args: argparse.Namespace) -> None:
-    print(encode_topology(load_topology(args.file, args.gpu_model)[1]))
+    _, topology, notes = _load(args.file, args.gpu_model)
+    _print_notes(notes)
+    print(encode_topology(topology))
 
 
 def _run_select(args: argparse.Namespace) -> int:
@@ -152,7 +168,8 @@ def _run_platforms(_: argparse.Namespace) -> None:
 
 
 def _run_show(args: argparse.Namespace) -> None:
-    title, topology = load_topology(args.file, args.gpu_model)
+    title, topology, notes = _load(args.file, args.gpu_model)
+    _print_notes(notes)
     print(render(title, topology))
 
 
