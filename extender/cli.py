@@ -16,6 +16,7 @@ from pathlib import Path
 
 from extender.demo import run_demo
 from extender.demo_cluster import DemoCluster
+from extender.demo_shared import run_shared_demo
 from extender.kube import KubeError, KubernetesApi
 from extender.leader import LeaderElector, Timings
 from extender.leader_label import LeaderLabel
@@ -210,6 +211,7 @@ def freeze_when_synced(state: ClusterState) -> None:
 
 def _demo(_: argparse.Namespace) -> int:
     run_demo()
+    run_shared_demo()
     return 0
 
 

@@ -118,7 +118,7 @@ def _drive_extender(cluster: DemoCluster, pods: list[DemoPod], port: int, out) -
             cluster.finish_pod(uid)
             continue
         body = orjson.dumps({"Pod": created, "Nodes": None, "NodeNames": fits})
-        verdict = _post(connection, "/filter", body)
+        verdict = post(connection, "/filter", body)
         passed = verdict["NodeNames"]
         if not passed:
             reasons = sorted(set(verdict["FailedNodes"].values()) | set(verdict["FailedAndUnresolvableNodes"].values()))
@@ -126,10 +126,10 @@ def _drive_extender(cluster: DemoCluster, pods: list[DemoPod], port: int, out) -
             tally.dropped += 1
             cluster.finish_pod(uid)
             continue
-        scores = {entry["Host"]: entry["Score"] for entry in _post(connection, "/prioritize", orjson.dumps(
+        scores = {entry["Host"]: entry["Score"] for entry in post(connection, "/prioritize", orjson.dumps(
             {"Pod": created, "Nodes": None, "NodeNames": passed}))}
         node = max(passed, key=lambda name: scores[name])
-        answer = _post(connection, "/bind", orjson.dumps({"PodName": pod.name, "PodNamespace": "default",
+        answer = post(connection, "/bind", orjson.dumps({"PodName": pod.name, "PodNamespace": "default",
                                                           "PodUID": uid, "Node": node}))
         if answer["Error"]:
             out(f"{label}  bind refused: {answer['Error']}")
@@ -212,7 +212,7 @@ def _used_by_count(cluster: DemoCluster, node: str) -> int:
                for pod in cluster.pods.values() if pod["spec"].get("nodeName") == node)
 
 
-def _post(connection: http.client.HTTPConnection, path: str, body: bytes) -> dict:
+def post(connection: http.client.HTTPConnection, path: str, body: bytes) -> dict:
     connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
     response = connection.getresponse()
     return orjson.loads(response.read())

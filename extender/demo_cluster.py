@@ -14,7 +14,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -24,6 +24,7 @@ from topology.agent.claims import Allocation, Board, Delivered, Preferred, ident
 from topology.codec import NodeState, encode_state, encode_topology
 from topology.model import Topology
 from topology.platforms import PLATFORMS
+from topology.sharing import Sharing
 from topology.split import Kind, container_needs
 
 DEMO_NODES: tuple[tuple[str, str], ...] = (
@@ -33,6 +34,22 @@ DEMO_NODES: tuple[tuple[str, str], ...] = (
     ("a6000-1", "rtx-a6000-pairs"), ("a6000-2", "rtx-a6000-pairs"),
     ("l40s-1", "pcie-l40s"), ("l40s-2", "pcie-l40s"),
 )
+
+
+@dataclass(frozen=True, slots=True)
+class SharedNode:
+    """A demo node whose GPUs are shared: GPU feature discovery's labels, and how many kubelet devices each GPU
+    becomes (time-slicing replicas `<uuid>::<n>`, or MIG slices `MIG-…`)."""
+
+    labels: Mapping[str, str]
+    devices_per_gpu: int
+    mig: bool = False
+
+
+def single_gpu(platform: str) -> Topology:
+    """GPU 0 of a platform's capture, alone: a one-GPU node (a VM slice, or a GPU given over to sharing)."""
+    whole = PLATFORMS[platform].topology()
+    return Topology(gpus=(whole.gpus[0],), nvlinks=(), nvswitch=False, pcie=((whole.pcie[0][0],),))
 
 
 def with_uuids(node: str, topology: Topology) -> Topology:
@@ -47,11 +64,14 @@ def with_uuids(node: str, topology: Topology) -> Topology:
 
 class DemoCluster:
     def __init__(self, state: ClusterState, nodes: Sequence[tuple[str, str]] = DEMO_NODES,
-                 clock: Callable[[], float] = time.time, boards: Mapping[str, Topology] | None = None) -> None:
+                 clock: Callable[[], float] = time.time, boards: Mapping[str, Topology] | None = None,
+                 shared: Mapping[str, SharedNode] | None = None) -> None:
         """`boards` gives the board of a node, by name, that has other GPUs than its platform's capture (the
-        benchmark replay's nodes with some of a board's GPUs installed)."""
+        benchmark replay's nodes with some of a board's GPUs installed); `shared` the nodes whose GPUs are
+        shared, whose kubelet hands out replicas or MIG slices as NVIDIA's device plugin does there."""
         self.state = state
         self.clock = clock
+        self.shared = dict(shared or {})
         boards = boards or {}
         self.topologies = {name: with_uuids(name, boards.get(name) or PLATFORMS[platform].topology())
                            for name, platform in nodes}
@@ -87,8 +107,27 @@ class DemoCluster:
             pod["metadata"].setdefault("annotations", {}).update(annotations)
             self._bump(pod)
             self.state.pods.apply("MODIFIED", pod)
-            self._admit(node, pod)
+            if node in self.shared:
+                self._admit_shared(node, pod)
+            else:
+                self._admit(node, pod)
             self.report(node)
+
+    def devices(self, node: str) -> tuple[str, ...]:
+        """The kubelet devices of a shared node, as NVIDIA's device plugin advertises them."""
+        shared, gpus = self.shared[node], self.topologies[node].gpus
+        if shared.mig:
+            return tuple(f"MIG-{gpu.uuid[4:12]}-{slot}" for gpu in gpus for slot in range(shared.devices_per_gpu))
+        return tuple(f"{gpu.uuid}::{slot}" for gpu in gpus for slot in range(shared.devices_per_gpu))
+
+    def _admit_shared(self, node: str, pod: dict[str, Any]) -> None:
+        """NVIDIA's device plugin on a shared node: the first free replicas or slices, whatever the extender
+        thought (it annotated nothing there)."""
+        held = {device for uid in self._on_node[node] for ids in self.delivered.get(uid, {}).values()
+                for device in ids}
+        free = [device for device in self.devices(node) if device not in held]
+        count = int(pod["spec"]["containers"][0]["resources"]["requests"][self.state.resource])
+        self.delivered[pod["metadata"]["uid"]] = {pod["spec"]["containers"][0]["name"]: tuple(free[:count])}
 
     def _admit(self, node: str, pod: dict[str, Any]) -> None:
         """The kubelet admits the pod: each GPU container in its order draws from the init pool first, then
@@ -195,18 +234,24 @@ class DemoCluster:
     def _node(self, name: str) -> dict[str, Any]:
         """The node as its agent reports it: what the kubelet allocated to each pod (its containers listed)."""
         self._generation += 1
+        shared = self.shared.get(name)
+        # The agent reports a replica as the GPU it is a replica of, and leaves MIG slices out (devices.py).
         pods = {f"{pod['metadata']['namespace']}/{pod['metadata']['name']}":
-                frozenset(gpu for held in self.delivered.get(pod["metadata"]["uid"], {}).values() for gpu in held)
+                frozenset(device.split("::")[0] for held in self.delivered.get(pod["metadata"]["uid"], {}).values()
+                          for device in held if not device.startswith("MIG-"))
                 for pod in (self.pods[uid] for uid in self._on_node[name])}
         pods = {key: gpus for key, gpus in pods.items() if gpus}
         used = frozenset(gpu for gpus in pods.values() for gpu in gpus)
+        observed = Sharing.NONE if shared is None else Sharing.MIG if shared.mig else Sharing.REPLICAS
         state = NodeState(used, frozenset(), datetime.fromtimestamp(self.clock(), timezone.utc), self._generation,
-                          pods)
+                          pods, observed)
         topology = self.topologies[name]
+        devices = topology.size * (1 if shared is None else shared.devices_per_gpu)
         return {"metadata": {"name": name, "resourceVersion": str(self._generation),
+                             "labels": dict(shared.labels) if shared is not None else {},
                              "annotations": {self.state.keys.topology: encode_topology(topology),
                                              self.state.keys.state: encode_state(state)}},
-                "status": {"allocatable": {self.state.resource: str(topology.size)}}}
+                "status": {"allocatable": {self.state.resource: str(devices)}}}
 
     def _find(self, namespace: str, name: str) -> dict[str, Any]:
         uids = self._uids.get((namespace, name))

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from extender.bind import BindError, bind_pod
+from extender.demo_shared import run_shared_demo
 from extender.filter import filter_nodes
 from extender.metrics import Metrics
 from extender.pod_request import PodRequest, parse_pod
@@ -159,3 +160,14 @@ def test_metrics_count_shared_nodes_by_mode() -> None:
     metrics = Metrics(state, leading=lambda: True)
     assert metrics.registry.get_sample_value("gpu_topology_extender_nodes_shared", {"mode": "mig-mixed"}) == 1
     assert metrics.registry.get_sample_value("gpu_topology_extender_nodes_shared", {"mode": "time-slicing"}) == 0
+
+
+def test_the_demo_places_plain_pods_on_shared_nodes_and_the_ring_pod_on_whole_gpus() -> None:
+    lines: list[str] = []
+    run_shared_demo(lines.append)
+    placed = {line.split()[0]: line for line in lines if " -> " in line}
+    assert "-> h100-sliced  plain binding, the kubelet gave GPU-" in placed["notebook"]
+    assert "::0" in placed["notebook"]
+    assert "-> a6000-whole  GPUs chosen by the extender" in placed["allreduce"]
+    assert "a100-mig refused: GPUs on this node are shared (mig-single): no topology guarantee" in placed["allreduce"]
+    assert "-> a100-mig     plain binding, the kubelet gave MIG-" in placed["batch"]
