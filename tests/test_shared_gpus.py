@@ -6,11 +6,13 @@ ledger never turns a replica into a whole GPU."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 
 from extender.bind import BindError, bind_pod
+from extender.demo_cluster import single_gpu, with_uuids
 from extender.demo_shared import run_shared_demo
 from extender.filter import filter_nodes
 from extender.metrics import Metrics
@@ -21,6 +23,8 @@ from extender.state import ClusterState, NodeKey, SharedKey
 from extender.wait import WaitClock
 from extender.wire import BindingArgs, Victims
 from reported_nodes import ManualClock, reported_cluster
+from topology.agent.devices import ContainerDevices, GpuIds, KubeletDevices, Unknown, observe
+from topology.codec import NodeState, encode_state, encode_topology
 from topology.select import Selector
 from topology.sharing import Sharing, combine, from_labels, no_guarantee
 
@@ -171,3 +175,30 @@ def test_the_demo_places_plain_pods_on_shared_nodes_and_the_ring_pod_on_whole_gp
     assert "-> a6000-whole  GPUs chosen by the extender" in placed["allreduce"]
     assert "a100-mig refused: GPUs on this node are shared (mig-single): no topology guarantee" in placed["allreduce"]
     assert "-> a100-mig     plain binding, the kubelet gave MIG-" in placed["batch"]
+
+
+@pytest.mark.parametrize(("device", "sharing"), [("{uuid}::{n}", Sharing.REPLICAS), ("MIG-{short}-{n}", Sharing.MIG)])
+def test_from_pod_resources_ids_to_the_extenders_verdict(device: str, sharing: Sharing) -> None:
+    """The agent reads the kubelet's replica or MIG ids (three pods on one GPU's replicas), publishes state v3,
+    and the extender places by count there: unconstrained pods pass, required ones get the reason, and the GPU
+    the replicas share is held by nobody in the ledger, neither once nor three times."""
+    topology = with_uuids("sliced", single_gpu("dgx-h100"))
+    uuid = topology.gpus[0].uuid
+    ids = [device.format(uuid=uuid, short=uuid[4:12], n=n) for n in range(4)]
+    assigned = tuple(ContainerDevices("ml", f"p{n}", "main", "nvidia.com/gpu", (ids[n],)) for n in range(3))
+    observation = observe(GpuIds(topology), KubeletDevices(assigned, {"nvidia.com/gpu": tuple(ids)}), {},
+                          "nvidia.com/gpu")
+    assert not isinstance(observation, Unknown) and observation.sharing is sharing
+    state = ClusterState()
+    reported = NodeState(observation.used, observation.unhealthy, datetime.now(timezone.utc), 1, observation.pods,
+                         observation.sharing)
+    state.nodes.replace([{"metadata": {"name": "sliced", "annotations": {
+        state.keys.topology: encode_topology(topology), state.keys.state: encode_state(reported)}}}])
+    state.nodes.synced()
+    state.pods.replace([])
+    state.pods.synced()
+    assert state.keys_for(["sliced"]) == [SharedKey(sharing)]
+    assert filter_nodes(state, Selector(), _pod(state, 1), ["sliced"]).passed == ["sliced"]
+    assert filter_nodes(state, Selector(), _pod(state, 1, NVLINK), ["sliced"]).unresolvable == {
+        no_guarantee(sharing): ["sliced"]}
+    assert list(state.ledger.entries("sliced")) == []
