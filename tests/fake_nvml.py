@@ -2,7 +2,8 @@
 
 It answers like NVML on a real board: NVSwitch GPUs spread their links over a few switches, direct pairs
 get one link per NVLink with the peer's bus id at the far end, link ids past a GPU's last link answer
-INVALID_ARGUMENT and GPUs without NVLink NOT_SUPPORTED. Constants and NVMLError classes are the real
+INVALID_ARGUMENT and GPUs without NVLink NOT_SUPPORTED. Memory affinity at node scope names the capture's NUMA
+node, which a VM's sysfs does not know (write_sysfs with vm=True). Constants and NVMLError classes are the real
 pynvml ones, so discovery cannot rely on anything the real module would not give it.
 """
 
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import pynvml
 
@@ -42,6 +43,10 @@ _NVLINK_VERSIONS: dict[NvLinkGen, int] = {
 # and a GB200 GPU reaches 18 switch chips, one link each.
 _SWITCHES: dict[NvLinkGen | None, int] = {NvLinkGen.NVLINK4: 4, NvLinkGen.NVLINK5: 18}
 _DEFAULT_SWITCHES = 6
+
+# How the driver and pynvml answer nvmlDeviceGetMemoryAffinity: with the node, NOT_SUPPORTED, or not at all
+# (a pynvml without the function or the NVML_AFFINITY_SCOPE_* constants).
+MemoryAffinity = Literal["node", "not-supported", "absent"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +86,16 @@ def gpu_uuid(name: str, index: int) -> str:
     return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"fake-nvml/{name}/{index}"))
 
 
-def write_sysfs(topology: Topology, root: Path) -> Path:
-    """The numa_node files the kernel would show for the GPUs' PCI devices (-1 where NUMA is unknown)."""
+def write_sysfs(topology: Topology, root: Path, *, vm: bool = False) -> Path:
+    """The numa_node files the kernel would show for the GPUs' PCI devices (-1 where NUMA is unknown).
+
+    vm: -1 for every GPU, as in a VM whose firmware gives PCI devices no NUMA locality.
+    """
     for gpu in topology.gpus:
         device = root / "bus" / "pci" / "devices" / normalised_bus_id(gpu.index)
         device.mkdir(parents=True, exist_ok=True)
-        (device / "numa_node").write_text(f"{gpu.numa_node if gpu.numa_node is not None else -1}\n")
+        node = -1 if vm or gpu.numa_node is None else gpu.numa_node
+        (device / "numa_node").write_text(f"{node}\n")
     return root
 
 
@@ -103,18 +112,21 @@ def _nvlinks(topology: Topology, index: int) -> list[_Link]:
 
 def make_fake_nvml(topology: Topology, name: str, *, library_missing: bool = False,
                    remote_type_unsupported: bool = False, down_links: frozenset[tuple[int, int]] = frozenset(),
-                   nvlink_version: int | None = None, as_bytes: bool = False) -> ModuleType:
+                   nvlink_version: int | None = None, as_bytes: bool = False,
+                   memory_affinity: MemoryAffinity = "node") -> ModuleType:
     """A module with pynvml's surface describing `topology`.
 
     library_missing: nvmlInit fails as on a node without the driver. remote_type_unsupported: the driver
     lacks nvmlDeviceGetNvLinkRemoteDeviceType. down_links: (gpu, link) pairs whose link state is disabled.
     nvlink_version: what every link reports instead of its generation's enum. as_bytes: strings come back
-    as bytes, as older pynvml releases return them.
+    as bytes, as older pynvml releases return them. memory_affinity: how nvmlDeviceGetMemoryAffinity answers.
     """
     fake = ModuleType(f"fake_nvml[{name}]")
     for attribute in dir(pynvml):
         if attribute.startswith(("NVML_", "NVMLError")):
             setattr(fake, attribute, getattr(pynvml, attribute))
+    if memory_affinity == "absent":
+        del fake.NVML_AFFINITY_SCOPE_NODE, fake.NVML_AFFINITY_SCOPE_SOCKET  # type: ignore[attr-defined]
     links = [_nvlinks(topology, i) for i in range(topology.size)]
     calls = Calls()
     fake.calls = calls  # type: ignore[attr-defined]
@@ -175,6 +187,20 @@ def make_fake_nvml(topology: Topology, name: str, *, library_missing: bool = Fal
             _fail(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         return link_of(handle, link).kind
 
+    def nvmlDeviceGetMemoryAffinity(handle: _Handle, node_set_size: int, scope: int) -> list[int]:
+        """One bit, the capture's node, in words of 64 bits; a node the capture lacks is NOT_SUPPORTED.
+
+        Only node scope is answered: the captures do not say which nodes share a socket.
+        """
+        node = topology.gpus[handle.index].numa_node
+        if memory_affinity == "not-supported" or node is None:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if scope != pynvml.NVML_AFFINITY_SCOPE_NODE:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if node >= 64 * node_set_size:
+            _fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        return [(1 << node >> (64 * word)) & (2**64 - 1) for word in range(node_set_size)]
+
     def nvmlDeviceGetTopologyCommonAncestor(first: _Handle, second: _Handle) -> int:
         i, j = first.index, second.index
         level = topology.pcie[i][j]
@@ -207,6 +233,8 @@ def make_fake_nvml(topology: Topology, name: str, *, library_missing: bool = Fal
         "nvmlDeviceGetNvLinkRemoteDeviceType": nvmlDeviceGetNvLinkRemoteDeviceType,
         "nvmlDeviceGetTopologyCommonAncestor": nvmlDeviceGetTopologyCommonAncestor,
     }
+    if memory_affinity != "absent":
+        functions["nvmlDeviceGetMemoryAffinity"] = nvmlDeviceGetMemoryAffinity
     fake.nvmlInit = nvmlInit  # type: ignore[attr-defined]
     for function_name, function in functions.items():
         setattr(fake, function_name, initialised(function))

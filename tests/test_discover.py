@@ -142,12 +142,79 @@ def test_a_failing_query_is_one_line_and_nvml_is_shut_down(tmp_path: Path) -> No
     assert (fake.calls.inits, fake.calls.shutdowns) == (1, 1)
 
 
-def test_numa_comes_from_the_gpus_pci_device_in_sysfs(tmp_path: Path) -> None:
+def test_numa_comes_from_the_gpus_pci_device_in_sysfs_before_nvml(tmp_path: Path) -> None:
     parsed, fake = _fake("hgx-h100-4gpu")
     sysfs = write_sysfs(parsed, tmp_path)
     assert [gpu.numa_node for gpu in discover(fake, sysfs).gpus] == [3, 1, 7, 5]  # the capture's NUMA Affinity
+    (sysfs / "bus" / "pci" / "devices" / normalised_bus_id(2) / "numa_node").write_text("6\n")
+    assert [gpu.numa_node for gpu in discover(fake, sysfs).gpus] == [3, 1, 6, 5]  # NVML would say 7
     (sysfs / "bus" / "pci" / "devices" / normalised_bus_id(2) / "numa_node").write_text("-1\n")
-    assert [gpu.numa_node for gpu in discover(fake, sysfs).gpus] == [3, 1, None, 5]
+    assert [gpu.numa_node for gpu in discover(fake, sysfs).gpus] == [3, 1, 7, 5]
+
+
+@pytest.mark.parametrize("sysfs", ["vm", "absent"])
+@pytest.mark.parametrize("name", sorted(PLATFORMS))
+def test_where_sysfs_does_not_know_numa_nvmls_memory_affinity_does(name: str, sysfs: str, tmp_path: Path) -> None:
+    """In a VM every numa_node is -1, yet nvidia-smi shows NUMA Affinity: NVML's memory affinity gives it."""
+    parsed, fake = _fake(name)
+    root = write_sysfs(parsed, tmp_path, vm=True) if sysfs == "vm" else tmp_path / "absent"
+    found = discover(fake, root)
+    assert [gpu.numa_node for gpu in found.gpus] == [gpu.numa_node for gpu in parsed.gpus]
+    assert found.fingerprint == parsed.fingerprint
+    assert (fake.calls.inits, fake.calls.shutdowns) == (1, 1)
+
+
+@pytest.mark.parametrize("affinity", ["not-supported", "absent"])
+def test_numa_is_unknown_where_neither_sysfs_nor_nvml_knows_it(affinity: str, tmp_path: Path) -> None:
+    parsed, fake = _fake("pcie-l40s", memory_affinity=affinity)
+    found = discover(fake, write_sysfs(parsed, tmp_path / "vm", vm=True))
+    assert [gpu.numa_node for gpu in found.gpus] == [None] * 8
+    assert [gpu.numa_node for gpu in discover(fake, tmp_path / "absent").gpus] == [None] * 8
+    present = discover(fake, write_sysfs(parsed, tmp_path / "host"))
+    assert [gpu.numa_node for gpu in present.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert (fake.calls.inits, fake.calls.shutdowns) == (3, 3)
+
+
+@pytest.mark.parametrize(("words", "node"), [
+    ({0: 1 << 5}, 5),
+    ({1: 1 << 3}, 67),  # the second word holds nodes 64..127
+    ({15: 1 << 63}, 1023),  # the last node Linux can number
+    ({0: 0b11}, None),  # two nodes: no one of them is the GPU's
+    ({0: 1, 3: 1}, None),
+    ({}, None),
+    ({0: 2**64}, None),  # more than an unsigned long holds
+    ({0: -1}, None),
+])
+def test_the_affinity_mask_must_name_one_node(words: dict[int, int], node: int | None, tmp_path: Path) -> None:
+    _, fake = _fake("pcie-l40s")
+    asked: list[tuple[int, int]] = []
+
+    def affinity(handle: object, node_set_size: int, scope: int) -> list[int]:
+        asked.append((node_set_size, scope))
+        return [words.get(word, 0) for word in range(node_set_size)]
+
+    fake.nvmlDeviceGetMemoryAffinity = affinity  # type: ignore[attr-defined]
+    assert {gpu.numa_node for gpu in discover(fake, tmp_path).gpus} == {node}
+    assert set(asked) == {(16, pynvml.NVML_AFFINITY_SCOPE_NODE)}  # 16 words of 64 bits: nodes 0..1023
+
+
+@pytest.mark.parametrize("answer", [[1], [1] * 17])
+def test_an_affinity_array_of_another_size_is_unknown(answer: list[int], tmp_path: Path) -> None:
+    _, fake = _fake("pcie-l40s")
+    fake.nvmlDeviceGetMemoryAffinity = lambda handle, size, scope: answer  # type: ignore[attr-defined]
+    assert {gpu.numa_node for gpu in discover(fake, tmp_path).gpus} == {None}
+
+
+def test_any_nvml_error_from_the_affinity_is_unknown_numa(tmp_path: Path) -> None:
+    """The fallback only fills a gap sysfs left: it never fails a discovery that would succeed without it."""
+    _, fake = _fake("pcie-l40s")
+
+    def broken(handle: object, size: int, scope: int) -> list[int]:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+    fake.nvmlDeviceGetMemoryAffinity = broken  # type: ignore[attr-defined]
+    assert {gpu.numa_node for gpu in discover(fake, tmp_path).gpus} == {None}
+    assert (fake.calls.inits, fake.calls.shutdowns) == (1, 1)
 
 
 def test_values_no_real_link_has_are_unknown_and_a_duplicate_uuid_is_one_line(tmp_path: Path) -> None:
@@ -161,11 +228,6 @@ def test_values_no_real_link_has_are_unknown_and_a_duplicate_uuid_is_one_line(tm
     with pytest.raises(NvmlUnavailable, match="^NVML describes a node beyond what real hardware has: UUID 'GPU-same' "
                                               "belongs to two GPUs$"):
         discover(fake, tmp_path)
-
-
-def test_numa_is_unknown_without_sysfs(tmp_path: Path) -> None:
-    found = discover(_fake("pcie-l40s")[1], tmp_path / "absent")
-    assert [gpu.numa_node for gpu in found.gpus] == [None] * 8
 
 
 def test_a_downed_direct_link_reduces_the_pair(tmp_path: Path) -> None:

@@ -36,6 +36,10 @@ _NVLINK_VERSIONS: dict[int, NvLinkGen] = {
 
 SYSFS_ROOT = Path("/sys")
 
+# Words of the node bitmask nvmlDeviceGetMemoryAffinity fills, 64 nodes a word (unsigned long on 64-bit Linux):
+# room for every node id Linux can have.
+_NODE_SET_WORDS = (bounds.MAX_NUMA_NODE + 64) // 64
+
 T = TypeVar("T")
 
 
@@ -122,7 +126,7 @@ def _gpu(nvml: ModuleType, index: int, handle: object, bus_id: str, links: _Link
     width = _optional(nvml, nvml.nvmlDeviceGetMaxPcieLinkWidth, handle)
     # A value no real link has (0 from a virtual GPU, say) is unknown, as if the query had no answer.
     return Gpu(index=index, model=model, uuid=_text(nvml.nvmlDeviceGetUUID(handle)), pci_bus_id=bus_id,
-               numa_node=_numa_node(sysfs, bus_id),
+               numa_node=_numa_node(nvml, handle, sysfs, bus_id),
                memory_mib=memory_mib if memory_mib and memory_mib <= bounds.MAX_MEMORY_MIB else None,
                nvlink=_nvlink_gen(model, links),
                pcie_gen=generation if generation in bounds.PCIE_GENERATIONS else None,
@@ -166,17 +170,49 @@ def _nvlink_gen(model: str, links: _Links) -> NvLinkGen | None:
     return _NVLINK_VERSIONS.get(links.version) if links.version is not None else None
 
 
-def _numa_node(sysfs: Path, bus_id: str) -> int | None:
-    """The CPU-side NUMA node of the GPU's PCI device, as `nvidia-smi topo -m` shows under NUMA Affinity.
+def _numa_node(nvml: ModuleType, handle: object, sysfs: Path, bus_id: str) -> int | None:
+    """The CPU-side NUMA node of the GPU, as `nvidia-smi topo -m` shows under NUMA Affinity.
 
+    The kernel's numa_node of the GPU's PCI device comes first. It is -1 where the firmware gives PCIe devices no
+    locality (VMs, some ACPI tables) although the driver still knows it, so there NVML is asked.
     nvmlDeviceGetNumaNodeId is not used: where it is supported (Grace systems) it names the NUMA node of the
-    GPU's own memory, not the node of the CPUs next to the GPU.
+    GPU's own memory, nvidia-smi's "GPU NUMA ID" column, not the node of the CPUs next to the GPU.
     """
+    node = _sysfs_numa_node(sysfs, bus_id)
+    return node if node is not None else _nvml_numa_node(nvml, handle)
+
+
+def _sysfs_numa_node(sysfs: Path, bus_id: str) -> int | None:
     try:
         node = int((sysfs / "bus" / "pci" / "devices" / bus_id / "numa_node").read_text())
     except (OSError, ValueError):
         return None
     return node if 0 <= node <= bounds.MAX_NUMA_NODE else None
+
+
+def _nvml_numa_node(nvml: ModuleType, handle: object) -> int | None:
+    """The one node in NVML's memory affinity at node scope, or None.
+
+    Any NVML error is unknown, as the node was before this fallback: it must not fail a discovery that sysfs
+    alone let through. Several nodes (NVML falls back to the nearest non-I/O ancestor where node scope does not
+    apply) are unknown too: no one of them is the GPU's, and a wrong node would misplace the device plugin's
+    NUMA hints.
+    """
+    query = getattr(nvml, "nvmlDeviceGetMemoryAffinity", None)
+    scope = getattr(nvml, "NVML_AFFINITY_SCOPE_NODE", None)
+    if query is None or scope is None:  # a pynvml from before affinity scopes
+        return None
+    try:
+        words = list(query(handle, _NODE_SET_WORDS, scope))
+    except nvml.NVMLError:
+        return None
+    if len(words) != _NODE_SET_WORDS or not all(isinstance(word, int) and 0 <= word < 2**64 for word in words):
+        return None
+    mask = sum(word << (64 * position) for position, word in enumerate(words))
+    if mask == 0 or mask & (mask - 1):
+        return None
+    node = mask.bit_length() - 1
+    return node if node <= bounds.MAX_NUMA_NODE else None
 
 
 def _optional(nvml: ModuleType, query: Callable[..., T], *args: object) -> T | None:
