@@ -100,6 +100,9 @@ def test_a_shared_node_scores_level_with_the_best_whole_gpu_node(
     shared, whole = prioritize_nodes(state, Selector(), _pod(state, 2), ["shared", "whole"])
     assert shared == whole > 0
     assert prioritize_nodes(state, Selector(), _pod(state, 2), ["shared"]) == [10]
+    # A pod that prefers NVLink (not required) may land there by count, but the shared node offers no ring.
+    preferred = _pod(state, 2, {"gpu-topology.io/interconnect": "nvlink"}, uid="pref")
+    assert prioritize_nodes(state, Selector(), preferred, ["shared", "whole"])[0] == 0
 
 
 class _Kube:

@@ -65,9 +65,10 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
                      + WEIGHTS["fragmentation"] * fragmentation_score(offer.lost_gpus, most_lost))
             score_of[key] = round(MAX_SCORE * value)
     shared = [key for key in distinct if isinstance(key, SharedKey)]
-    if shared:
-        # Neither blocked nor scored down for sharing: level with the best whole-GPU node, so kube-scheduler's
-        # own plugins choose among them as they would without us.
+    if shared and not pod.request.constrained:
+        # A pod that asks nothing of topology is not scored down for sharing: level with the best whole-GPU
+        # node, so kube-scheduler's own plugins choose among them as they would without us. One that prefers an
+        # interconnect keeps 0 there: replicas and MIG slices offer no ring (topology/sharing.py).
         level = max((score_of[key] for key in boards), default=MAX_SCORE)
         score_of.update(dict.fromkeys(shared, level))
     return list(map(score_of.__getitem__, keys))
