@@ -80,7 +80,7 @@ def _place(cluster: DemoCluster, connection: http.client.HTTPConnection, name: s
 def _short(device: str) -> str:
     """A device id as a person reads it: GPU-45dd4874…::2."""
     gpu, _, replica = device.partition("::")
-    return (gpu[:12] + "…" if len(gpu) > 13 else gpu) + (f"::{replica}" if replica else "")
+    return (gpu[:12] + "…" if gpu.startswith("GPU-") else gpu) + (f"::{replica}" if replica else "")
 
 
 def _free_devices(cluster: DemoCluster, node: str) -> int:
