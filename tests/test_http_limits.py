@@ -129,3 +129,16 @@ def test_healthz_answers_while_a_verb_works() -> None:
             release.set()
         verb.join(WAIT)
     assert answers["filter"] == 200
+
+
+def test_fastapis_own_telemetry_is_off_even_with_a_global_tracer_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Our telemetry is Prometheus: FastAPI's per-request OpenTelemetry middleware must not run on the hot path."""
+    from opentelemetry import trace
+
+    class Installed(trace.NoOpTracerProvider):
+        """A provider an operator's OpenTelemetry set-up would install (not one of the API's deferred ones)."""
+
+    monkeypatch.setattr(trace, "get_tracer_provider", Installed)
+    state = ClusterState()
+    app = create_app(ExtenderService(state, DemoCluster(state)))
+    assert not app._native_telemetry.enabled()
