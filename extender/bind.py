@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from typing import Any
 
 from extender.filter import STALE
 from extender.kube import Conflict, KubeApi, KubeError
@@ -55,9 +56,9 @@ def bind_pod(state: ClusterState, selector: Selector, kube: KubeApi, args: Bindi
     """`held`: GPUs of the node drained for other pods (extender/drain.py), which this pod may not take."""
     pod = _read_pod(state, kube, args)
     view = state.view(args.node)
-    if view is not None and view.sharing.shared and state.ledger.get(args.pod_uid) is None:
-        return _bind_shared(kube, pod, args, view.sharing)
     existing = state.ledger.get(args.pod_uid)
+    if view is not None and view.sharing.shared and existing is None:
+        return _bind_shared(kube, pod, args, view.sharing)
     if existing is not None and existing.phase is Phase.UNCERTAIN and existing.node != args.node:
         _settle_elsewhere(state, kube, args, existing)
     reservation = _reserve(state, selector, pod, args, held)
@@ -88,7 +89,7 @@ def _bind_shared(kube: KubeApi, pod: PodRequest, args: BindingArgs, sharing: Sha
     """A node that shares its GPUs: a plain Binding, as kube-scheduler would make. The kubelet and the device
     plugin give out replicas or slices there, so no GPUs are chosen, reserved or annotated: the ledger never
     turns a replica into a whole GPU."""
-    if pod.required and pod.request is not None and pod.request.constrained:
+    if pod.requires_topology:
         raise BindError(f"node {args.node}: {no_guarantee(sharing)}")
     try:
         kube.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, {})
@@ -97,8 +98,7 @@ def _bind_shared(kube: KubeApi, pod: PodRequest, args: BindingArgs, sharing: Sha
             current = kube.get_pod(args.pod_namespace, args.pod_name)
         except KubeError:
             raise BindError(f"binding {pod.key} to {args.node} conflicted: {error}") from None
-        if (str((current.get("metadata") or {}).get("uid")) == args.pod_uid
-                and (current.get("spec") or {}).get("nodeName") == args.node):
+        if _bound_here(current, args):
             return Bound((), None, repeated=True)  # an earlier Binding of ours whose answer was lost
         raise BindError(f"binding {pod.key} to {args.node} conflicted: {error}") from None
     except KubeError as error:
@@ -192,15 +192,19 @@ def _ours_committed(state: ClusterState, kube: KubeApi, args: BindingArgs, reser
                     "watch tells", args.pod_namespace, args.pod_name, error)
         state.uncertain(args.pod_uid)
         return False
-    metadata = pod.get("metadata") or {}
-    annotations = metadata.get("annotations") or {}
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
     key = state.keys.containers
-    if (metadata.get("uid") == args.pod_uid and (pod.get("spec") or {}).get("nodeName") == args.node
-            and annotations.get(key) == reservation.annotations[key]):
+    if _bound_here(pod, args) and annotations.get(key) == reservation.annotations[key]:
         state.record(replace(reservation.assignment, phase=Phase.BOUND))
         return True
     state.release(args.pod_uid, freed=False)
     return False
+
+
+def _bound_here(pod: dict[str, Any], args: BindingArgs) -> bool:
+    """The pod as the API server holds it is this one (same UID) and assigned to this node."""
+    metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    return metadata.get("uid") == args.pod_uid and spec.get("nodeName") == args.node
 
 
 def _settle_elsewhere(state: ClusterState, kube: KubeApi, args: BindingArgs, uncertain: Assignment) -> None:

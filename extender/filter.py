@@ -100,8 +100,7 @@ def _verdict(selector: Selector, pod: PodRequest, waiting: bool, key: Key | None
         return key, False
     if isinstance(key, SharedKey):
         # Placed as kube-scheduler alone would place it, unless the pod requires what shared devices cannot give.
-        return (no_guarantee(key.sharing), False) if pod.required and pod.request is not None \
-            and pod.request.constrained else None
+        return (no_guarantee(key.sharing), False) if pod.requires_topology else None
     return node_verdict(selector, pod, key.compiled, key.free, key.unhealthy, waiting)
 
 
@@ -117,7 +116,7 @@ def node_verdict(selector: Selector, pod: PodRequest, compiled: CompiledTopology
     if waiting and best_ring_gbps(selector, compiled, healthy, request.count) is not None and full_choice(
             selector, compiled, free, healthy, request.count) is None:
         return WAITING, True
-    if not (pod.required and request.constrained):
+    if not pod.requires_topology:
         return None
     result = selector.select(compiled, free, request)
     if isinstance(result, Choice):

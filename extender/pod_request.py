@@ -42,6 +42,11 @@ class PodRequest:
     wait_seconds: float | None = None  # its own topology wait (extender/wait.py); None: the extender's
 
     @property
+    def requires_topology(self) -> bool:
+        """It requires an interconnect or a bandwidth: nodes that cannot meet it are refused, not scored low."""
+        return self.required and self.request is not None and self.request.constrained
+
+    @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 

@@ -27,7 +27,7 @@ def preempt_nodes(state: ClusterState, selector: Selector, pod: PodRequest,
     for node, entry in victims.items():
         view = state.view(node)
         if view is not None and view.sharing.shared:
-            if not (pod.required and pod.request.constrained):
+            if not pod.requires_topology:
                 kept[node] = entry  # kube-scheduler's count decides there (topology/sharing.py)
             continue
         if view is None or view.compiled is None:
