@@ -112,7 +112,8 @@ def _serve(args: argparse.Namespace) -> int:
     options = ServeOptions(args.host, args.port, args.tls_cert, args.tls_key, args.client_ca, tuple(args.client_name),
                            args.log_level)
     if not 0 <= args.topology_wait <= MAX_TOPOLOGY_WAIT_SECONDS:
-        raise ValueError(f"--topology-wait must be 0 to {MAX_TOPOLOGY_WAIT_SECONDS:g} seconds, not {args.topology_wait}")
+        raise ValueError(f"--topology-wait must be 0 to {MAX_TOPOLOGY_WAIT_SECONDS:g} seconds, "
+                         f"not {args.topology_wait}")
     if args.leader_elect and args.demo:
         raise ValueError("--leader-elect needs a cluster (--kubeconfig or --in-cluster), not --demo")
     if args.leader_elect and not args.seal_key_file:
