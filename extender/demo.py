@@ -110,7 +110,7 @@ def _drive_extender(cluster: DemoCluster, pods: list[DemoPod], port: int, out) -
         created = cluster.create_pod(pod.name, pod.gpus, pod.annotations)
         uid = created["metadata"]["uid"]
         fits = [name for name, topology in cluster.topologies.items()
-                if topology.size - _used_by_count(cluster, name) >= pod.gpus]
+                if topology.size - used_by_count(cluster, name) >= pod.gpus]
         label = f"{pod.name} {pod.gpus} GPU{'s' if pod.gpus > 1 else ' '}{' nvlink' if pod.annotations else '       '}"
         if not fits:
             out(f"{label}  pending: no node has {pod.gpus} free GPUs by count")
@@ -207,7 +207,8 @@ def _indices(cluster: DemoCluster, node: str, held: str) -> tuple[int, ...]:
     return tuple(sorted(index_of[uuid] for uuid in held.split(",")))
 
 
-def _used_by_count(cluster: DemoCluster, node: str) -> int:
+def used_by_count(cluster: DemoCluster, node: str) -> int:
+    """What the node's pods request: kube-scheduler's NodeResourcesFit count."""
     return sum(int(pod["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"])
                for pod in cluster.pods.values() if pod["spec"].get("nodeName") == node)
 

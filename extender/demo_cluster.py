@@ -22,7 +22,7 @@ from extender.kube import Conflict, KubeError
 from extender.state import ClusterState
 from topology.agent.claims import Allocation, Board, Delivered, Preferred, identify, read_pod, remember
 from topology.codec import NodeState, encode_state, encode_topology
-from topology.model import Topology
+from topology.model import Topology, installed_subset
 from topology.platforms import PLATFORMS
 from topology.sharing import Sharing
 from topology.split import Kind, container_needs
@@ -48,8 +48,7 @@ class SharedNode:
 
 def single_gpu(platform: str) -> Topology:
     """GPU 0 of a platform's capture, alone: a one-GPU node (a VM slice, or a GPU given over to sharing)."""
-    whole = PLATFORMS[platform].topology()
-    return Topology(gpus=(whole.gpus[0],), nvlinks=(), nvswitch=False, pcie=((whole.pcie[0][0],),))
+    return installed_subset(PLATFORMS[platform].topology(), (0,))
 
 
 def with_uuids(node: str, topology: Topology) -> Topology:
@@ -112,6 +111,11 @@ class DemoCluster:
             else:
                 self._admit(node, pod)
             self.report(node)
+
+    def allocatable(self, node: str) -> int:
+        """The node's devices of the GPU resource: its GPUs, or their replicas or slices on a shared node."""
+        shared = self.shared.get(node)
+        return self.topologies[node].size * (1 if shared is None else shared.devices_per_gpu)
 
     def devices(self, node: str) -> tuple[str, ...]:
         """The kubelet devices of a shared node, as NVIDIA's device plugin advertises them."""
@@ -246,12 +250,11 @@ class DemoCluster:
         state = NodeState(used, frozenset(), datetime.fromtimestamp(self.clock(), timezone.utc), self._generation,
                           pods, observed)
         topology = self.topologies[name]
-        devices = topology.size * (1 if shared is None else shared.devices_per_gpu)
         return {"metadata": {"name": name, "resourceVersion": str(self._generation),
                              "labels": dict(shared.labels) if shared is not None else {},
                              "annotations": {self.state.keys.topology: encode_topology(topology),
                                              self.state.keys.state: encode_state(state)}},
-                "status": {"allocatable": {self.state.resource: str(devices)}}}
+                "status": {"allocatable": {self.state.resource: str(self.allocatable(name))}}}
 
     def _find(self, namespace: str, name: str) -> dict[str, Any]:
         uids = self._uids.get((namespace, name))

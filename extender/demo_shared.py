@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import orjson
 
-from extender.demo import post, running_server
+from extender.demo import post, running_server, used_by_count
 from extender.demo_cluster import DemoCluster, SharedNode, single_gpu
 from extender.service import ExtenderService
 from extender.state import ClusterState
@@ -85,8 +85,4 @@ def _short(device: str) -> str:
 
 def _free_devices(cluster: DemoCluster, node: str) -> int:
     """kube-scheduler's count: the node's allocatable devices less what its pods request."""
-    shared = cluster.shared.get(node)
-    allocatable = cluster.topologies[node].size * (1 if shared is None else shared.devices_per_gpu)
-    used = sum(int(pod["spec"]["containers"][0]["resources"]["requests"][cluster.state.resource])
-               for pod in cluster.pods.values() if pod["spec"].get("nodeName") == node)
-    return allocatable - used
+    return cluster.allocatable(node) - used_by_count(cluster, node)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from topology import bounds
@@ -158,3 +158,17 @@ def _check_gpu(gpu: Gpu) -> None:
     if gpu.pcie_width is not None and gpu.pcie_width not in bounds.PCIE_WIDTHS:
         raise TopologyError(f"{where} PCIe width x{gpu.pcie_width}: expected one of "
                             f"{', '.join(f'x{w}' for w in sorted(bounds.PCIE_WIDTHS))}")
+
+
+def installed_subset(topology: Topology, installed: tuple[int, ...]) -> Topology:
+    """The board with only the `installed` GPUs (sorted board indices), re-indexed in board order: a node or VM
+    that has some of a platform's GPUs, as its node agent would discover it."""
+    if installed == tuple(range(len(topology.gpus))):
+        return topology
+    position = {gpu: at for at, gpu in enumerate(installed)}
+    return Topology(
+        gpus=tuple(replace(topology.gpus[gpu], index=position[gpu]) for gpu in installed),
+        nvlinks=tuple(NvLinkPair(position[pair.a], position[pair.b], pair.links) for pair in topology.nvlinks
+                      if pair.a in position and pair.b in position),
+        nvswitch=topology.nvswitch,
+        pcie=tuple(tuple(topology.pcie[i][j] for j in installed) for i in installed))

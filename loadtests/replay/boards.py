@@ -7,13 +7,12 @@ device plugin, the extender, the metrics) sees that board and nothing of the abs
 
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import cache
 
 from loadtests.replay.clusters import installed_gpus
 from loadtests.replay.model import ClusterNode
 from topology.compiled import CompiledTopology, compile_topology
-from topology.model import NvLinkPair, Topology
+from topology.model import Topology, installed_subset
 from topology.platforms import PLATFORMS
 
 BoardKey = tuple[str, tuple[int, ...]]
@@ -28,16 +27,7 @@ def board_key(node: ClusterNode) -> BoardKey:
 def board_topology(key: BoardKey) -> Topology:
     """The platform's topology with only the installed GPUs, re-indexed in board order."""
     platform, installed = key
-    whole = PLATFORMS[platform].topology()
-    if installed == tuple(range(whole.size)):
-        return whole
-    position = {gpu: at for at, gpu in enumerate(installed)}
-    return Topology(
-        gpus=tuple(replace(whole.gpus[gpu], index=position[gpu]) for gpu in installed),
-        nvlinks=tuple(NvLinkPair(position[pair.a], position[pair.b], pair.links) for pair in whole.nvlinks
-                      if pair.a in position and pair.b in position),
-        nvswitch=whole.nvswitch,
-        pcie=tuple(tuple(whole.pcie[i][j] for j in installed) for i in installed))
+    return installed_subset(PLATFORMS[platform].topology(), installed)
 
 
 @cache
