@@ -15,22 +15,16 @@ a drain never takes a GPU from anyone.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import combinations
 
 from extender.state import ClusterState, Key, NodeKey
-from topology.compiled import CompiledTopology, bits
-from topology.full_sets import is_full
+from topology.full_sets import full_set_masks
 from topology.select import Selector
 
 MAX_DRAINS = 1024
 """Pods draining at once; a pod past it waits without draining."""
-MAX_SETS_SEARCHED = 4096
-"""Candidate full sets per (board, size): an 8-GPU board has at most 70; a larger board with more combinations
-than this drains nothing (it waits only)."""
 FEW_DRAINED_NODES = 16
 """Up to this many draining nodes, each is looked up among a request's names in C; past it, one pass."""
 
@@ -114,6 +108,8 @@ class Drains:
 
     def _others(self, uid: str, now: float) -> dict[str, int]:
         """Per node, the GPUs drained for pods other than `uid`."""
+        if not self._by_pod:  # the common case, on every filter and prioritize: no lock taken
+            return {}
         self._expire(now)
         with self._lock:
             if not self._by_node:
@@ -144,24 +140,3 @@ class Drains:
             self._by_node[node] = mask
         else:
             self._by_node.pop(node, None)
-
-
-_FULL_SETS: dict[tuple[str, int, int], tuple[int, ...]] = {}
-_FULL_SETS_LIMIT = 1024
-
-
-def full_set_masks(selector: Selector, compiled: CompiledTopology, healthy: int, size: int) -> tuple[int, ...]:
-    """Every full-bandwidth set of `size` among the healthy GPUs, as masks; none past MAX_SETS_SEARCHED.
-    Remembered by board fingerprint (no board is kept alive by it), for at most 1,024 (board, health, size)."""
-    key = (compiled.fingerprint, healthy, size)
-    found = _FULL_SETS.get(key)
-    if found is None:
-        members = bits(healthy)
-        found = ()
-        if size <= len(members) and math.comb(len(members), size) <= MAX_SETS_SEARCHED:
-            masks = (sum(1 << gpu for gpu in chosen) for chosen in combinations(members, size))
-            found = tuple(mask for mask in masks if is_full(selector, compiled, mask, healthy))
-        if len(_FULL_SETS) >= _FULL_SETS_LIMIT:
-            _FULL_SETS.clear()
-        _FULL_SETS[key] = found
-    return found

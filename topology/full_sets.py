@@ -7,7 +7,10 @@ A search cut short by the work budget proves nothing either way: callers say wha
 
 from __future__ import annotations
 
-from topology.compiled import CompiledTopology
+import math
+from itertools import combinations
+
+from topology.compiled import CompiledTopology, bits
 from topology.select import Choice, Request, Selector, mask_of, ring_gbps
 
 TOLERANCE = 1e-9
@@ -52,3 +55,28 @@ def full_sets(selector: Selector, compiled: CompiledTopology, free: int, healthy
         rest &= ~mask_of(choice.gpus)
         count += 1
     return count
+
+
+MAX_SETS_SEARCHED = 4096
+"""Candidate sets listed per (board, size): an 8-GPU board has at most 70; a board with more combinations than
+this lists none (a pod there waits without a drain)."""
+
+_FULL_SETS: dict[tuple[str, int, int], tuple[int, ...]] = {}
+_FULL_SETS_LIMIT = 1024
+
+
+def full_set_masks(selector: Selector, compiled: CompiledTopology, healthy: int, size: int) -> tuple[int, ...]:
+    """Every full-bandwidth set of `size` among the healthy GPUs, as masks; none past MAX_SETS_SEARCHED.
+    Remembered by board fingerprint (no board is kept alive by it), for at most 1,024 (board, health, size)."""
+    key = (compiled.fingerprint, healthy, size)
+    found = _FULL_SETS.get(key)
+    if found is None:
+        members = bits(healthy)
+        found = ()
+        if size <= len(members) and math.comb(len(members), size) <= MAX_SETS_SEARCHED:
+            masks = (sum(1 << gpu for gpu in chosen) for chosen in combinations(members, size))
+            found = tuple(mask for mask in masks if is_full(selector, compiled, mask, healthy))
+        if len(_FULL_SETS) >= _FULL_SETS_LIMIT:
+            _FULL_SETS.clear()
+        _FULL_SETS[key] = found
+    return found
