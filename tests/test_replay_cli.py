@@ -44,3 +44,20 @@ def test_plots_are_written_as_png(tmp_path: Path, capsys: pytest.CaptureFixture[
     written = sorted(path.name for path in (tmp_path / "plots").iterdir())
     assert written == [f"mixed-jobs-load0.8-seed1-{name}.png" for name in ("efficiency", "fragmentation", "pending")]
     assert all((tmp_path / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in written)
+
+
+def test_the_topology_wait_is_set_for_our_policies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A busy L40S node: with the extender's wait some 2- and 4-GPU pods hold out for a socket, without it they
+    take what is free at once; the stock policies do not change."""
+    rows = [f"{i * 20},{200 + 37 * i % 400},{(1, 1, 2, 4, 1, 2)[i % 6]},L40S" for i in range(60)]
+    results = {}
+    for wait in ("0", "600"):
+        assert main(["--cluster", "mixed", "--nodes-per-pool", "1", "--workload", str(_csv(tmp_path, rows)),
+                     "--topology-wait", wait, "--json"]) == 0
+        results[wait] = json.loads(capsys.readouterr().out)
+        assert results[wait]["topology_wait"] == float(wait)
+    stock = ("(1) quantity only", "(2) quantity, GPU packing")
+    assert all(results["0"]["policies"][name] == results["600"]["policies"][name] for name in stock)
+    assert results["0"]["policies"]["(4) ours, with delivery"] != results["600"]["policies"]["(4) ours, with delivery"]
+    assert main(["--cluster", "mixed", "--workload", str(_csv(tmp_path, rows)), "--topology-wait", "-1"]) == 2
+    assert "--topology-wait must be 0 to 86400" in capsys.readouterr().err

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from extender.wait import TOPOLOGY_WAIT_SECONDS
 from loadtests.replay.clusters import alibaba_fleet, mixed_fleet
 from loadtests.replay.engine import Policy, Run, replay
 from loadtests.replay.metrics import COMM_SHARE, Summary, summarize
@@ -31,6 +32,7 @@ from loadtests.replay.policies import standard_policies
 from loadtests.replay.report import markdown_table
 from loadtests.replay.workloads import (TRACE_GPU_MIX, alibaba_trace, at_load, describe, inflation, parse_gpu_mix,
                                         read_csv, synthetic, unplaceable)
+from topology.bounds import MAX_TOPOLOGY_WAIT_SECONDS
 
 WORKLOADS = ("synthetic", "alibaba", "inflation")
 
@@ -51,6 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="Alibaba fleet: keep this share (0 < scale <= 1) of each model's nodes (default 1)")
     parser.add_argument("--comm-share", type=float, default=COMM_SHARE,
                         help="share of a multi-GPU job's time spent communicating (modelled job time)")
+    parser.add_argument("--topology-wait", type=float, default=TOPOLOGY_WAIT_SECONDS, metavar="SECONDS",
+                        help="the extender's --topology-wait for policies (3) and (4); 0: no wait "
+                             f"(default {TOPOLOGY_WAIT_SECONDS:g})")
     parser.add_argument("--json", action="store_true", help="print the per-policy metrics as one JSON object")
     parser.add_argument("--plots", type=Path, metavar="DIR",
                         help="write PNG plots (efficiency and pending-time CDFs, fragmentation over time) to DIR")
@@ -62,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         problem = unplaceable(jobs, cluster)
         if problem is not None:
             raise ValueError(f"a job can never run on this cluster: {problem}")
+        if not 0 <= args.topology_wait <= MAX_TOPOLOGY_WAIT_SECONDS:
+            raise ValueError(f"--topology-wait must be 0 to {MAX_TOPOLOGY_WAIT_SECONDS:g}, not {args.topology_wait}")
         if not 0 <= args.comm_share <= 1:
             raise ValueError(f"--comm-share must be within 0..1, not {args.comm_share}")
     except (OSError, ValueError) as error:
@@ -72,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = extender_log.level
     extender_log.setLevel(logging.ERROR)
     try:
-        runs = [_run(cluster, jobs, policy, args.seed, quiet=args.json) for policy in standard_policies(cluster)]
+        runs = [_run(cluster, jobs, policy, args.seed, quiet=args.json) for policy in standard_policies(cluster, args.topology_wait)]
     finally:
         extender_log.setLevel(level)
     summaries = [summarize(run, args.comm_share) for run in runs]
@@ -82,6 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"wrote {path}", file=sys.stderr)
     if args.json:
         print(json.dumps({"cluster": args.cluster, "workload": args.workload, "seed": args.seed, "load": args.load,
+                          "topology_wait": args.topology_wait,
                           "jobs": describe(jobs), "policies": {s.policy: _jsonable(s) for s in summaries}}))
     else:
         print(f"{args.cluster} cluster ({len(cluster)} nodes), {args.workload} workload: {describe(jobs)}; "

@@ -174,9 +174,11 @@ class ExtenderPolicy(_KubeSearch):
         self.cluster.finish_pod(self.pending.pop(job.name)["metadata"]["uid"])
 
 
-def standard_policies(nodes: Sequence[ClusterNode]) -> tuple[StockPolicy | ExtenderPolicy, ...]:
-    """Policies (1) to (4), each fresh: (3) and (4) hold an extender whose state must start empty."""
+def standard_policies(nodes: Sequence[ClusterNode], topology_wait: float = TOPOLOGY_WAIT_SECONDS
+                      ) -> tuple[StockPolicy | ExtenderPolicy, ...]:
+    """Policies (1) to (4), each fresh: (3) and (4) hold an extender whose state must start empty; they run with
+    the extender's --topology-wait."""
     return (StockPolicy("(1) quantity only", DEFAULT),
             StockPolicy("(2) quantity, GPU packing", GPU_PACKING),
-            ExtenderPolicy("(3) ours, scheduling only", nodes, delivery=False),
-            ExtenderPolicy("(4) ours, with delivery", nodes, delivery=True))
+            ExtenderPolicy("(3) ours, scheduling only", nodes, delivery=False, topology_wait=topology_wait),
+            ExtenderPolicy("(4) ours, with delivery", nodes, delivery=True, topology_wait=topology_wait))
