@@ -74,3 +74,12 @@ MAX_TOPOLOGY_WAIT_SECONDS = 86_400
 
 def valid_id(value: str) -> bool:
     return ID_PATTERN.fullmatch(value) is not None
+
+
+# Members of one group (gpu-topology.io/group-size): 1,024 pods of 8 GPUs fill the largest NVLink domain NVIDIA
+# sells (576 GPUs) nearly twice over, and a leaf block of 128 HGX nodes once.
+MAX_GROUP_SIZE = 1024
+
+# An NVLink domain is `<clusterUUID>.<cliqueId>` (GFD's nvidia.com/gpu.clique): a 36-character UUID, a dot and a
+# uint32. A label value is at most 63 characters, which also bounds a --topology-levels value.
+MAX_DOMAIN_LENGTH = 63
