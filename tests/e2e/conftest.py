@@ -21,12 +21,12 @@ _FIRST_PROCESS = pytest.StashKey[int]()
 
 @pytest.fixture(scope="session")
 def e2e_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    bin_dir, problem = find_kube_binaries()
-    if problem is not None or bin_dir is None:
+    binaries, problem = find_kube_binaries()
+    if problem is not None or binaries is None:
         pytest.skip(skip_reason(problem or "no binaries"))
     workdir = tmp_path_factory.mktemp("e2e-cluster")
     with ExitStack() as stack:
-        cluster = start_cluster(bin_dir, workdir, stack)
+        cluster = start_cluster(binaries, workdir, stack)
         _clusters.append(cluster)
         try:
             yield cluster

@@ -1,7 +1,7 @@
 """The end-to-end harness: a real etcd, kube-apiserver and kube-scheduler on loopback, our extender between them.
 
-Nothing here downloads anything. The three Kubernetes binaries come from `KUBE_BIN_DIR`; without them the
-scheduling suite skips once, with a reason that says what is missing. Everything else is built here:
+Nothing here downloads anything. kube-apiserver and kube-scheduler come from `KUBE_BIN_DIR`, etcd from there or
+from PATH; without them the scheduling suite skips once, with a reason that says what is missing. Everything else is built here:
 
 - `make_pki`: with the `openssl` command line, a CA and the certificates kube-apiserver needs (serving for
   127.0.0.1, an admin client in `system:masters`, kube-scheduler's client `system:kube-scheduler`), a
@@ -59,7 +59,7 @@ log = logging.getLogger("e2e")
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEDULER_CONFIG_SOURCE = ROOT / "scheduler-config" / "kube-scheduler-config.yaml"
-REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler")
+KUBE_BINARIES = ("kube-apiserver", "kube-scheduler")  # etcd may come from PATH instead
 HOW_TO_RUN = "KUBE_BIN_DIR=/path/to/bins make test"
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 FIRST_SERVICE_IP = "10.96.0.1"
@@ -89,8 +89,25 @@ _CHOOSES_CONTENT_TYPE = "_content_type" in inspect.signature(k8s.CoreV1Api.patch
 # Which binaries, or why the suite skips
 # ---------------------------------------------------------------------------------------------------------
 
-def find_kube_binaries(env: Mapping[str, str] | None = None) -> tuple[Path | None, str | None]:
-    """(the directory holding all three binaries, None) or (None, what is missing)."""
+@dataclass(frozen=True)
+class KubeBinaries:
+    """Where each binary the cluster runs is: kube-apiserver and kube-scheduler from KUBE_BIN_DIR, etcd from
+    there too or else from PATH (a distribution's etcd, such as Debian's etcd-server package)."""
+
+    etcd: Path
+    apiserver: Path
+    scheduler: Path
+
+    def versions(self) -> dict[str, str]:
+        return {path.name: binary_version(path) for path in (self.etcd, self.apiserver, self.scheduler)}
+
+
+def _executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def find_kube_binaries(env: Mapping[str, str] | None = None) -> tuple[KubeBinaries | None, str | None]:
+    """(the binaries, None) or (None, what is missing)."""
     env = os.environ if env is None else env
     raw = (env.get("KUBE_BIN_DIR") or "").strip()
     if not raw:
@@ -98,23 +115,27 @@ def find_kube_binaries(env: Mapping[str, str] | None = None) -> tuple[Path | Non
     directory = Path(raw).expanduser()
     if not directory.is_dir():
         return None, f"KUBE_BIN_DIR={raw} is not a directory"
-    missing = [name for name in REQUIRED_BINARIES
-               if not ((directory / name).is_file() and os.access(directory / name, os.X_OK))]
-    if missing:
-        return None, f"KUBE_BIN_DIR={raw} has no executable {', '.join(missing)}"
-    return directory.resolve(), None
+    etcd = find_etcd(env)
+    missing = [name for name in KUBE_BINARIES if not _executable(directory / name)]
+    if missing or etcd is None:
+        parts = [f"KUBE_BIN_DIR={raw} has no executable {', '.join(missing)}"] if missing else []
+        if etcd is None:
+            parts.append(f"no etcd in KUBE_BIN_DIR={raw} or on PATH")
+        return None, "; ".join(parts)
+    directory = directory.resolve()
+    return KubeBinaries(etcd.resolve(), directory / "kube-apiserver", directory / "kube-scheduler"), None
 
 
 def skip_reason(problem: str) -> str:
-    return (f"end-to-end scheduling suite skipped: {problem}. It needs real etcd, kube-apiserver and "
-            f"kube-scheduler binaries (v1.36) in one directory; run it with {HOW_TO_RUN}")
+    return (f"end-to-end scheduling suite skipped: {problem}. It needs real kube-apiserver and kube-scheduler "
+            f"binaries (v1.36) in one directory, and etcd there or on PATH; run it with {HOW_TO_RUN}")
 
 
 def find_etcd(env: Mapping[str, str] | None = None) -> Path | None:
-    """etcd from KUBE_BIN_DIR, else from PATH (Debian's etcd-server package); for the harness self-test."""
+    """etcd from KUBE_BIN_DIR, else from PATH (Debian's etcd-server package)."""
     env = os.environ if env is None else env
     raw = (env.get("KUBE_BIN_DIR") or "").strip()
-    if raw and os.access(Path(raw).expanduser() / "etcd", os.X_OK):
+    if raw and _executable(Path(raw).expanduser() / "etcd"):
         return Path(raw).expanduser() / "etcd"
     found = shutil.which("etcd", path=env.get("PATH"))
     return Path(found) if found else None
@@ -818,14 +839,14 @@ def binary_version(binary: Path) -> str:
     return (done.stdout or done.stderr).strip().splitlines()[0] if (done.stdout or done.stderr).strip() else "?"
 
 
-def start_cluster(bin_dir: Path, workdir: Path, stack: ExitStack, *, nodes: Mapping[str, str] = NODES,
-                  namespace: str = NAMESPACE) -> Cluster:
+def start_cluster(binaries: KubeBinaries, workdir: Path, stack: ExitStack, *,
+                  nodes: Mapping[str, str] = NODES, namespace: str = NAMESPACE) -> Cluster:
     """etcd, kube-apiserver, GPU nodes and their reporter, the extender, kube-scheduler: in that order, each
     stopped by `stack` (in reverse order) however the suite ends."""
-    versions = {name: binary_version(bin_dir / name) for name in REQUIRED_BINARIES}
+    versions = binaries.versions()
     pki = make_pki(workdir / "pki")
-    etcd, etcd_url = start_etcd(bin_dir / "etcd", workdir, stack)
-    apiserver, api_port = start_apiserver(bin_dir / "kube-apiserver", workdir, etcd_url, pki, stack)
+    etcd, etcd_url = start_etcd(binaries.etcd, workdir, stack)
+    apiserver, api_port = start_apiserver(binaries.apiserver, workdir, etcd_url, pki, stack)
     server = f"https://127.0.0.1:{api_port}"
     admin_kubeconfig = write_kubeconfig(workdir / "admin.kubeconfig", server, pki, "admin")
     scheduler_kubeconfig = write_kubeconfig(workdir / "scheduler.kubeconfig", server, pki, "scheduler")
@@ -846,7 +867,7 @@ def start_cluster(bin_dir: Path, workdir: Path, stack: ExitStack, *, nodes: Mapp
                                           "keyFile": str(pki.key("scheduler"))})
     config_path = workdir / "kube-scheduler-config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    scheduler = start_scheduler(bin_dir / "kube-scheduler", workdir, config_path, scheduler_kubeconfig, stack)
+    scheduler = start_scheduler(binaries.scheduler, workdir, config_path, scheduler_kubeconfig, stack)
     return Cluster(workdir=workdir, pki=pki, kube=kube, topologies=topologies, platforms=dict(nodes),
                    scheduler_name=scheduler_name(config), namespace=namespace, reporter=reporter,
                    processes={p.name: p for p in (etcd, apiserver, extender, scheduler)}, versions=versions)

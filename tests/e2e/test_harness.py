@@ -46,6 +46,7 @@ from kube_e2e import (
     SCHEDULER_CONFIG_SOURCE,
     FakeReporter,
     Kube,
+    KubeBinaries,
     Process,
     StartupError,
     derive_scheduler_config,
@@ -115,19 +116,37 @@ def test_skip_names_the_unset_variable_and_how_to_run() -> None:
 def test_skip_names_each_missing_binary(tmp_path: Path) -> None:
     _fake_binaries(tmp_path, ("etcd",))
     _fake_binaries(tmp_path, ("kube-scheduler",), executable=False)
-    _, problem = find_kube_binaries({"KUBE_BIN_DIR": str(tmp_path)})
+    _, problem = find_kube_binaries({"KUBE_BIN_DIR": str(tmp_path), "PATH": ""})
     assert problem == f"KUBE_BIN_DIR={tmp_path} has no executable kube-apiserver, kube-scheduler"
     _, problem = find_kube_binaries({"KUBE_BIN_DIR": str(tmp_path / "nowhere")})
     assert problem == f"KUBE_BIN_DIR={tmp_path / 'nowhere'} is not a directory"
+    empty = _fake_binaries(tmp_path / "empty", ())
+    _, problem = find_kube_binaries({"KUBE_BIN_DIR": str(empty), "PATH": str(tmp_path / "nowhere")})
+    assert problem == (f"KUBE_BIN_DIR={empty} has no executable kube-apiserver, kube-scheduler; "
+                       f"no etcd in KUBE_BIN_DIR={empty} or on PATH")
 
 
 def test_all_three_binaries_are_found(tmp_path: Path) -> None:
     _fake_binaries(tmp_path, ("etcd", "kube-apiserver", "kube-scheduler"))
-    assert find_kube_binaries({"KUBE_BIN_DIR": str(tmp_path)}) == (tmp_path.resolve(), None)
+    found = tmp_path.resolve()
+    assert find_kube_binaries({"KUBE_BIN_DIR": str(tmp_path), "PATH": ""}) == (
+        KubeBinaries(found / "etcd", found / "kube-apiserver", found / "kube-scheduler"), None)
+
+
+def test_etcd_may_come_from_path_as_debian_installs_it(tmp_path: Path) -> None:
+    """Debian's etcd-server puts etcd in /usr/bin, beside nothing of Kubernetes."""
+    bins = _fake_binaries(tmp_path / "kube", ("kube-apiserver", "kube-scheduler"))
+    on_path = _fake_binaries(tmp_path / "usr-bin", ("etcd",))
+    found, problem = find_kube_binaries({"KUBE_BIN_DIR": str(bins), "PATH": str(on_path)})
+    assert problem is None and found is not None
+    assert found.etcd == on_path.resolve() / "etcd" and found.apiserver == bins.resolve() / "kube-apiserver"
+    _, problem = find_kube_binaries({"KUBE_BIN_DIR": str(bins), "PATH": str(tmp_path / "nowhere")})
+    assert problem == f"no etcd in KUBE_BIN_DIR={bins} or on PATH"
 
 
 def _run_e2e_module(env_update: dict[str, str | None]) -> subprocess.CompletedProcess[str]:
-    env = {key: value for key, value in os.environ.items() if key != "KUBE_BIN_DIR"}
+    # PATH holds no etcd, so the skip's reason does not depend on what this machine has installed.
+    env = {key: value for key, value in os.environ.items() if key != "KUBE_BIN_DIR"} | {"PATH": "/nonexistent"}
     env.update({key: value for key, value in env_update.items() if value is not None})
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", E2E_MODULE],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
@@ -147,7 +166,7 @@ def test_the_scheduling_suite_is_one_clear_skip(tmp_path: Path, bin_dir: str | N
     assert "passed" not in output and "error" not in output.lower(), output
     assert HOW_TO_RUN in skipped[0]
     if bin_dir:
-        assert "has no executable etcd, kube-apiserver, kube-scheduler" in skipped[0]
+        assert "has no executable kube-apiserver, kube-scheduler; no etcd in" in skipped[0]
     else:
         assert "KUBE_BIN_DIR is not set" in skipped[0]
 
@@ -348,11 +367,13 @@ def test_a_failed_start_says_why_and_stops_what_already_runs(tmp_path: Path) -> 
     _fake_binaries(bins, ("kube-scheduler",))
     (bins / "kube-apiserver").write_text('#!/bin/sh\necho "Error: unknown flag: --imaginary" >&2\nexit 1\n')
     (bins / "kube-apiserver").chmod(0o755)
+    binaries, problem = find_kube_binaries({"KUBE_BIN_DIR": str(bins), "PATH": ""})
+    assert problem is None and binaries is not None
     first = len(started_processes())
     started = time.monotonic()
     with pytest.raises(StartupError, match=r"(?s)kube-apiserver died.*exited with code 1.*unknown flag: --imaginary"):
         with ExitStack() as stack:
-            start_cluster(bins, tmp_path / "work", stack)
+            start_cluster(binaries, tmp_path / "work", stack)
     assert time.monotonic() - started < 120
     mine = started_processes()[first:]
     assert [process.name for process in mine] == ["etcd", "kube-apiserver"]
