@@ -149,6 +149,9 @@ def _reserve(state: ClusterState, selector: Selector, pod: PodRequest, args: Bin
             raise BindError(f"node {args.node}: {view.problem if view else 'no GPU topology reported'}")
         if state.is_stale(view, state.clock()):
             raise BindError(f"node {args.node}: {STALE}")
+        planned = _planned(state, pod, args, held)
+        if planned is not None:
+            return _reservation(state, selector, pod, args, planned[0], planned[1], None)
         count = device_count(pod.containers)
         free = view.free & ~held
         choice = selector.select(view.compiled, free, replace(request, count=count))
@@ -157,6 +160,26 @@ def _reserve(state: ClusterState, selector: Selector, pod: PodRequest, args: Bin
         if not isinstance(choice, Choice):
             raise BindError(f"node {args.node}: {choice.message}")
         return _reservation(state, selector, pod, args, view, mask_of(choice.gpus), None)
+
+
+def _planned(state: ClusterState, pod: PodRequest, args: BindingArgs, held: int) -> tuple[NodeView, int] | None:
+    """The GPUs the pod's group plan keeps for it on this node (claimed now), or None when no plan is in force.
+
+    Called under the ledger lock. The claim turns the slot's PLANNED entry into room for this pod's own
+    reservation; GPUs that someone else holds meanwhile void the plan (its members are planned again)."""
+    group = pod.group_key
+    if group is None or state.plans.get(group) is None:
+        return None
+    slot = state.plans.claim(group, args.pod_uid, args.node, state.clock())
+    if slot is None:
+        raise BindError(f"node {args.node} has no place in the plan of pod {pod.key}'s group")
+    view = state.view(args.node)
+    assert view is not None
+    if slot.gpus & ~(view.free & ~held) or device_count(pod.containers) != slot.gpus.bit_count():
+        state.plans.drop(group)
+        raise BindError(f"node {args.node}: the GPUs planned for pod {pod.key}'s group are no longer free; "
+                        "its members are planned again")
+    return view, slot.gpus
 
 
 def _reservation(state: ClusterState, selector: Selector, pod: PodRequest, args: BindingArgs, view: NodeView,
@@ -169,6 +192,9 @@ def _reservation(state: ClusterState, selector: Selector, pod: PodRequest, args:
     ring = _ring_of(selector, view, chosen)
     annotations = {state.keys.gpus: gpus, state.keys.containers: containers,
                    state.keys.seal: state.seal.sign(args.pod_uid, args.node, gpus, containers)}
+    plan = state.plans.sealed(pod.group_key, args.pod_uid, args.node) if pod.group_key is not None else None
+    if plan is not None:
+        annotations[state.keys.group_plan] = plan
     if ring is not None:
         annotations[state.keys.ring_bandwidth] = f"{ring:g}"
     assignment = previous or Assignment(args.pod_uid, pod.key, args.node, frozenset(ids), state.clock(),

@@ -17,6 +17,8 @@ from pathlib import Path
 from extender.demo import run_demo
 from extender.demo_cluster import DemoCluster
 from extender.demo_shared import run_shared_demo
+from extender.domains import DomainIndex
+from extender.group_plans import GROUP_TIMEOUT_SECONDS
 from extender.kube import KubeError, KubernetesApi
 from extender.leader import LeaderElector, Timings
 from extender.leader_label import LeaderLabel
@@ -84,6 +86,14 @@ def _parser() -> argparse.ArgumentParser:
                             "that can give it a full-bandwidth set (the best ring of its size on that node's board), "
                             "counted from the first time a node could hold it by count; then it takes the best ring "
                             f"on offer. 0: never wait (default {TOPOLOGY_WAIT_SECONDS:g}; see BENCHMARKS.md)")
+    serve.add_argument("--topology-levels", type=_levels, default=(), metavar="KEY,KEY",
+                       help="node-label keys of the network levels above the node, outermost first, as Kueue's "
+                            "Topology levels (e.g. network.topology.nvidia.com/spine,network.topology.nvidia.com/leaf)"
+                            "; a group's gpu-topology.io/group-span may name one. The NVLink domain (the node's "
+                            "nvidia.com/gpu.clique) is always the innermost span")
+    serve.add_argument("--group-timeout", type=float, default=GROUP_TIMEOUT_SECONDS, metavar="SECONDS",
+                       help="how long a group's plan holds its GPUs for members still to come, from its last member "
+                            f"bound (default {GROUP_TIMEOUT_SECONDS:g})")
     serve.add_argument("--api-timeout", type=float, default=1.2, metavar="SECONDS",
                        help="bound on each API call; bind makes one write (two calls after a conflict), which must "
                             "finish inside kube-scheduler's httpTimeout (3 s in scheduler-config/)")
@@ -106,6 +116,16 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="drive a mixed workload through the demo server and compare")
     demo.set_defaults(run=_demo)
     return parser
+
+
+def _levels(text: str) -> tuple[str, ...]:
+    """--topology-levels: distinct node-label keys, comma-separated."""
+    levels = tuple(part.strip() for part in text.split(",") if part.strip())
+    try:
+        DomainIndex(levels)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return levels
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -132,8 +152,12 @@ def _serve(args: argparse.Namespace) -> int:
         log.warning("no --seal-key-file: bind records are sealed with a key of this process only; after a restart, "
                     "pods bound but not yet started are known again only once their node reports them")
         seal = Seal.ephemeral()
+    if not 0 < args.group_timeout <= MAX_TOPOLOGY_WAIT_SECONDS:
+        raise ValueError(f"--group-timeout must be more than 0 and at most {MAX_TOPOLOGY_WAIT_SECONDS:g} seconds, "
+                         f"not {args.group_timeout}")
     state = ClusterState(AnnotationKeys(args.annotation_prefix), args.gpu_resource, args.stale_after, seal=seal,
-                         bind_outcome_seconds=args.bind_outcome_seconds)
+                         bind_outcome_seconds=args.bind_outcome_seconds, levels=args.topology_levels,
+                         group_timeout=args.group_timeout)
     elector: LeaderElector | None = None
     label: LeaderLabel | None = None
     if args.demo:

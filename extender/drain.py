@@ -10,7 +10,8 @@ other pod.
 
 A drain lasts no longer than its pod's wait and ends when the pod binds; at most one per pod and
 MAX_DRAINS in all, so a flood of waiting pods cannot hold back the cluster. Only GPUs that are free are drained:
-a drain never takes a GPU from anyone.
+a drain never takes a GPU from anyone. A waiting group (extender/group_placement.py) drains one set per member
+across the nodes of the domain nearest to holding it, under the group's key: its members see them as free.
 """
 
 from __future__ import annotations
@@ -31,11 +32,14 @@ FEW_DRAINED_NODES = 16
 
 @dataclass(frozen=True, slots=True)
 class Drain:
-    uid: str
-    node: str
-    gpus: int
-    """The full set being drained: its free GPUs are held back now, its busy ones as they free up."""
+    uid: str  # the waiting pod's UID, or the waiting group's key
+    targets: tuple[tuple[str, int], ...]
+    """(node, GPUs) of the full sets being drained: their free GPUs are held back now, busy ones as they free up."""
     until: float
+
+    @property
+    def nodes(self) -> frozenset[str]:
+        return frozenset(node for node, _ in self.targets)
 
 
 class Drains:
@@ -95,16 +99,30 @@ class Drains:
             if best is None:
                 return None
             _, node, target = best
-            drain = self._by_pod[uid] = Drain(uid, node, target, until)
-            self.started += 1
-            self._by_node[node] = self._by_node.get(node, 0) | target
-            return drain
+            return self._add(Drain(uid, ((node, target),), until))
+
+    def start_sets(self, uid: str, targets: Sequence[tuple[str, int]], until: float, now: float) -> Drain | None:
+        """Drain these sets for `uid` (a waiting group), unless it drains already or none overlaps another's."""
+        self._expire(now)
+        with self._lock:
+            if uid in self._by_pod:
+                return self._by_pod[uid]
+            if len(self._by_pod) >= self._limit or any(self._by_node.get(node, 0) & gpus for node, gpus in targets):
+                return None
+            return self._add(Drain(uid, tuple(targets), until))
+
+    def _add(self, drain: Drain) -> Drain:
+        self._by_pod[drain.uid] = drain
+        self.started += 1
+        for node, gpus in drain.targets:
+            self._by_node[node] = self._by_node.get(node, 0) | gpus
+        return drain
 
     def end(self, uid: str) -> None:
         with self._lock:
             drain = self._by_pod.pop(uid, None)
             if drain is not None:
-                self._remark(drain.node)
+                self._remark(drain.nodes)
 
     def _others(self, uid: str, now: float) -> dict[str, int]:
         """Per node, the GPUs drained for pods other than `uid`."""
@@ -117,7 +135,8 @@ class Drains:
             hidden = dict(self._by_node)
             own = self._by_pod.get(uid)
             if own is not None:
-                hidden[own.node] = self._drained(own.node, besides=uid)
+                for node in own.nodes:
+                    hidden[node] = self._drained(node, besides=uid)
             return hidden
 
     def _expire(self, now: float) -> None:
@@ -125,18 +144,21 @@ class Drains:
             expired = [drain for drain in self._by_pod.values() if drain.until <= now]
             for drain in expired:
                 del self._by_pod[drain.uid]
-                self._remark(drain.node)
+                self._remark(drain.nodes)
 
     def _drained(self, node: str, besides: str | None = None) -> int:
         mask = 0
         for drain in self._by_pod.values():
-            if drain.node == node and drain.uid != besides:
-                mask |= drain.gpus
+            if drain.uid != besides:
+                for target, gpus in drain.targets:
+                    if target == node:
+                        mask |= gpus
         return mask
 
-    def _remark(self, node: str) -> None:
-        mask = self._drained(node)
-        if mask:
-            self._by_node[node] = mask
-        else:
-            self._by_node.pop(node, None)
+    def _remark(self, nodes: frozenset[str]) -> None:
+        for node in nodes:
+            mask = self._drained(node)
+            if mask:
+                self._by_node[node] = mask
+            else:
+                self._by_node.pop(node, None)

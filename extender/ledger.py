@@ -17,6 +17,7 @@ from threading import RLock
 
 
 class Phase(str, Enum):
+    PLANNED = "planned"  # an open slot of a group's plan (extender/group_plans.py): held for a member to come
     BINDING = "binding"  # reserved; the Binding is in flight
     UNCERTAIN = "uncertain"  # the Binding's answer was lost: it may have committed; kept until that is known
     BOUND = "bound"  # the Binding committed (its answer, the watch, or our seal on the pod says so)

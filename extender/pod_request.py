@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from extender.group_request import GroupRequest, parse_group
 from topology.annotations import AnnotationKeys
 from topology.bounds import MAX_TOPOLOGY_WAIT_SECONDS
 from topology.levels import Interconnect
@@ -40,6 +41,7 @@ class PodRequest:
     problem: str | None = None
     containers: tuple[ContainerNeed, ...] = ()  # its GPU containers in the kubelet's allocation order
     wait_seconds: float | None = None  # its own topology wait (extender/wait.py); None: the extender's
+    group: GroupRequest | None = None  # the job it is a member of, placed whole (extender/groups.py)
 
     @property
     def requires_topology(self) -> bool:
@@ -49,6 +51,11 @@ class PodRequest:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def group_key(self) -> str | None:
+        """The group's identity when this pod is a member that counts toward its span (it has GPUs)."""
+        return None if self.group is None or self.request is None else self.group.key(self.namespace)
 
 
 def parse_pod(pod: Mapping[str, Any], keys: AnnotationKeys, resource: str = DEFAULT_GPU_RESOURCE) -> PodRequest:
@@ -69,9 +76,10 @@ def parse_pod(pod: Mapping[str, Any], keys: AnnotationKeys, resource: str = DEFA
     try:
         request, required = _constraints(annotations, keys, gpus)
         wait_seconds = _wait_seconds(annotations.get(keys.topology_wait), keys)
+        group = parse_group(metadata, spec, keys)
     except ValueError as error:
         return PodRequest(namespace, name, uid, gpus, None, True, str(error), containers)
-    return PodRequest(namespace, name, uid, gpus, request, required, None, containers, wait_seconds)
+    return PodRequest(namespace, name, uid, gpus, request, required, None, containers, wait_seconds, group)
 
 
 def pod_shape_problem(pod: Mapping[str, Any]) -> str | None:

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from extender.bind import BindError, Bound, bind_pod
 from extender.drain import Drains
 from extender.filter import FilterOutcome, Verdict, filter_nodes
+from extender.group_placement import GroupPlacement
 from extender.kube import KubeApi
 from extender.ledger import Assignment
 from extender.metrics import Metrics
@@ -70,6 +71,7 @@ class ExtenderService:
         self.selector = selector or Selector()
         self.wait = WaitClock(topology_wait)
         self.drains = Drains()
+        self.groups = GroupPlacement(state, self.selector, self.wait, self.drains)
         self.leader, self._pod_lists = leader, pods
         self._rebuild: tuple[int, int] | None = None  # (term, ticket of the pod list that rebuilds its ledger)
         if leader is not None:
@@ -87,8 +89,10 @@ class ExtenderService:
 
     def filter(self, args: ExtenderArgs) -> FilterOutcome:
         pod = self.pod_request(args.pod)
-        outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._verdicts, self.wait,
-                               self.drains)
+        outcome = self.groups.filter(pod, args.candidates()) if pod.group_key is not None else None
+        if outcome is None:
+            outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._verdicts, self.wait,
+                                   self.drains)
         if not outcome.passed and WAITING in outcome.failed:
             self._drain(pod, outcome.failed[WAITING])
         self.metrics.decisions.labels("filter", "pass").inc(len(outcome.passed))
@@ -98,12 +102,15 @@ class ExtenderService:
 
     def prioritize(self, args: ExtenderArgs) -> tuple[list[str], list[int]]:
         names = args.candidates()
-        return names, prioritize_nodes(self.state, self.selector, self.pod_request(args.pod), names, self._offers,
-                                       self.drains)
+        pod = self.pod_request(args.pod)
+        planned = self.groups.prioritize(pod, names) if pod.group_key is not None else None
+        if planned is not None:
+            return names, planned
+        return names, prioritize_nodes(self.state, self.selector, pod, names, self._offers, self.drains)
 
     def _drain(self, pod: PodRequest, waiting: list[str]) -> None:
         """Every candidate refused the pod only to wait for a full set: drain the one nearest to free."""
-        deadline = self.wait.deadline(pod)
+        deadline = self.wait.deadline(pod.uid, self.wait.seconds(pod))
         if deadline is None or pod.request is None:
             return
         candidates = [(name, key) for name, key in zip(waiting, self.state.keys_for(waiting), strict=True)
@@ -201,6 +208,8 @@ class ExtenderService:
         while True:
             time.sleep(1.0)
             self.state.sweep()
+            with self.state.ledger.lock:
+                self.state.plans.expire(self.state.clock())
 
     def _warn(self, pod: PodRequest) -> None:
         """One Event per pod and problem, sent off the hot path; a full queue drops it."""

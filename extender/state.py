@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from extender.domains import DomainIndex
+from extender.group_plans import GROUP_TIMEOUT_SECONDS, GroupPlans
 from extender.ledger import Assignment, Ledger, Phase
 from extender.pod_request import DEFAULT_GPU_RESOURCE, PodRequest, parse_pod
 from extender.seal import Seal
@@ -20,6 +22,7 @@ from topology.assignment import AssignmentError, decode_containers
 from topology.annotations import AnnotationKeys
 from topology.codec import CodecError, StateAheadError, check_state, decode_state, decode_topology
 from topology.compiled import CompiledTopology, compile_topology
+from topology.fabric import CLIQUE_LABEL, Domain, reconcile
 from topology.sharing import Sharing, combine, from_labels
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,8 @@ class NodeView:
     refused: str | None = None  # the short, stable class of a refused annotation (REFUSED), for the metric
     raw_topology: str | None = None
     sharing: Sharing = Sharing.NONE  # from GFD's labels and the agent's observation (topology/sharing.py)
+    reported_domain: Domain | None = None  # the NVLink domain in the agent's topology annotation
+    domain: Domain = Domain(None, None)  # that and GFD's nvidia.com/gpu.clique label, reconciled
 
     @property
     def size(self) -> int:
@@ -103,7 +108,8 @@ class PodRecord:
 class ClusterState:
     def __init__(self, keys: AnnotationKeys | None = None, resource: str = DEFAULT_GPU_RESOURCE,
                  stale_after: float = 120.0, clock: Callable[[], float] = time.time, seal: Seal | None = None,
-                 bind_outcome_seconds: float = BIND_OUTCOME_SECONDS) -> None:
+                 bind_outcome_seconds: float = BIND_OUTCOME_SECONDS, levels: Sequence[str] = (),
+                 group_timeout: float = GROUP_TIMEOUT_SECONDS) -> None:
         self.keys = keys or AnnotationKeys()
         self.resource = resource
         self.stale_after = stale_after
@@ -112,6 +118,10 @@ class ClusterState:
         self.bind_outcome_seconds = bind_outcome_seconds
         self.on_mismatch: Mismatch | None = None  # told when the kubelet allocated other GPUs than we bound
         self.ledger = Ledger()
+        self.domains = DomainIndex(levels)
+        self.plans = GroupPlans(self, group_timeout)
+        self.group_members: dict[str, dict[str, str | None]] = {}  # group key -> member UID -> its node
+        self.group_sizes: dict[str, int] = {}  # group key -> members, from PodGroup objects (group_sizes.py)
         self._views: dict[str, NodeView] = {}
         self._keys: dict[str, Key] = {}
         self._interned: dict[tuple[CompiledTopology, int, int], NodeKey] = {}
@@ -222,7 +232,10 @@ class ClusterState:
                 self.refresh(previous.node)
 
     def release(self, pod_uid: str, *, freed: bool) -> None:
+        """`freed`: the pod ended. Otherwise its bind did not happen, and a group slot it claimed opens again."""
         with self.ledger.lock:
+            if not freed:
+                self.plans.unclaim(pod_uid)
             entry = self.ledger.release(pod_uid, self.clock(), freed=freed)
             if entry is not None:
                 self.refresh(entry.node)
@@ -276,12 +289,15 @@ class ClusterState:
             if kind == "DELETED":
                 self._views.pop(name, None)
                 self._keys.pop(name, None)
+                self.domains.remove(name)
                 self._observed.pop(name, None)
                 self.ledger.forget_node(name)
                 self._restale(name, stale=False)
                 return name
-            view = self._decode_node(name, metadata.get("annotations") or {}, metadata.get("labels") or {})
+            labels = metadata.get("labels") if isinstance(metadata.get("labels"), dict) else {}
+            view = self._decode_node(name, metadata.get("annotations") or {}, labels)
             self._store(view)
+            self.domains.update(name, view.domain.name, labels)
             self._restale(name, stale=view.compiled is not None and self.is_stale(view, self.clock()))
             if view.observed is not None:
                 self.ledger.reporter_observed(name, view.observed)
@@ -335,8 +351,11 @@ class ClusterState:
 
     def _decode_node(self, name: str, annotations: Mapping[str, Any], labels: Mapping[str, Any]) -> NodeView:
         view = self._decode_annotations(name, annotations)
-        sharing = combine(from_labels(labels if isinstance(labels, dict) else {}), view.sharing)
-        return replace(view, sharing=sharing) if sharing is not view.sharing else view
+        sharing = combine(from_labels(labels), view.sharing)
+        domain = reconcile(view.reported_domain, labels.get(CLIQUE_LABEL))
+        if domain.problem is not None:
+            log.warning("node %s: no NVLink domain: %s", name, domain.problem)
+        return replace(view, sharing=sharing, domain=domain)
 
     def _decode_annotations(self, name: str, annotations: Mapping[str, Any]) -> NodeView:
         raw = annotations.get(self.keys.topology)
@@ -345,7 +364,8 @@ class ClusterState:
         previous = self._views.get(name)
         if previous is not None and previous.raw_topology == raw and previous.compiled is not None:
             # Heartbeats leave the topology as it was: keep what was decoded, only the state is new.
-            view = NodeView(name, previous.compiled, previous.ids, previous.index_of, raw_topology=previous.raw_topology)
+            view = NodeView(name, previous.compiled, previous.ids, previous.index_of, raw_topology=previous.raw_topology,
+                            reported_domain=previous.reported_domain)
         else:
             try:
                 topology = decode_topology(str(raw))
@@ -355,7 +375,7 @@ class ClusterState:
             # Only the compiled board (shared by identical nodes) and the GPU ids are kept per node.
             ids = tuple(gpu.uuid or f"GPU{gpu.index}" for gpu in topology.gpus)
             view = NodeView(name, compile_topology(topology), ids, {gpu: i for i, gpu in enumerate(ids)},
-                            raw_topology=str(raw))
+                            raw_topology=str(raw), reported_domain=topology.domain)
         raw_state = annotations.get(self.keys.state)
         if raw_state is None:
             return view
@@ -378,7 +398,7 @@ class ClusterState:
             for uid in set(self._pods) - seen:
                 self._forget_pod(uid)
             for assignment in self.ledger.pods():
-                if assignment.pod_uid not in seen and assignment.phase is not Phase.BINDING:
+                if assignment.pod_uid not in seen and assignment.phase not in (Phase.BINDING, Phase.PLANNED):
                     self.release(assignment.pod_uid, freed=True)
 
     def _apply_pod(self, kind: str, pod: dict[str, Any]) -> None:
@@ -394,14 +414,20 @@ class ClusterState:
         if request.gpus == 0:
             return
         self._pods[uid] = PodRecord(request, node)
+        group = request.group_key
+        if group is not None:
+            self.group_members.setdefault(group, {})[uid] = node
         if not node:
             return
         with self.ledger.lock:
             current = self.ledger.get(uid)
             if current is None:
-                sealed = self._sealed(uid, node, metadata.get("annotations"), request)
+                annotations = metadata.get("annotations")
+                sealed = self._sealed(uid, node, annotations, request)
                 if sealed is not None:
                     self.record(Assignment(uid, request.key, node, sealed, self.clock(), Phase.BOUND))
+                    if group is not None and isinstance(annotations, dict):
+                        self.plans.restore(group, uid, node, annotations.get(self.keys.group_plan), sealed)
             elif current.phase in (Phase.BINDING, Phase.UNCERTAIN):
                 if current.node == node:  # the watch shows the Binding committed
                     self.record(replace(current, phase=Phase.BOUND, expires=None))
@@ -434,8 +460,16 @@ class ClusterState:
         return held
 
     def _forget_pod(self, uid: str) -> None:
-        self._pods.pop(uid, None)
-        self.release(uid, freed=True)
+        record = self._pods.pop(uid, None)
+        group = record.request.group_key if record is not None else None
+        if group is not None:
+            members = self.group_members.get(group, {})
+            members.pop(uid, None)
+            if not members:
+                self.group_members.pop(group, None)
+        with self.ledger.lock:
+            self.plans.forget_member(uid)
+            self.release(uid, freed=True)
 
 
 def _refused(name: str, reason: str, raw_topology: str | None) -> NodeView:

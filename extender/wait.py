@@ -54,24 +54,33 @@ class WaitClock:
         itself (a stated requirement is its own, unbounded, wait) and its wait (its own annotation, else the
         extender's) has not run out."""
         request = pod.request
-        wait = self.wait_seconds if pod.wait_seconds is None else pod.wait_seconds
-        if request is None or request.count < 2 or pod.required or not pod.uid or wait <= 0:
+        if request is None or request.count < 2 or pod.required or not pod.uid:
+            return False
+        return self.holds(pod.uid, self.seconds(pod), now)
+
+    def holds(self, owner: str, wait: float, now: float) -> bool:
+        """The wait of `owner` (a pod's UID, or a group's key: its members share one wait) has not run out;
+        it starts now if it has not started."""
+        if wait <= 0:
             return False
         with self._lock:
-            started = self._started.setdefault(pod.uid, now)
+            started = self._started.setdefault(owner, now)
             if len(self._started) > self._limit:
                 self._started.popitem(last=False)
         return now - started < wait
 
-    def deadline(self, pod: PodRequest) -> float | None:
-        """When the pod's wait ends, if it has started."""
+    def seconds(self, pod: PodRequest) -> float:
+        """The pod's wait: its own annotation, else the extender's."""
+        return self.wait_seconds if pod.wait_seconds is None else pod.wait_seconds
+
+    def deadline(self, owner: str, wait: float) -> float | None:
+        """When the wait of `owner` ends, if it has started."""
         with self._lock:
-            started = self._started.get(pod.uid)
-        wait = self.wait_seconds if pod.wait_seconds is None else pod.wait_seconds
+            started = self._started.get(owner)
         return None if started is None else started + wait
 
     def forget(self, uid: str) -> None:
-        """The pod was bound or deleted."""
+        """The pod was bound or deleted, or the group planned."""
         with self._lock:
             self._started.pop(uid, None)
 

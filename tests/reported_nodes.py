@@ -4,10 +4,11 @@ NVML calls unhealthy, observed at the state's own clock (a live reporter)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 
 from extender.demo_cluster import with_uuids
+from extender.seal import Seal
 from extender.state import ClusterState
 from topology.codec import NodeState, encode_state, encode_topology
 from topology.platforms import PLATFORMS
@@ -27,10 +28,12 @@ class ManualClock:
 def reported_cluster(used: Mapping[str, tuple[str, tuple[int, ...]]], *, clock: Callable[[], float] = time.time,
                      stale_after: float = 120.0, unhealthy: Mapping[str, tuple[int, ...]] | None = None,
                      labels: Mapping[str, Mapping[str, str]] | None = None,
-                     observed: Mapping[str, Sharing] | None = None) -> ClusterState:
+                     observed: Mapping[str, Sharing] | None = None, levels: Sequence[str] = (),
+                     seal: Seal | None = None) -> ClusterState:
     """`used` maps node name -> (platform, GPUs held); `unhealthy` node name -> sick GPUs; `labels` node name ->
-    its labels (GPU feature discovery's); `observed` node name -> the sharing its agent saw."""
-    state = ClusterState(clock=clock, stale_after=stale_after)
+    its labels (GPU feature discovery's, the network levels'); `observed` node name -> the sharing its agent
+    saw; `levels` the extender's --topology-levels."""
+    state = ClusterState(clock=clock, stale_after=stale_after, levels=levels, seal=seal)
     nodes = []
     for name, (platform, held) in used.items():
         topology = with_uuids(name, PLATFORMS[platform].topology())

@@ -71,13 +71,13 @@ def test_bind_gives_other_pods_no_drained_gpu_and_the_drain_ends_when_its_pod_bi
     (key,) = state.keys_for(["a"])
     assert isinstance(key, NodeKey)
     drain = service.drains.start("waiting", [("a", key)], service.selector, 4, clock.now + WAIT, clock.now)
-    assert drain is not None and drain.gpus in (0b00001111, SOCKET_1)
+    assert drain is not None and drain.nodes == {"a"} and dict(drain.targets)["a"] in (0b00001111, SOCKET_1)
     index = {gpu.uuid: gpu.index for gpu in cluster.topologies["a"].gpus}
     for number in range(4):
         pod = cluster.create_pod(f"small-{number}", 1)
         assert service.bind(BindingArgs(pod["metadata"]["name"], "default", pod["metadata"]["uid"], "a")) == ""
         (gpus,) = cluster.delivered[pod["metadata"]["uid"]].values()
-        assert not drain.gpus >> index[gpus[0]] & 1, "a drained GPU went to another pod"
+        assert not dict(drain.targets)["a"] >> index[gpus[0]] & 1, "a drained GPU went to another pod"
     pod = cluster.create_pod("waiting-pod", 4)
     service.drains.end("waiting")
     uid = pod["metadata"]["uid"]
@@ -94,6 +94,6 @@ def test_drains_are_bounded_and_never_overlap() -> None:
     drains = Drains(limit=2)
     first = drains.start("p1", [("a", key)], Selector(), 4, clock.now + WAIT, clock.now)
     second = drains.start("p2", [("a", key)], Selector(), 4, clock.now + WAIT, clock.now)
-    assert first is not None and second is not None and not first.gpus & second.gpus
+    assert first is not None and second is not None and not dict(first.targets)["a"] & dict(second.targets)["a"]
     assert drains.start("p3", [("a", key)], Selector(), 2, clock.now + WAIT, clock.now) is None  # the bound
     assert drains.start("p1", [("a", key)], Selector(), 4, clock.now + WAIT, clock.now) == first  # kept

@@ -1,0 +1,77 @@
+"""Where each node sits above itself: its NVLink domain and its block at each `--topology-levels` key.
+
+The NVLink domain (an NVL72 rack) is the innermost span; the levels (Topograph's spine and leaf, a cloud's
+block labels) follow, outermost first as Kueue's Topology levels list them. A node's domain at a level is the
+path of its label values from the outermost level down to that one, so two leaves that reuse a name under
+different spines stay two leaves. A node without the label of a level is in no domain there, and a group that
+spans that level cannot be placed on it.
+
+The index is kept as nodes change (a watch event at a time), so the planner reads each domain's members
+without scanning the cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from extender.group_request import LABEL_KEY, NVLINK_DOMAIN
+from topology.bounds import MAX_DOMAIN_LENGTH
+
+_SPAN_NAMES = {NVLINK_DOMAIN: "NVLink domain"}
+
+
+def span_name(span: str) -> str:
+    """How a reason names a span: "NVLink domain", or the label key's last word ("leaf", "block")."""
+    return _SPAN_NAMES.get(span) or span.rsplit("/", 1)[-1]
+
+
+class DomainIndex:
+    """Nodes by domain, per span. Not thread-safe: the cluster state calls it under its ledger lock."""
+
+    def __init__(self, levels: Sequence[str] = ()) -> None:
+        if (len(set(levels)) != len(levels) or NVLINK_DOMAIN in levels
+                or not all(LABEL_KEY.fullmatch(level) for level in levels)):
+            raise ValueError(f"topology levels must be distinct node-label keys, not {list(levels)}")
+        self.levels = tuple(levels)
+        self.spans = (NVLINK_DOMAIN, *reversed(self.levels))  # innermost first
+        self._of: dict[str, dict[str, str]] = {span: {} for span in self.spans}  # span -> node -> domain
+        self._members: dict[str, dict[str, set[str]]] = {span: {} for span in self.spans}
+
+    def update(self, node: str, nvlink_domain: str | None, labels: Mapping[str, Any]) -> None:
+        self.remove(node)
+        for span, domain in self._domains(nvlink_domain, labels).items():
+            self._of[span][node] = domain
+            self._members[span].setdefault(domain, set()).add(node)
+
+    def remove(self, node: str) -> None:
+        for span in self.spans:
+            domain = self._of[span].pop(node, None)
+            if domain is not None:
+                members = self._members[span][domain]
+                members.discard(node)
+                if not members:
+                    del self._members[span][domain]
+
+    def domain_of(self, span: str, node: str) -> str | None:
+        return self._of[span].get(node)
+
+    def domains(self, span: str) -> Mapping[str, set[str]]:
+        """Each domain of the span with its nodes (live sets: copy before letting go of the lock)."""
+        return self._members[span]
+
+    def outward(self, span: str) -> tuple[str, ...]:
+        """The span and every wider one, innermost first: where a preferred group may fall back to."""
+        return self.spans[self.spans.index(span):]
+
+    def _domains(self, nvlink_domain: str | None, labels: Mapping[str, Any]) -> dict[str, str]:
+        found = {NVLINK_DOMAIN: nvlink_domain} if nvlink_domain else {}
+        path: list[str] = []
+        for level in self.levels:
+            value = labels.get(level)
+            if not isinstance(value, str) or not 0 < len(value) <= MAX_DOMAIN_LENGTH:
+                path.append("")
+                continue
+            path.append(value)
+            found[level] = "/".join(path)
+        return found
