@@ -7,7 +7,9 @@ different spines stay two leaves. A node without the label of a level is in no d
 spans that level cannot be placed on it.
 
 The index is kept as nodes change (a watch event at a time), so the planner reads each domain's members
-without scanning the cluster.
+without scanning the cluster. It also keeps which nodes sit in a domain that is still whole (every GPU of every
+node free, at the node's innermost span), so that prioritize can keep single pods out of them (extender/scoring/
+domains.py) at the cost of a set look-up.
 """
 
 from __future__ import annotations
@@ -37,14 +39,22 @@ class DomainIndex:
         self.spans = (NVLINK_DOMAIN, *reversed(self.levels))  # innermost first
         self._of: dict[str, dict[str, str]] = {span: {} for span in self.spans}  # span -> node -> domain
         self._members: dict[str, dict[str, set[str]]] = {span: {} for span in self.spans}
+        self._busy: set[str] = set()  # nodes with a GPU in use (or unhealthy)
+        self._busy_in: dict[str, dict[str, int]] = {span: {} for span in self.spans}  # span -> domain -> busy nodes
+        self.whole: set[str] = set()  # nodes whose innermost domain has every GPU free
 
     def update(self, node: str, nvlink_domain: str | None, labels: Mapping[str, Any]) -> None:
+        busy = node in self._busy
         self.remove(node)
         for span, domain in self._domains(nvlink_domain, labels).items():
             self._of[span][node] = domain
             self._members[span].setdefault(domain, set()).add(node)
+        self.set_busy(node, busy)
+        self._recheck(node)
 
     def remove(self, node: str) -> None:
+        self.set_busy(node, False)
+        self._busy.discard(node)
         for span in self.spans:
             domain = self._of[span].pop(node, None)
             if domain is not None:
@@ -52,6 +62,37 @@ class DomainIndex:
                 members.discard(node)
                 if not members:
                     del self._members[span][domain]
+                    self._busy_in[span].pop(domain, None)
+        self.whole.discard(node)
+
+    def set_busy(self, node: str, busy: bool) -> None:
+        """The node has a GPU in use, or has none in use any more: its domains are whole or not."""
+        if busy == (node in self._busy):
+            return
+        if busy:
+            self._busy.add(node)
+        else:
+            self._busy.remove(node)
+        step = 1 if busy else -1
+        for span in self.spans:
+            domain = self._of[span].get(node)
+            if domain is not None:
+                count = self._busy_in[span].get(domain, 0) + step
+                self._busy_in[span][domain] = count
+                if count == (1 if busy else 0):
+                    for member in self._members[span][domain]:
+                        self._recheck(member)
+
+    def _recheck(self, node: str) -> None:
+        for span in self.spans:
+            domain = self._of[span].get(node)
+            if domain is not None:
+                if self._busy_in[span].get(domain, 0) == 0:
+                    self.whole.add(node)
+                else:
+                    self.whole.discard(node)
+                return
+        self.whole.discard(node)
 
     def domain_of(self, span: str, node: str) -> str | None:
         return self._of[span].get(node)

@@ -317,6 +317,7 @@ class ClusterState:
         else:
             self._keys[view.name] = self._intern(view.compiled, view.free, view.unhealthy)
             self._observed[view.name] = float("-inf") if view.observed is None else view.observed
+        self.domains.set_busy(view.name, view.compiled is not None and view.free != view.compiled.full_mask)
 
     def key_without(self, key: NodeKey, gpus: int) -> NodeKey:
         """The key of a node with `gpus` taken out of its free ones, as a pod sees a node that drains GPUs for

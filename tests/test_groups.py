@@ -244,3 +244,13 @@ def test_a_group_larger_than_any_domain_is_refused_when_required_and_placed_alon
     assert outcome.unresolvable == {"no NVLink domain can hold the group's pods of 4 GPUs": ALL}
     preferred = _pod(kube, "p0", 4, group="wide", size=20)
     assert service.filter(ExtenderArgs(preferred, ALL, None)).passed == ALL
+
+
+def test_single_pods_go_to_a_partly_used_domain_and_keep_empty_ones_whole() -> None:
+    service, kube = _cluster(ManualClock(), busy={"a00": (0,)})
+    single = _pod(kube, "solo", 1)
+    names, scores = service.prioritize(ExtenderArgs(single, ALL, None))
+    by_node = dict(zip(names, scores))
+    assert min(by_node[name] for name in _names("a")) > max(by_node[name] for name in _names("b"))
+    assert _domain(_schedule(service, single) or "") == "a"
+    assert service.state.domains.whole == set(_names("b"))

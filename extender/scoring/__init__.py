@@ -17,6 +17,7 @@ from extender.drain import Drains
 from extender.memo import ShapeMemo
 from extender.pod_request import PodRequest
 from extender.scoring.bandwidth import bandwidth_score
+from extender.scoring.domains import keep_domains_whole
 from extender.scoring.fragmentation import fragmentation_score, lost_gpus
 from extender.scoring.packing import packing_score
 from extender.state import ClusterState, Key, NodeKey, SharedKey
@@ -71,7 +72,7 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
         # interconnect keeps 0 there: replicas and MIG slices offer no ring (topology/sharing.py).
         level = max((score_of[key] for key in boards), default=MAX_SCORE)
         score_of.update(dict.fromkeys(shared, level))
-    return list(map(score_of.__getitem__, keys))
+    return keep_domains_whole(names, list(map(score_of.__getitem__, keys)), state.domains.whole)
 
 
 def _offer(selector: Selector, request: Request, key: NodeKey) -> Offer | None:
