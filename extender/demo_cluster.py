@@ -64,13 +64,16 @@ def with_uuids(node: str, topology: Topology) -> Topology:
 class DemoCluster:
     def __init__(self, state: ClusterState, nodes: Sequence[tuple[str, str]] = DEMO_NODES,
                  clock: Callable[[], float] = time.time, boards: Mapping[str, Topology] | None = None,
-                 shared: Mapping[str, SharedNode] | None = None) -> None:
+                 shared: Mapping[str, SharedNode] | None = None,
+                 labels: Mapping[str, Mapping[str, str]] | None = None) -> None:
         """`boards` gives the board of a node, by name, that has other GPUs than its platform's capture (the
         benchmark replay's nodes with some of a board's GPUs installed); `shared` the nodes whose GPUs are
-        shared, whose kubelet hands out replicas or MIG slices as NVIDIA's device plugin does there."""
+        shared, whose kubelet hands out replicas or MIG slices as NVIDIA's device plugin does there; `labels`
+        a node's labels, by name (GPU feature discovery's nvidia.com/gpu.clique, the network levels')."""
         self.state = state
         self.clock = clock
         self.shared = dict(shared or {})
+        self.labels = {name: dict(values) for name, values in (labels or {}).items()}
         boards = boards or {}
         self.topologies = {name: with_uuids(name, boards.get(name) or PLATFORMS[platform].topology())
                            for name, platform in nodes}
@@ -251,7 +254,7 @@ class DemoCluster:
                           pods, observed)
         topology = self.topologies[name]
         return {"metadata": {"name": name, "resourceVersion": str(self._generation),
-                             "labels": dict(shared.labels) if shared is not None else {},
+                             "labels": {**self.labels.get(name, {}), **(shared.labels if shared is not None else {})},
                              "annotations": {self.state.keys.topology: encode_topology(topology),
                                              self.state.keys.state: encode_state(state)}},
                 "status": {"allocatable": {self.state.resource: str(self.allocatable(name))}}}
