@@ -83,3 +83,10 @@ MAX_GROUP_SIZE = 1024
 # An NVLink domain is `<clusterUUID>.<cliqueId>` (GFD's nvidia.com/gpu.clique): a 36-character UUID, a dot and a
 # uint32. A label value is at most 63 characters, which also bounds a --topology-levels value.
 MAX_DOMAIN_LENGTH = 63
+
+# NVML's fabric cliqueId is an unsigned int (nvmlGpuFabricInfo_t), so a domain's clique id runs 0 to 2**32 - 1.
+MAX_CLIQUE_ID = 2**32 - 1
+
+# Why a node has no NVLink domain (topology/fabric.py), as the agent writes it and the extender shows it: one
+# line, room for two domains side by side and a GPU or a label to blame.
+MAX_DOMAIN_PROBLEM_LENGTH = 256
