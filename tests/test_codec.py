@@ -10,7 +10,9 @@ import pytest
 
 from topology.annotations import AnnotationKeys
 from topology.codec import CodecError, NodeState, decode_state, decode_topology, encode_state, encode_topology
-from topology.model import Topology
+from topology.compiled import compile_topology
+from topology.fabric import Domain
+from topology.model import Topology, installed_subset
 from topology.platforms import PLATFORMS
 from topology.sharing import Sharing
 
@@ -39,7 +41,7 @@ def _document(name: str = "dgx1-v100") -> dict:
 
 
 @pytest.mark.parametrize(("mutate", "message"), [
-    (lambda d: d.update(v=2), "version 2 is not supported"),
+    (lambda d: d.update(v=3), "version 3 is not supported"),
     (lambda d: d.pop("nvswitch"), "missing nvswitch"),
     (lambda d: d.update(extra=1), "unknown field extra"),
     (lambda d: d["gpus"][0].update(numa="0"), r"topology.gpus\[0\].numa: expected an integer"),
@@ -62,6 +64,92 @@ def test_bad_topologies_are_refused_with_the_field(mutate, message: str) -> None
 def test_garbage_topologies_are_refused(text: str) -> None:
     with pytest.raises(CodecError):
         decode_topology(text)
+
+
+# -- the node's NVLink domain (topology/fabric.py) --------------------------------------------------------
+
+RACK_A = Domain("9c6f5af3-53bf-49b5-a436-b66766c413c3.4026")
+RACK_B = Domain("0c6f5af3-53bf-49b5-a436-b66766c413c3.4026")
+REGISTERING = Domain(None, "GPU 2 fabric registration in progress")
+
+
+def _gb200(domain: Domain | None) -> Topology:
+    return replace(_with_identities(PLATFORMS["gb200-node"].topology()), domain=domain)
+
+
+@pytest.mark.parametrize("domain", [RACK_A, REGISTERING])
+def test_a_node_with_fabric_info_writes_v2_with_its_domain(domain: Domain) -> None:
+    text = encode_topology(_gb200(domain))
+    document = orjson.loads(text)
+    assert (document["v"], document["domain"], document["domain_problem"]) == (2, domain.name, domain.problem)
+    decoded = decode_topology(text)
+    assert decoded.domain == domain
+    assert decoded == _gb200(None) and decoded.fingerprint == _gb200(None).fingerprint
+
+
+@pytest.mark.parametrize("domain", [None, Domain(None, None)])
+def test_a_node_without_fabric_info_writes_v1_as_before(domain: Domain | None) -> None:
+    """What v1 readers (extenders before domains) read: nothing about a domain, so they keep reading the node."""
+    text = encode_topology(_gb200(domain))
+    assert text == encode_topology(_with_identities(PLATFORMS["gb200-node"].topology()))
+    document = orjson.loads(text)
+    assert document["v"] == 1 and "domain" not in document and "domain_problem" not in document
+    assert decode_topology(text).domain is None  # says nothing: the label alone decides
+
+
+def test_an_annotation_from_before_domains_decodes_as_before() -> None:
+    old = ('{"v":1,"fp":"bd51ebce3afd8081","nvswitch":false,"gpus":[{"i":0,"uuid":"GPU-a","bus":"0000:07:00.0",'
+           '"numa":0,"model":"NVIDIA L40S","mem":46068,"nvl":null,"pcie":[4,16]},{"i":1,"uuid":"GPU-b",'
+           '"bus":"0000:0f:00.0","numa":0,"model":"NVIDIA L40S","mem":46068,"nvl":null,"pcie":[4,16]}],"nvlink":[],'
+           '"pcie":[["NODE"]]}')
+    topology = decode_topology(old)
+    assert [gpu.uuid for gpu in topology.gpus] == ["GPU-a", "GPU-b"] and topology.domain is None
+    assert encode_topology(topology) == old
+
+
+def test_the_domain_is_not_part_of_the_board() -> None:
+    """Identical boards in two racks, or before and after registration, share a fingerprint and a compiled board."""
+    boards = [_gb200(domain) for domain in (None, Domain(None, None), RACK_A, RACK_B, REGISTERING)]
+    assert len({board.fingerprint for board in boards}) == 1
+    assert len({orjson.loads(encode_topology(board))["fp"] for board in boards}) == 1
+    assert all(board == boards[0] for board in boards) and len(set(boards)) == 1
+    assert len({id(compile_topology(board)) for board in boards}) == 1
+    assert installed_subset(boards[2], (0, 1)).domain == RACK_A
+
+
+V2 = {"domain": RACK_A.name, "domain_problem": None}
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"domain": RACK_A.name}, "missing domain_problem"),
+    ({"domain_problem": "x"}, "missing domain"),
+    ({"domain": None, "domain_problem": None}, "carries a domain or a domain_problem; both are null"),
+    ({**V2, "domain_problem": "GPU 2 fabric registration in progress"}, "a domain or a problem, not both"),
+    ({**V2, "domain": RACK_A.name.upper()}, r"topology.domain: .*lowercase"),
+    ({**V2, "domain": "00000000-0000-0000-0000-000000000000.0"}, "topology.domain: the cluster UUID is zero"),
+    ({**V2, "domain": "9c6f5af3-53bf-49b5-a436-b66766c413c3.4294967296"}, "topology.domain: clique id .* beyond"),
+    ({**V2, "domain": "4026"}, r"topology.domain: '4026' is not <clusterUUID>.<cliqueId>"),
+    ({**V2, "domain": RACK_A.name + "0" * 40}, "topology.domain: 81 characters"),
+    ({**V2, "domain": 4026}, "topology.domain: expected <clusterUUID>.<cliqueId> text, found int"),
+    ({**V2, "domain": [RACK_A.name]}, "topology.domain: .* found list"),
+    ({"domain": None, "domain_problem": 7}, "topology.domain_problem: expected 1 to 256 printable ASCII"),
+    ({"domain": None, "domain_problem": ""}, "topology.domain_problem: expected 1 to 256"),
+    ({"domain": None, "domain_problem": "x" * 257}, "topology.domain_problem: expected 1 to 256"),
+    ({"domain": None, "domain_problem": "GPU 2\nregistering"}, "topology.domain_problem"),
+    ({**V2, "extra": 1}, "unknown field extra"),
+])
+def test_a_malformed_domain_is_refused_with_the_field(fields: dict, message: str) -> None:
+    document = orjson.loads(encode_topology(_gb200(None)))
+    document.update(v=2, **fields)
+    with pytest.raises(CodecError, match=message):
+        decode_topology(orjson.dumps(document))
+
+
+def test_domain_fields_need_version_2() -> None:
+    document = orjson.loads(encode_topology(_gb200(RACK_A)))
+    document["v"] = 1
+    with pytest.raises(CodecError, match="unknown field domain, domain_problem"):
+        decode_topology(orjson.dumps(document))
 
 
 def test_state_round_trip_and_refusals() -> None:

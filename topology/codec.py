@@ -17,16 +17,20 @@ import orjson
 from topology import bounds
 from topology.bounds import MAX_GPUS, STATE_MAX_BYTES, TOPOLOGY_MAX_BYTES
 from topology.catalog import NvLinkGen
+from topology.fabric import Domain, parse_domain
 from topology.levels import PCIE_CODES, Level
 from topology.model import Gpu, NvLinkPair, Topology, TopologyError
 from topology.sharing import Sharing
 
 VERSION = 1  # of the topology annotation
+DOMAIN_VERSION = 2  # v2 adds `domain` and `domain_problem`, written only by nodes whose GPUs report NVLink fabric
+# info, so v1 readers keep reading every other node through a rolling upgrade
 STATE_VERSION = 2  # v2 adds `pods`; v1 (without it) is still read
 SHARED_STATE_VERSION = 3  # v3 adds `sharing`, written only by nodes that share their GPUs, so v2 readers keep
 # reading every whole-GPU node through a rolling upgrade
 
-_TOPOLOGY_KEYS = frozenset({"v", "fp", "nvswitch", "gpus", "nvlink", "pcie"})
+_TOPOLOGY_KEYS = {1: frozenset({"v", "fp", "nvswitch", "gpus", "nvlink", "pcie"}),
+                  2: frozenset({"v", "fp", "nvswitch", "gpus", "nvlink", "pcie", "domain", "domain_problem"})}
 _GPU_KEYS = frozenset({"i", "uuid", "bus", "numa", "model", "mem", "nvl", "pcie"})
 _STATE_KEYS = {1: frozenset({"v", "used", "unhealthy", "observed", "generation"}),
                2: frozenset({"v", "used", "unhealthy", "pods", "observed", "generation"}),
@@ -71,6 +75,11 @@ def encode_topology(topology: Topology) -> str:
         "nvlink": [[p.a, p.b, p.links] for p in topology.nvlinks],
         "pcie": [[_pcie_code(topology.pcie[i][j]) for j in range(i + 1, n)] for i in range(n - 1)],
     }
+    domain = topology.domain
+    # Without fabric info (or without NVML) a node writes v1, which says nothing of a domain; the extender then goes
+    # by GFD's label alone, as for an agent from before domains.
+    if domain is not None and (domain.name or domain.problem):
+        document.update(v=DOMAIN_VERSION, domain=domain.name, domain_problem=domain.problem)
     text = orjson.dumps(document).decode()
     if len(text) > TOPOLOGY_MAX_BYTES:
         raise CodecError(f"topology annotation would be {len(text)} bytes, over its {TOPOLOGY_MAX_BYTES}-byte budget")
@@ -79,8 +88,8 @@ def encode_topology(topology: Topology) -> str:
 
 def decode_topology(text: str | bytes) -> Topology:
     document = _load(text, TOPOLOGY_MAX_BYTES, "topology")
-    _exact_keys(document, _TOPOLOGY_KEYS, "topology")
-    _version(document, "topology")
+    version = _version(document, "topology", tuple(_TOPOLOGY_KEYS))
+    _exact_keys(document, _TOPOLOGY_KEYS[version], "topology")
     raw_gpus = _list(document["gpus"], "topology.gpus")
     if not 1 <= len(raw_gpus) <= MAX_GPUS:
         raise CodecError(f"topology.gpus: {len(raw_gpus)} GPUs; expected 1 to {MAX_GPUS}")
@@ -106,9 +115,10 @@ def decode_topology(text: str | bytes) -> Topology:
     nvswitch = document["nvswitch"]
     if not isinstance(nvswitch, bool):
         raise CodecError("topology.nvswitch: expected true or false")
+    domain = _domain(document["domain"], document["domain_problem"]) if version >= 2 else None
     try:
         topology = Topology(gpus=gpus, nvlinks=tuple(pairs), nvswitch=nvswitch,
-                            pcie=tuple(tuple(row) for row in pcie))
+                            pcie=tuple(tuple(row) for row in pcie), domain=domain)
     except TopologyError as error:
         raise CodecError(f"topology: {error}") from None
     if document["fp"] != topology.fingerprint:
@@ -209,7 +219,7 @@ def _exact_keys(document: Mapping[str, Any], expected: frozenset[str], where: st
         raise CodecError(f"{where}: unknown field {', '.join(unknown)}")
 
 
-def _version(document: Mapping[str, Any], where: str, supported: tuple[int, ...] = (VERSION,)) -> int:
+def _version(document: Mapping[str, Any], where: str, supported: tuple[int, ...]) -> int:
     version = document.get("v")
     # `type is int`: JSON true and 1.0 compare equal to 1 in Python.
     if type(version) is not int or version not in supported:
@@ -239,6 +249,21 @@ def _gpu(raw: Any, where: str) -> Gpu:
                uuid=_optional_text(raw["uuid"], f"{where}.uuid"), pci_bus_id=_optional_text(raw["bus"], f"{where}.bus"),
                numa_node=_optional_int(raw["numa"], f"{where}.numa"), memory_mib=_optional_int(raw["mem"], f"{where}.mem"),
                nvlink=nvlink, pcie_gen=pcie_gen, pcie_width=pcie_width)
+
+
+def _domain(name: Any, problem: Any) -> Domain:
+    """The node's NVLink domain reading; v2 carries one of the two, never neither."""
+    if name is None and problem is None:
+        raise CodecError("topology: version 2 carries a domain or a domain_problem; both are null")
+    if name is not None:
+        try:
+            parse_domain(name)
+        except ValueError as error:
+            raise CodecError(f"topology.domain: {error}") from None
+    try:
+        return Domain(name, problem)
+    except ValueError as error:
+        raise CodecError(f"topology.domain_problem: {error}") from None
 
 
 def _pcie_code(level: Level | None) -> str | None:

@@ -14,6 +14,7 @@ from functools import cached_property
 
 from topology import bounds
 from topology.catalog import NvLinkGen
+from topology.fabric import Domain
 from topology.levels import PCIE_LEVELS, Level
 
 
@@ -48,6 +49,10 @@ class Topology:
     nvswitch: bool
     # pcie[i][j]: the PCIe path level between GPU i and j; None on the diagonal and where unknown.
     pcie: tuple[tuple[Level | None, ...], ...]
+    # Where the node sits (topology/fabric.py), None when nothing says (a capture, an older agent). Not a fact of
+    # the board: equality, hashing and the fingerprint leave it out, so identical boards in different racks still
+    # share one compiled board.
+    domain: Domain | None = field(default=None, compare=False)
     _links: dict[tuple[int, int], int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -171,4 +176,5 @@ def installed_subset(topology: Topology, installed: tuple[int, ...]) -> Topology
         nvlinks=tuple(NvLinkPair(position[pair.a], position[pair.b], pair.links) for pair in topology.nvlinks
                       if pair.a in position and pair.b in position),
         nvswitch=topology.nvswitch,
-        pcie=tuple(tuple(topology.pcie[i][j] for j in installed) for i in installed))
+        pcie=tuple(tuple(topology.pcie[i][j] for j in installed) for i in installed),
+        domain=topology.domain)
