@@ -19,6 +19,7 @@ from extender.demo_cluster import DemoCluster
 from extender.demo_shared import run_shared_demo
 from extender.domains import DomainIndex
 from extender.group_plans import GROUP_TIMEOUT_SECONDS
+from extender.group_sizes import KINDS, GroupSizes
 from extender.kube import KubeError, KubernetesApi
 from extender.leader import LeaderElector, Timings
 from extender.leader_label import LeaderLabel
@@ -175,6 +176,10 @@ def _serve(args: argparse.Namespace) -> int:
                                   topology_wait=args.topology_wait)
         nodes.start()
         pods.start()
+        for kind in KINDS:
+            Reflector(lambda kind=kind: kube.list_pod_groups(kind),
+                      lambda version, timeout, kind=kind: kube.watch_pod_groups(kind, version, timeout),
+                      GroupSizes(kind, state.group_sizes), name=f"{kind.plural}.{kind.group}").start()
         if elector is not None and own_pod is not None:
             label = LeaderLabel(kube, *own_pod, state.keys.leader, service.leads)
             label.start()

@@ -32,6 +32,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+from extender.group_sizes import PodGroupKind
 from topology.api_status import status_message
 
 log = logging.getLogger(__name__)
@@ -220,6 +221,7 @@ class KubernetesApi:
     ) -> None:
         self._core = k8s.CoreV1Api(api_client)
         self._coordination = k8s.CoordinationV1Api(api_client)
+        self._custom = k8s.CustomObjectsApi(api_client)
         self.timeout = timeout
         self.list_timeout = list_timeout
         self.instance = instance or os.environ.get("POD_NAME") or socket.gethostname()
@@ -310,6 +312,16 @@ class KubernetesApi:
             timeout_seconds,
             field_selector=ACTIVE_PODS,
         )
+
+    def list_pod_groups(self, kind: PodGroupKind) -> tuple[list[dict], str]:
+        """PodGroup objects of one kind (extender/group_sizes.py), in every namespace."""
+        return self._list(f"list {kind.plural}.{kind.group}", self._custom.list_cluster_custom_object,
+                          group=kind.group, version=kind.version, plural=kind.plural)
+
+    def watch_pod_groups(self, kind: PodGroupKind, resource_version: str, timeout_seconds: int) -> WatchStream:
+        return self._watch(f"watch {kind.plural}.{kind.group}", self._custom.list_cluster_custom_object,
+                           resource_version, timeout_seconds, group=kind.group, version=kind.version,
+                           plural=kind.plural)
 
     # -- writes ------------------------------------------------------------------------------------------
 

@@ -14,12 +14,15 @@ from typing import Any
 import pytest
 
 from extender.group_placement import ELSEWHERE
+from extender.group_sizes import COSCHEDULING, SCHEDULING_GROUP, GroupSizes
 from extender.ledger import Phase
+from extender.pod_request import parse_pod
 from extender.seal import Seal
 from extender.service import ExtenderService
 from extender.state import ClusterState
 from extender.wire import BindingArgs, ExtenderArgs
 from reported_nodes import ManualClock, reported_cluster
+from topology.annotations import AnnotationKeys
 
 SPINE, LEAF = "network.topology.nvidia.com/spine", "network.topology.nvidia.com/leaf"
 CLUSTER_UUID = "9c6f5af3-53bf-49b5-a436-b66766c413c3"
@@ -254,3 +257,38 @@ def test_single_pods_go_to_a_partly_used_domain_and_keep_empty_ones_whole() -> N
     assert min(by_node[name] for name in _names("a")) > max(by_node[name] for name in _names("b"))
     assert _domain(_schedule(service, single) or "") == "a"
     assert service.state.domains.whole == set(_names("b"))
+
+
+def _pod_group(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ml"}, "spec": spec, "kind": kind}
+
+
+def test_a_coscheduling_pod_group_gives_the_size_and_the_group_is_planned_whole() -> None:
+    service, kube = _cluster(ManualClock())
+    sizes = GroupSizes(COSCHEDULING, service.state.group_sizes)
+    labelled = _pod(kube, "w0", 4)
+    labelled["metadata"]["labels"] = {"scheduling.x-k8s.io/pod-group": "pg"}
+    kube.state.pods.apply("MODIFIED", labelled)  # type: ignore[union-attr]
+    # No PodGroup yet: a preferred group without a size is placed as single pods.
+    assert service.filter(ExtenderArgs(labelled, ALL, None)).passed == ALL
+    labelled["metadata"]["resourceVersion"] = "2"
+    sizes.replace([_pod_group("PodGroup", "pg", {"minMember": 3}), _pod_group("PodGroup", "bad", {"minMember": 10**9})])
+    assert service.state.group_sizes == {"ml/coscheduling:pg": 3}
+    outcome = service.filter(ExtenderArgs(labelled, ALL, None))
+    assert len(outcome.passed) == 3 and len({_domain(node) for node in outcome.passed}) == 1
+    sizes.apply("DELETED", _pod_group("PodGroup", "pg", {"minMember": 3}))
+    assert service.state.group_sizes == {}
+
+
+def test_kube_schedulers_own_pod_group_gives_its_gang_min_count() -> None:
+    sizes: dict[str, int] = {}
+    sink = GroupSizes(SCHEDULING_GROUP, sizes)
+    sink.replace([_pod_group("PodGroup", "gang", {"schedulingPolicy": {"gang": {"minCount": 5}}}),
+                  _pod_group("PodGroup", "basic", {"schedulingPolicy": {"basic": {}}})])
+    assert sizes == {"ml/scheduling-group:gang": 5}
+    pod = {"metadata": {"name": "p", "namespace": "ml", "uid": "u"},
+           "spec": {"schedulingGroup": {"podGroupName": "gang"},
+                    "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}
+    request = parse_pod(pod, AnnotationKeys())
+    assert request.group_key == "ml/scheduling-group:gang" and request.group is not None
+    assert request.group.span == "nvlink-domain" and not request.group.required

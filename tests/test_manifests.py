@@ -1198,7 +1198,8 @@ def bindings_of(service_account: str) -> set[tuple[str, str | None, str, str]]:
 def test_extender_rbac_is_exactly_least_privilege() -> None:
     role = obj("ClusterRole", "gpu-topology-extender")
     # What extender/kube.py calls: list_node (list and watch), list_pod_for_all_namespaces (list and watch),
-    # read_namespaced_pod (get), create_namespaced_pod_binding, create_namespaced_event. No pod patch or update:
+    # read_namespaced_pod (get), create_namespaced_pod_binding, create_namespaced_event, and PodGroups of both kinds
+    # (list_cluster_custom_object, list and watch: extender/group_sizes.py). No pod patch or update:
     # the bind annotations travel in the Binding. No node get: Nodes come from the watch only.
     assert flatten_rules(role["rules"]) == {
         ("", "nodes", "list", ()),
@@ -1208,6 +1209,10 @@ def test_extender_rbac_is_exactly_least_privilege() -> None:
         ("", "pods", "watch", ()),
         ("", "pods/binding", "create", ()),
         ("", "events", "create", ()),
+        ("scheduling.x-k8s.io", "podgroups", "list", ()),
+        ("scheduling.x-k8s.io", "podgroups", "watch", ()),
+        ("scheduling.k8s.io", "podgroups", "list", ()),
+        ("scheduling.k8s.io", "podgroups", "watch", ()),
     }
     assert bindings_of("gpu-topology-extender") == {
         ("ClusterRoleBinding", None, "ClusterRole", "gpu-topology-extender"),
@@ -1262,7 +1267,7 @@ BIND_POLICY_BINDING = obj("ValidatingAdmissionPolicyBinding", "gpu-topology-bind
 BIND = AdmissionPolicy(BIND_POLICY)
 EXTENDER_USER = f"system:serviceaccount:{NAMESPACE}:gpu-topology-extender"
 KEYS = AnnotationKeys(flag_values(container(EXTENDER)["args"][1:])["--annotation-prefix"])
-BIND_KEYS = [KEYS.gpus, KEYS.containers, KEYS.seal, KEYS.ring_bandwidth]
+BIND_KEYS = [KEYS.gpus, KEYS.containers, KEYS.seal, KEYS.ring_bandwidth, KEYS.group_plan]
 USER = "jane@example.com"
 REPLICASET_CONTROLLER = "system:serviceaccount:kube-system:replicaset-controller"
 KUBELET = "system:node:gpu-node-1"
@@ -1488,7 +1493,7 @@ def test_bind_policy_names_exactly_the_keys_the_extender_writes() -> None:
     source = (ROOT / "extender" / "bind.py").read_text()
     written = set(re.findall(r"state\.keys\.(\w+): ", source)) | set(re.findall(r"annotations\[state\.keys\.(\w+)\]",
                                                                              source))
-    assert written == {"gpus", "containers", "seal", "ring_bandwidth"}
+    assert written == {"gpus", "containers", "seal", "ring_bandwidth", "group_plan"}
 
 
 @pytest.mark.parametrize(
