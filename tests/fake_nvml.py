@@ -3,14 +3,16 @@
 It answers like NVML on a real board: NVSwitch GPUs spread their links over a few switches, direct pairs
 get one link per NVLink with the peer's bus id at the far end, link ids past a GPU's last link answer
 INVALID_ARGUMENT and GPUs without NVLink NOT_SUPPORTED. Memory affinity at node scope names the capture's NUMA
-node, which a VM's sysfs does not know (write_sysfs with vm=True). Constants and NVMLError classes are the real
-pynvml ones, so discovery cannot rely on anything the real module would not give it.
+node, which a VM's sysfs does not know (write_sysfs with vm=True). Fabric info is written into the caller's memory
+at nvml.h's offsets, as the C library does, whatever structure the caller passes. Constants and NVMLError classes
+are the real pynvml ones, so discovery cannot rely on anything the real module would not give it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -47,6 +49,53 @@ _DEFAULT_SWITCHES = 6
 # How the driver and pynvml answer nvmlDeviceGetMemoryAffinity: with the node, NOT_SUPPORTED, or not at all
 # (a pynvml without the function or the NVML_AFFINITY_SCOPE_* constants).
 MemoryAffinity = Literal["node", "not-supported", "absent"]
+
+# Which fabric info calls there are: both (pynvml from 12.550 on a current driver), only the older one (pynvml
+# before 12.550), V in pynvml but not in the driver (FUNCTION_NOT_FOUND) or refusing version 2
+# (ARGUMENT_VERSION_MISMATCH), or neither (pynvml before 12.535).
+FabricApi = Literal["v", "legacy", "v-not-in-driver", "v2-refused", "absent"]
+
+# A real GB200 node's fabric info (leptonai/gpud PR #1106), the same on its four GPUs.
+GB200_CLUSTER_UUID = "9c6f5af3-53bf-49b5-a436-b66766c413c3"
+GB200_CLIQUE_ID = 4026
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+@dataclass(frozen=True, slots=True)
+class Fabric:
+    """What one GPU's fabric info query fills in."""
+
+    cluster_uuid: str = GB200_CLUSTER_UUID
+    clique_id: int = GB200_CLIQUE_ID
+    state: int = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+    status: int = pynvml.NVML_SUCCESS
+
+
+# Per GPU: the fabric info, or the NVML error its query fails with.
+FabricAnswer = Fabric | int
+
+_REGISTERING = Fabric(ZERO_UUID, 0, pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS, pynvml.NVML_SUCCESS)
+
+# The cases of a GB200 node (4 GPUs) the agent must tell apart.
+GB200_FABRICS: dict[str, tuple[FabricAnswer, ...]] = {
+    "completed": (Fabric(),) * 4,
+    "not-started": (Fabric(ZERO_UUID, 0, pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED),) * 4,
+    "gpu2-in-progress": (Fabric(), Fabric(), _REGISTERING, Fabric()),
+    # HGX H100: registered with its node's own NVSwitches, in no cluster (meta-pytorch/torchcomms PR #1385).
+    "zero-uuid": (Fabric(ZERO_UUID, 0),) * 4,
+    # Registration failed (Azure/azhpc-images PR #506).
+    "insufficient-resources": (Fabric(ZERO_UUID, 0, status=pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES),) * 4,
+    "two-cliques": (Fabric(), Fabric(), Fabric(clique_id=GB200_CLIQUE_ID + 1), Fabric(clique_id=GB200_CLIQUE_ID + 1)),
+    "two-clusters": (Fabric(),) * 3 + (Fabric(cluster_uuid="0c6f5af3-53bf-49b5-a436-b66766c413c3"),),
+    "gpu3-zero-uuid": (Fabric(),) * 3 + (Fabric(ZERO_UUID),),
+    "not-supported": (pynvml.NVML_ERROR_NOT_SUPPORTED,) * 4,
+    "state-not-supported": (Fabric(ZERO_UUID, 0, pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED),) * 4,
+    "gpu1-not-supported": (Fabric(), pynvml.NVML_ERROR_NOT_SUPPORTED, Fabric(), Fabric()),
+    "gpu0-lost": (pynvml.NVML_ERROR_GPU_IS_LOST,) + (Fabric(),) * 3,
+}
+
+_BY_REFERENCE = type(ctypes.byref(ctypes.c_int()))
+_FABRIC_VERSIONS = frozenset({pynvml.nvmlGpuFabricInfo_v2, pynvml.nvmlGpuFabricInfo_v3})
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,13 +162,16 @@ def _nvlinks(topology: Topology, index: int) -> list[_Link]:
 def make_fake_nvml(topology: Topology, name: str, *, library_missing: bool = False,
                    remote_type_unsupported: bool = False, down_links: frozenset[tuple[int, int]] = frozenset(),
                    nvlink_version: int | None = None, as_bytes: bool = False,
-                   memory_affinity: MemoryAffinity = "node") -> ModuleType:
+                   memory_affinity: MemoryAffinity = "node", fabric: Sequence[FabricAnswer] | None = None,
+                   fabric_api: FabricApi = "v") -> ModuleType:
     """A module with pynvml's surface describing `topology`.
 
     library_missing: nvmlInit fails as on a node without the driver. remote_type_unsupported: the driver
     lacks nvmlDeviceGetNvLinkRemoteDeviceType. down_links: (gpu, link) pairs whose link state is disabled.
     nvlink_version: what every link reports instead of its generation's enum. as_bytes: strings come back
     as bytes, as older pynvml releases return them. memory_affinity: how nvmlDeviceGetMemoryAffinity answers.
+    fabric: each GPU's fabric info, read at each call (a list may change while the agent runs); None: NOT_SUPPORTED
+    on every GPU, as before Hopper. fabric_api: which fabric info calls there are.
     """
     fake = ModuleType(f"fake_nvml[{name}]")
     for attribute in dir(pynvml):
@@ -201,6 +253,21 @@ def make_fake_nvml(topology: Topology, name: str, *, library_missing: bool = Fal
             _fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
         return [(1 << node >> (64 * word)) & (2**64 - 1) for word in range(node_set_size)]
 
+    def fabric_info(handle: _Handle, info: Any, *, versioned: bool) -> int:
+        """As the C library: the fields land at nvml.h's offsets in the memory `info` points to."""
+        answer = pynvml.NVML_ERROR_NOT_SUPPORTED if fabric is None else fabric[handle.index]
+        if isinstance(answer, int):
+            _fail(answer)
+        _write_fabric(info, answer, versioned)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetGpuFabricInfoV(handle: _Handle, info: Any) -> int:
+        if fabric_api == "v-not-in-driver":
+            _fail(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        if fabric_api == "v2-refused":
+            _fail(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        return fabric_info(handle, info, versioned=True)
+
     def nvmlDeviceGetTopologyCommonAncestor(first: _Handle, second: _Handle) -> int:
         i, j = first.index, second.index
         level = topology.pcie[i][j]
@@ -235,10 +302,32 @@ def make_fake_nvml(topology: Topology, name: str, *, library_missing: bool = Fal
     }
     if memory_affinity != "absent":
         functions["nvmlDeviceGetMemoryAffinity"] = nvmlDeviceGetMemoryAffinity
+    if fabric_api != "absent":
+        functions["nvmlDeviceGetGpuFabricInfo"] = lambda handle, info: fabric_info(handle, info, versioned=False)
+    if fabric_api not in ("legacy", "absent"):
+        functions["nvmlDeviceGetGpuFabricInfoV"] = nvmlDeviceGetGpuFabricInfoV
     fake.nvmlInit = nvmlInit  # type: ignore[attr-defined]
     for function_name, function in functions.items():
         setattr(fake, function_name, initialised(function))
     return fake
+
+
+def _write_fabric(info: Any, answer: Fabric, versioned: bool) -> None:
+    """nvmlGpuFabricInfo_t, or after the version word _v2_t/_v3_t: clusterUuid[16], status, cliqueId, the one-byte
+    state, then padding, which the driver leaves as it finds it (here: not zero)."""
+    if type(info) is not _BY_REFERENCE:
+        raise TypeError("NVML fills the structure a pointer names: pass ctypes.byref(structure)")
+    base = ctypes.addressof(info._obj)
+    if versioned:
+        if ctypes.c_uint.from_address(base).value not in _FABRIC_VERSIONS:
+            _fail(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        base += ctypes.sizeof(ctypes.c_uint)
+    if ctypes.sizeof(info._obj) < base - ctypes.addressof(info._obj) + 28:
+        raise TypeError("the structure is smaller than nvml.h's: NVML would write past its end")
+    ctypes.memmove(base, uuid.UUID(answer.cluster_uuid).bytes, 16)
+    ctypes.c_uint.from_address(base + 16).value = answer.status
+    ctypes.c_uint32.from_address(base + 20).value = answer.clique_id
+    ctypes.memmove(base + 24, bytes([answer.state, 0xA5, 0xA5, 0xA5]), 4)
 
 
 def _or_not_supported(value: int | None) -> int:

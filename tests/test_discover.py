@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import ctypes.util
 import dataclasses
 import sys
@@ -11,11 +12,13 @@ from typing import Any
 
 import pynvml
 import pytest
-from fake_nvml import gpu_uuid, make_fake_nvml, normalised_bus_id, write_sysfs
+from fake_nvml import (GB200_CLIQUE_ID, GB200_CLUSTER_UUID, GB200_FABRICS, Fabric, gpu_uuid, make_fake_nvml,
+                       normalised_bus_id, write_sysfs)
 
 from topology import bandwidth
 from topology.catalog import NvLinkGen
-from topology.discover import NvmlUnavailable, discover, normalise_bus_id
+from topology.discover import FABRIC_INFO_V2, NvmlUnavailable, discover, normalise_bus_id, read_domain
+from topology.fabric import Domain
 from topology.levels import Level
 from topology.model import Topology
 from topology.platforms import PLATFORMS
@@ -77,6 +80,7 @@ def test_discovery_gives_back_the_capture(name: str, variant: str, tmp_path: Pat
         assert found.pcie[i][j] is not None, "NVML knows the PCIe path of NVLink pairs too"
         if parsed.pcie[i][j] is not None:
             assert found.pcie[i][j] == parsed.pcie[i][j], (i, j)
+    assert found.domain == Domain(None, None)  # the fake's GPUs answer NOT_SUPPORTED, as before Hopper
     assert (fake.calls.inits, fake.calls.shutdowns) == (1, 1)
 
 
@@ -311,3 +315,103 @@ def test_an_unknown_path_level_is_one_line(tmp_path: Path) -> None:
 ])
 def test_bus_ids_take_the_sysfs_form(raw: str | bytes, expected: str) -> None:
     assert normalise_bus_id(raw) == expected
+
+
+# -- where the node sits: NVML fabric info (topology/fabric.py) -------------------------------------------
+
+GB200_DOMAIN = f"{GB200_CLUSTER_UUID}.{GB200_CLIQUE_ID}"
+IN_PROGRESS = Domain(None, "GPU 2 fabric registration in progress")
+
+EXPECTED_DOMAINS: dict[str, Domain] = {
+    "completed": Domain(GB200_DOMAIN),
+    "not-started": Domain(None, "GPU 0 fabric registration not started"),
+    "gpu2-in-progress": IN_PROGRESS,
+    "zero-uuid": Domain(None, None),
+    "insufficient-resources": Domain(None, "GPU 0 fabric status is not success"),
+    "two-cliques": Domain(None, f"GPUs disagree on their NVLink domain: GPU 0 in {GB200_DOMAIN}, GPU 2 in "
+                                f"{GB200_CLUSTER_UUID}.{GB200_CLIQUE_ID + 1}"),
+    "two-clusters": Domain(None, f"GPUs disagree on their NVLink domain: GPU 0 in {GB200_DOMAIN}, GPU 3 in "
+                                 f"0c6f5af3-53bf-49b5-a436-b66766c413c3.{GB200_CLIQUE_ID}"),
+    "gpu3-zero-uuid": Domain(None, "GPU 3 fabric cluster UUID is zero"),
+    "not-supported": Domain(None, None),
+    "state-not-supported": Domain(None, None),
+    "gpu1-not-supported": Domain(None, "GPU 1 has no fabric info while other GPUs of the node do"),
+    "gpu0-lost": Domain(None, "GPU 0 fabric info unreadable: NVMLError_GpuIsLost"),
+}
+
+
+def test_every_gb200_case_has_its_expected_domain() -> None:
+    assert EXPECTED_DOMAINS.keys() == GB200_FABRICS.keys()
+
+
+@pytest.mark.parametrize("case", sorted(GB200_FABRICS))
+def test_the_gb200_nodes_domain_comes_from_its_gpus_fabric_info(case: str, tmp_path: Path) -> None:
+    parsed, fake = _fake("gb200-node", fabric=GB200_FABRICS[case])
+    found = discover(fake, write_sysfs(parsed, tmp_path))
+    assert found.domain == EXPECTED_DOMAINS[case]
+    assert found.fingerprint == parsed.fingerprint  # the board is the board, whatever its rack
+    assert (fake.calls.inits, fake.calls.shutdowns) == (1, 1)
+
+
+@pytest.mark.parametrize(("api", "domain"), [
+    ("v", Domain(GB200_DOMAIN)),
+    ("legacy", Domain(GB200_DOMAIN)),  # pynvml before 12.550: nvmlDeviceGetGpuFabricInfo only
+    ("v-not-in-driver", Domain(GB200_DOMAIN)),  # the driver lacks the V symbol: FUNCTION_NOT_FOUND
+    ("v2-refused", Domain(GB200_DOMAIN)),  # the driver refuses the structure version
+    ("absent", Domain(None, None)),  # pynvml without either call: nothing to read, nothing claimed
+])
+def test_every_pynvml_and_driver_gives_the_domain_it_can(api: str, domain: Domain, tmp_path: Path) -> None:
+    parsed, fake = _fake("gb200-node", fabric=GB200_FABRICS["completed"], fabric_api=api)
+    assert discover(fake, write_sysfs(parsed, tmp_path)).domain == domain
+
+
+def test_a_registration_state_this_build_does_not_know_is_a_problem_not_a_failure(tmp_path: Path) -> None:
+    parsed, fake = _fake("gb200-node", fabric=[Fabric()] * 3 + [Fabric(state=7)])
+    found = discover(fake, write_sysfs(parsed, tmp_path))
+    assert found.domain == Domain(None, "GPU 3 fabric info unreadable: 7 is not a valid FabricState")
+
+
+def test_the_domain_is_read_again_on_each_call(tmp_path: Path) -> None:
+    """The agent calls read_domain each round: registration finishing, or a GPU falling out, shows at once."""
+    answers = list(GB200_FABRICS["gpu2-in-progress"])
+    parsed, fake = _fake("gb200-node", fabric=answers)
+    assert discover(fake, write_sysfs(parsed, tmp_path)).domain == IN_PROGRESS
+    fake.nvmlInit()
+    try:
+        assert read_domain(fake, 4) == IN_PROGRESS
+        answers[2] = Fabric()
+        assert read_domain(fake, 4) == Domain(GB200_DOMAIN)
+        answers[1] = pynvml.NVML_ERROR_GPU_IS_LOST
+        assert read_domain(fake, 4) == Domain(None, "GPU 1 fabric info unreadable: NVMLError_GpuIsLost")
+    finally:
+        fake.nvmlShutdown()
+
+
+def test_the_structures_passed_are_nvml_hs() -> None:
+    """What the fake's C-like writes rely on, checked against pynvml's own names: the version word is
+    nvmlGpuFabricInfo_v2, and every field but the one-byte state sits where pynvml 13's structure has it."""
+    import topology.discover as discovery
+
+    assert FABRIC_INFO_V2 == pynvml.nvmlGpuFabricInfo_v2 == 0x02000024
+    assert pynvml.c_nvmlGpuFabricInfoV_t is pynvml.c_nvmlGpuFabricInfo_v2_t
+    ours, theirs = discovery._FabricInfoV2, pynvml.c_nvmlGpuFabricInfo_v2_t
+    assert ctypes.sizeof(ours) == ctypes.sizeof(theirs) == 36
+    for name in ("version", "clusterUuid", "status", "cliqueId", "state", "healthMask"):
+        assert getattr(ours, name).offset == getattr(theirs, name).offset, name
+    assert (ours.state.size, theirs.state.size) == (1, 4)  # nvmlGpuFabricState_t is an unsigned char
+    legacy, theirs = discovery._FabricInfo, pynvml.c_nvmlGpuFabricInfo_t
+    for name in ("clusterUuid", "status", "cliqueId", "state"):
+        assert getattr(legacy, name).offset == getattr(theirs, name).offset, name
+
+
+def test_pynvmls_int_state_would_misread_what_the_driver_leaves_in_the_padding() -> None:
+    """Why discovery passes its own structure: the fake, as a driver may, leaves the bytes after the state alone."""
+    parsed, fake = _fake("gb200-node", fabric=GB200_FABRICS["completed"])
+    fake.nvmlInit()
+    try:
+        theirs = pynvml.c_nvmlGpuFabricInfoV_t()
+        fake.nvmlDeviceGetGpuFabricInfoV(fake.nvmlDeviceGetHandleByIndex(0), ctypes.byref(theirs))
+    finally:
+        fake.nvmlShutdown()
+    assert theirs.cliqueId == GB200_CLIQUE_ID
+    assert theirs.state != pynvml.NVML_GPU_FABRIC_STATE_COMPLETED and theirs.state & 0xFF == 3

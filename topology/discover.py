@@ -8,7 +8,9 @@ discovery runs, so the pure core never loads it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ from typing import TypeVar
 
 from topology import bounds, catalog
 from topology.catalog import NvLinkGen
+from topology.fabric import Domain, FabricState, GpuFabric, node_domain
 from topology.levels import Level
 from topology.model import Gpu, NvLinkPair, Topology, TopologyError
 
@@ -41,6 +44,27 @@ SYSFS_ROOT = Path("/sys")
 _NODE_SET_WORDS = (bounds.MAX_NUMA_NODE + 64) // 64
 
 T = TypeVar("T")
+
+_FABRIC_UUID_LEN = 16  # NVML_GPU_FABRIC_UUID_LEN
+
+
+class _FabricInfo(ctypes.Structure):
+    """nvmlGpuFabricInfo_t as nvml.h lays it out (nvmlGpuFabricState_t is an unsigned char)."""
+
+    _fields_ = [("clusterUuid", ctypes.c_uint8 * _FABRIC_UUID_LEN), ("status", ctypes.c_uint),
+                ("cliqueId", ctypes.c_uint32), ("state", ctypes.c_uint8)]
+
+
+class _FabricInfoV2(ctypes.Structure):
+    """nvmlGpuFabricInfo_v2_t as nvml.h lays it out."""
+
+    _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_uint8 * _FABRIC_UUID_LEN),
+                ("status", ctypes.c_uint), ("cliqueId", ctypes.c_uint32), ("state", ctypes.c_uint8),
+                ("healthMask", ctypes.c_uint32)]
+
+
+# NVML_STRUCT_VERSION(GpuFabricInfo, 2): the size, with the version in the top byte; pynvml's nvmlGpuFabricInfo_v2.
+FABRIC_INFO_V2 = ctypes.sizeof(_FabricInfoV2) | 2 << 24
 
 
 class NvmlUnavailable(RuntimeError):
@@ -108,7 +132,60 @@ def _read(nvml: ModuleType, sysfs: Path) -> Topology:
                 raise NvmlUnavailable(f"NVML reported an unknown PCIe path level {ancestor} for GPU{i}/GPU{j}")
             pcie[i][j] = pcie[j][i] = levels[ancestor]
     return Topology(gpus=gpus, nvlinks=tuple(pairs), nvswitch=any(link.to_switches for link in links),
-                    pcie=tuple(tuple(row) for row in pcie))
+                    pcie=tuple(tuple(row) for row in pcie), domain=read_domain(nvml, count))
+
+
+def read_domain(nvml: ModuleType, count: int) -> Domain:
+    """The node's NVLink domain from the fabric info of GPUs 0 to count - 1; NVML must be initialised.
+
+    The agent asks again each round: the fabric manager registers GPUs after boot. An NVML error on one GPU makes
+    the domain doubtful (a problem), never the discovery: the node's GPUs are there whether or not its rack is.
+    """
+    gpus: list[GpuFabric | None] = []
+    for index in range(count):
+        try:
+            gpus.append(_gpu_fabric(nvml, nvml.nvmlDeviceGetHandleByIndex(index)))
+        except nvml.NVMLError as error:
+            return Domain(None, f"GPU {index} fabric info unreadable: {type(error).__name__}")
+        except ValueError as error:  # a registration state this build does not know
+            return Domain(None, f"GPU {index} fabric info unreadable: {error}")
+    return node_domain(gpus)
+
+
+def _gpu_fabric(nvml: ModuleType, handle: object) -> GpuFabric | None:
+    """One GPU's fabric info, None where the driver or pynvml has none.
+
+    pynvml (nvidia-ml-py 13.615) has nvmlDeviceGetGpuFabricInfoV(device, gpuFabricInfo) for c_nvmlGpuFabricInfoV_t
+    (= c_nvmlGpuFabricInfo_v2_t, version nvmlGpuFabricInfo_v2), and the older nvmlDeviceGetGpuFabricInfo(device,
+    gpuFabricInfo) for c_nvmlGpuFabricInfo_t, deprecated. Both hand their second argument to the C function as it
+    is, so the structures passed by reference are this module's: pynvml's own differ from nvml.h by release
+    (12.535 to 12.575 declare clusterUuid as char[80] in c_nvmlGpuFabricInfo_t, misplacing every later field;
+    12.570's V struct holds it as char[16], which a zero byte cuts short) and read the one-byte state as an int.
+    V is asked first; without it (pynvml before 12.550, a driver without the symbol, or one that refuses version 2)
+    the older call is.
+    """
+    queries = (("nvmlDeviceGetGpuFabricInfoV", _FabricInfoV2(version=FABRIC_INFO_V2)),
+               ("nvmlDeviceGetGpuFabricInfo", _FabricInfo()))
+    for name, info in queries:
+        query = getattr(nvml, name, None)
+        if query is None:
+            continue
+        try:
+            query(handle, ctypes.byref(info))
+        except nvml.NVMLError as error:
+            if error.value == nvml.NVML_ERROR_NOT_SUPPORTED:
+                return None
+            if error.value in (nvml.NVML_ERROR_FUNCTION_NOT_FOUND, nvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH):
+                continue
+            raise
+        return _translate(nvml, info)
+    return None
+
+
+def _translate(nvml: ModuleType, info: _FabricInfo | _FabricInfoV2) -> GpuFabric:
+    """The cluster UUID as google/uuid prints it, which GFD's label holds."""
+    return GpuFabric(cluster_uuid=str(uuid.UUID(bytes=bytes(info.clusterUuid))), clique_id=info.cliqueId,
+                     state=FabricState(info.state), status_ok=info.status == nvml.NVML_SUCCESS)
 
 
 def _pcie_levels(nvml: ModuleType) -> dict[int, Level]:
