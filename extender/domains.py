@@ -9,12 +9,12 @@ spans that level cannot be placed on it.
 The index is kept as nodes change (a watch event at a time), so the planner reads each domain's members
 without scanning the cluster. It also keeps which nodes sit in a domain that is still whole (every GPU of every
 node free, at the node's innermost span), so that prioritize can keep single pods out of them (extender/scoring/
-domains.py) at the cost of a set look-up.
+domains.py) through their node keys, at no cost per name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from extender.group_request import LABEL_KEY, NVLINK_DOMAIN
@@ -31,7 +31,8 @@ def span_name(span: str) -> str:
 class DomainIndex:
     """Nodes by domain, per span. Not thread-safe: the cluster state calls it under its ledger lock."""
 
-    def __init__(self, levels: Sequence[str] = ()) -> None:
+    def __init__(self, levels: Sequence[str] = (), on_whole: Callable[[str], None] = lambda node: None) -> None:
+        """`on_whole` is told of each node whose domain became whole or stopped being whole."""
         if (len(set(levels)) != len(levels) or NVLINK_DOMAIN in levels
                 or not all(LABEL_KEY.fullmatch(level) for level in levels)):
             raise ValueError(f"topology levels must be distinct node-label keys, not {list(levels)}")
@@ -42,6 +43,7 @@ class DomainIndex:
         self._busy: set[str] = set()  # nodes with a GPU in use (or unhealthy)
         self._busy_in: dict[str, dict[str, int]] = {span: {} for span in self.spans}  # span -> domain -> busy nodes
         self.whole: set[str] = set()  # nodes whose innermost domain has every GPU free
+        self._on_whole = on_whole
 
     def update(self, node: str, nvlink_domain: str | None, labels: Mapping[str, Any]) -> None:
         busy = node in self._busy
@@ -63,7 +65,7 @@ class DomainIndex:
                 if not members:
                     del self._members[span][domain]
                     self._busy_in[span].pop(domain, None)
-        self.whole.discard(node)
+        self._mark(node, False)
 
     def set_busy(self, node: str, busy: bool) -> None:
         """The node has a GPU in use, or has none in use any more: its domains are whole or not."""
@@ -87,12 +89,18 @@ class DomainIndex:
         for span in self.spans:
             domain = self._of[span].get(node)
             if domain is not None:
-                if self._busy_in[span].get(domain, 0) == 0:
-                    self.whole.add(node)
-                else:
-                    self.whole.discard(node)
+                self._mark(node, self._busy_in[span].get(domain, 0) == 0)
                 return
-        self.whole.discard(node)
+        self._mark(node, False)
+
+    def _mark(self, node: str, whole: bool) -> None:
+        if whole == (node in self.whole):
+            return
+        if whole:
+            self.whole.add(node)
+        else:
+            self.whole.discard(node)
+        self._on_whole(node)
 
     def domain_of(self, span: str, node: str) -> str | None:
         return self._of[span].get(node)

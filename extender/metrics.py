@@ -32,8 +32,17 @@ class Metrics:
         self.mismatches = Counter("gpu_topology_extender_allocation_mismatches_total",
                                   "Pods the kubelet gave other GPUs than they were bound to (the ledger followed it)",
                                   ["node"], registry=self.registry)
-        ledger = Gauge("gpu_topology_extender_ledger_pods", "Pods holding GPUs in the ledger", registry=self.registry)
+        ledger = Gauge("gpu_topology_extender_ledger_pods",
+                       "Entries holding GPUs in the ledger: pods, and the open slots of group plans",
+                       registry=self.registry)
         ledger.set_function(lambda: len(state.ledger))
+        plans = Gauge("gpu_topology_extender_group_plans", "Group plans in force (extender/group_plans.py)",
+                      registry=self.registry)
+        plans.set_function(lambda: len(state.plans))
+        doubtful = Gauge("gpu_topology_extender_nodes_domain_refused",
+                         "Nodes whose NVLink domain was refused (fabric not complete, GPUs or sources disagreeing)",
+                         registry=self.registry)
+        doubtful.set_function(lambda: sum(1 for view in list(state.views().values()) if view.domain.problem))
         stale = Gauge("gpu_topology_extender_stale_nodes", "Nodes whose GPU state is older than the bound",
                       registry=self.registry)
         stale.set_function(state.stale_count)

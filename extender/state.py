@@ -61,7 +61,8 @@ class NodeView:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class NodeKey:
-    """What a node's verdict and score depend on: its board, free mask and unhealthy mask.
+    """What a node's verdict and score depend on: its board, free mask and unhealthy mask, and whether its
+    domain is whole (extender/scoring/domains.py).
 
     Nodes with equal keys get equal answers, so a request over 5,000 nodes decides once per distinct key.
     Keys are interned (one object per distinct value), so hashing one is hashing a pointer.
@@ -70,6 +71,7 @@ class NodeKey:
     compiled: CompiledTopology
     free: int
     unhealthy: int
+    whole: bool = False  # its NVLink domain (else innermost block) has every GPU free
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,13 +120,13 @@ class ClusterState:
         self.bind_outcome_seconds = bind_outcome_seconds
         self.on_mismatch: Mismatch | None = None  # told when the kubelet allocated other GPUs than we bound
         self.ledger = Ledger()
-        self.domains = DomainIndex(levels)
+        self.domains = DomainIndex(levels, on_whole=self._rekey)
         self.plans = GroupPlans(self, group_timeout)
         self.group_members: dict[str, dict[str, str | None]] = {}  # group key -> member UID -> its node
         self.group_sizes: dict[str, int] = {}  # group key -> members, from PodGroup objects (group_sizes.py)
         self._views: dict[str, NodeView] = {}
         self._keys: dict[str, Key] = {}
-        self._interned: dict[tuple[CompiledTopology, int, int], NodeKey] = {}
+        self._interned: dict[tuple[CompiledTopology, int, int, bool], NodeKey] = {}
         self._interned_boards: set[CompiledTopology] = set()
         self._boards_limit = MAX_DEAD_BOARDS
         self.key_epoch = 0  # bumped when keys are forgotten: memos of answers per key must be emptied
@@ -315,9 +317,16 @@ class ClusterState:
             self._keys[view.name] = view.problem or "no GPU topology reported"
             self._observed.pop(view.name, None)
         else:
-            self._keys[view.name] = self._intern(view.compiled, view.free, view.unhealthy)
+            self._keys[view.name] = self._intern(view.compiled, view.free, view.unhealthy,
+                                                 view.name in self.domains.whole)
             self._observed[view.name] = float("-inf") if view.observed is None else view.observed
         self.domains.set_busy(view.name, view.compiled is not None and view.free != view.compiled.full_mask)
+
+    def _rekey(self, name: str) -> None:
+        """The node's domain became whole, or stopped being whole: its key says so."""
+        key = self._keys.get(name)
+        if isinstance(key, NodeKey):
+            self._keys[name] = self._intern(key.compiled, key.free, key.unhealthy, name in self.domains.whole)
 
     def key_without(self, key: NodeKey, gpus: int) -> NodeKey:
         """The key of a node with `gpus` taken out of its free ones, as a pod sees a node that drains GPUs for
@@ -325,10 +334,10 @@ class ClusterState:
         if not key.free & gpus:
             return key
         with self.ledger.lock:
-            return self._intern(key.compiled, key.free & ~gpus, key.unhealthy)
+            return self._intern(key.compiled, key.free & ~gpus, key.unhealthy, key.whole)
 
-    def _intern(self, compiled: CompiledTopology, free: int, unhealthy: int) -> NodeKey:
-        value = (compiled, free, unhealthy)
+    def _intern(self, compiled: CompiledTopology, free: int, unhealthy: int, whole: bool = False) -> NodeKey:
+        value = (compiled, free, unhealthy, whole)
         key = self._interned.get(value)
         if key is not None:
             return key
@@ -337,7 +346,7 @@ class ClusterState:
             if len(self._interned) > _MAX_INTERNED or len(self._interned_boards) > self._boards_limit:
                 self._forget_dead_keys()
                 self._interned_boards.add(compiled)
-        key = self._interned[value] = NodeKey(compiled, free, unhealthy)
+        key = self._interned[value] = NodeKey(compiled, free, unhealthy, whole)
         return key
 
     def _forget_dead_keys(self) -> None:
@@ -345,7 +354,7 @@ class ClusterState:
         reporter rewriting its topology must not keep boards alive through old keys: at most
         MAX_DEAD_BOARDS boards beyond the live ones stay, and `key_epoch` tells the answer memos to let go."""
         live = [key for key in self._keys.values() if isinstance(key, NodeKey)]
-        self._interned = {(key.compiled, key.free, key.unhealthy): key for key in live}
+        self._interned = {(key.compiled, key.free, key.unhealthy, key.whole): key for key in live}
         self._interned_boards = {key.compiled for key in live}
         self._boards_limit = len(self._interned_boards) + MAX_DEAD_BOARDS
         self.key_epoch += 1

@@ -17,7 +17,7 @@ from extender.drain import Drains
 from extender.memo import ShapeMemo
 from extender.pod_request import PodRequest
 from extender.scoring.bandwidth import bandwidth_score
-from extender.scoring.domains import keep_domains_whole
+from extender.scoring.domains import domain_penalty
 from extender.scoring.fragmentation import fragmentation_score, lost_gpus
 from extender.scoring.packing import packing_score
 from extender.state import ClusterState, Key, NodeKey, SharedKey
@@ -58,13 +58,14 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
     live = [offer for offer in offers.values() if offer is not None]
     best_ring = max((offer.choice.ring_gbps or 0.0 for offer in live if offer.meets_preferences), default=0.0)
     most_lost = max((offer.lost_gpus for offer in live), default=0)
+    choice = any(not key.whole for key in boards)  # a candidate outside a whole domain: spare the whole ones
     score_of: dict[Key | None, int] = dict.fromkeys(distinct, 0)
     for key, offer in offers.items():
         if offer is not None:
             value = (WEIGHTS["bandwidth"] * bandwidth_score(offer.choice, offer.meets_preferences, best_ring)
                      + WEIGHTS["packing"] * packing_score(key.compiled, key.free, key.unhealthy, pod.request.count)
                      + WEIGHTS["fragmentation"] * fragmentation_score(offer.lost_gpus, most_lost))
-            score_of[key] = round(MAX_SCORE * value)
+            score_of[key] = max(0, round(MAX_SCORE * value) - domain_penalty(key.whole, choice))
     shared = [key for key in distinct if isinstance(key, SharedKey)]
     if shared and not pod.request.constrained:
         # A pod that asks nothing of topology is not scored down for sharing: level with the best whole-GPU
@@ -72,7 +73,7 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
         # interconnect keeps 0 there: replicas and MIG slices offer no ring (topology/sharing.py).
         level = max((score_of[key] for key in boards), default=MAX_SCORE)
         score_of.update(dict.fromkeys(shared, level))
-    return keep_domains_whole(names, list(map(score_of.__getitem__, keys)), state.domains.whole)
+    return list(map(score_of.__getitem__, keys))
 
 
 def _offer(selector: Selector, request: Request, key: NodeKey) -> Offer | None:

@@ -10,15 +10,11 @@ partly used nodes. Only where the pod has a choice: when every candidate sits in
 
 from __future__ import annotations
 
-from collections.abc import Sequence, Set
-
 WHOLE_DOMAIN_POINTS = 3
 """Points off a node in a whole domain: at the shipped extender weight (5, x10) 150 of kube-scheduler's score,
 more than NodeResourcesFit's 100, so its spreading cannot pull a single pod into an empty rack."""
 
 
-def keep_domains_whole(names: Sequence[str], scores: list[int], whole: Set[str]) -> list[int]:
-    hit = whole.intersection(names) if whole else ()
-    if not hit or len(hit) == len(names):
-        return scores
-    return [max(0, score - WHOLE_DOMAIN_POINTS) if name in hit else score for name, score in zip(names, scores)]
+def domain_penalty(whole: bool, choice: bool) -> int:
+    """Points off a node: `whole` its domain is whole, `choice` some other candidate's is not."""
+    return WHOLE_DOMAIN_POINTS if whole and choice else 0
