@@ -9,20 +9,15 @@ same arrivals and departures; a pod that finds no node is dropped in both.
 
 from __future__ import annotations
 
-import http.client
 import random
-import socket
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
-import uvicorn
 
-from extender.app import create_app
 from extender.demo_cluster import DemoCluster
+from extender.demo_count_only import CountOnly
+from extender.demo_scheduler import Scheduler, fits_by_count, running_server
 from extender.service import ExtenderService
 from extender.state import ClusterState
 from topology.compiled import compile_topology
@@ -59,24 +54,7 @@ def workload(count: int = 48, seed: int = 7) -> list[DemoPod]:
     return pods
 
 
-@contextmanager
-def running_server(service: ExtenderService) -> Iterator[int]:
-    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the demo server did not start")
-        time.sleep(0.01)
-    try:
-        yield server.servers[0].sockets[0].getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(5)
-
-
-def run_demo(out=print) -> None:
+def run_demo(out: Callable[[str], None] = print) -> None:
     pods = workload()
     state = ClusterState()
     cluster = DemoCluster(state)
@@ -86,8 +64,8 @@ def run_demo(out=print) -> None:
     out(f"Demo cluster: {', '.join(f'{n} ({p})' for n, p in cluster.platform_of.items())}")
     out(f"Workload: {len(pods)} pods, sizes {sorted({p.gpus for p in pods})}, half of the 4- and 8-GPU pods "
         "prefer NVLink\n")
-    with running_server(service) as port:
-        ours = _drive_extender(cluster, pods, port, out)
+    with running_server(service) as port, Scheduler(port) as scheduler:
+        ours = _drive_extender(cluster, pods, scheduler, out)
     baseline = _count_only(cluster, pods)
     out("")
     out(_summary({"topology-aware (this extender)": ours, "count-only (kube-scheduler + first free GPUs)": baseline}))
@@ -95,11 +73,8 @@ def run_demo(out=print) -> None:
         "Each decision line shows the GPUs chosen at bind and whether the kubelet delivered them.")
 
 
-def _drive_extender(cluster: DemoCluster, pods: list[DemoPod], port: int, out) -> Tally:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    connection.connect()
-    # http.client writes headers and body separately; without NODELAY each request waits on a delayed ACK.
-    connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+def _drive_extender(cluster: DemoCluster, pods: list[DemoPod], scheduler: Scheduler,
+                    out: Callable[[str], None]) -> Tally:
     tally = Tally()
     live: dict[str, tuple[DemoPod, str]] = {}
     for pod in pods:
@@ -109,33 +84,21 @@ def _drive_extender(cluster: DemoCluster, pods: list[DemoPod], port: int, out) -
                 del live[uid]
         created = cluster.create_pod(pod.name, pod.gpus, pod.annotations)
         uid = created["metadata"]["uid"]
-        fits = [name for name, topology in cluster.topologies.items()
-                if topology.size - used_by_count(cluster, name) >= pod.gpus]
+        fits = fits_by_count(cluster, pod.gpus)
         label = f"{pod.name} {pod.gpus} GPU{'s' if pod.gpus > 1 else ' '}{' nvlink' if pod.annotations else '       '}"
         if not fits:
             out(f"{label}  pending: no node has {pod.gpus} free GPUs by count")
             tally.dropped += 1
             cluster.finish_pod(uid)
             continue
-        body = orjson.dumps({"Pod": created, "Nodes": None, "NodeNames": fits})
-        verdict = post(connection, "/filter", body)
-        passed = verdict["NodeNames"]
-        if not passed:
-            reasons = sorted(set(verdict["FailedNodes"].values()) | set(verdict["FailedAndUnresolvableNodes"].values()))
-            out(f"{label}  pending: {'; '.join(reasons)}")
+        cycle = scheduler.cycle(created, fits)
+        if cycle.node is None:
+            reasons = "; ".join(sorted(set(cycle.refused.values())))
+            out(f"{label}  {f'bind refused: {cycle.error}' if cycle.error else f'pending: {reasons}'}")
             tally.dropped += 1
             cluster.finish_pod(uid)
             continue
-        scores = {entry["Host"]: entry["Score"] for entry in post(connection, "/prioritize", orjson.dumps(
-            {"Pod": created, "Nodes": None, "NodeNames": passed}))}
-        node = max(passed, key=lambda name: scores[name])
-        answer = post(connection, "/bind", orjson.dumps({"PodName": pod.name, "PodNamespace": "default",
-                                                          "PodUID": uid, "Node": node}))
-        if answer["Error"]:
-            out(f"{label}  bind refused: {answer['Error']}")
-            tally.dropped += 1
-            cluster.finish_pod(uid)
-            continue
+        node, scores = cycle.node, cycle.scores
         live[uid] = (pod, node)
         annotations = cluster.pods[uid]["metadata"]["annotations"]
         gpus = _indices(cluster, node, annotations["gpu-topology.io/gpus"])
@@ -147,31 +110,28 @@ def _drive_extender(cluster: DemoCluster, pods: list[DemoPod], port: int, out) -
         tally.exact += chosen == delivered
         if pod.gpus > 1:
             tally.rings.append((pod.gpus, ring, nvlink))
-        ranking = " ".join(f"{name}={scores[name]}" for name in sorted(passed, key=lambda n: -scores[n])[:3])
+        ranking = " ".join(f"{name}={scores[name]}" for name in sorted(scores, key=lambda n: -scores[n])[:3])
         hop = "" if pod.gpus == 1 else f"  ring {ring:.1f} GB/s {'NVLink' if nvlink else 'over PCIe'}"
         given = "delivered" if chosen == delivered else f"DELIVERED {','.join(map(str, got))}"
         out(f"{label}  -> {node:<12} GPUs {','.join(map(str, gpus)):<16}{given:<10}{hop:<28} scores {ranking}")
     for uid in list(live):
         cluster.finish_pod(uid)
-    connection.close()
     return tally
 
 
 def _count_only(cluster: DemoCluster, pods: list[DemoPod]) -> Tally:
-    free = {name: set(range(topology.size)) for name, topology in cluster.topologies.items()}
+    placer = CountOnly({name: topology.size for name, topology in cluster.topologies.items()})
     live: list[tuple[DemoPod, str, tuple[int, ...]]] = []
     tally = Tally()
     for pod in pods:
         for entry in [entry for entry in live if entry[0].leaves <= pod.arrives]:
             live.remove(entry)
-            free[entry[1]] |= set(entry[2])
-        fits = [name for name in cluster.topologies if len(free[name]) >= pod.gpus]
-        if not fits:
+            placer.release(entry[1], entry[2])
+        placed = placer.place(pod.gpus)
+        if placed is None:
             tally.dropped += 1
             continue
-        node = max(fits, key=lambda name: len(free[name]) / cluster.topologies[name].size)
-        gpus = tuple(sorted(free[node])[:pod.gpus])
-        free[node] -= set(gpus)
+        node, gpus = placed
         live.append((pod, node, gpus))
         tally.placed += 1
         if pod.gpus > 1:
@@ -205,15 +165,3 @@ def _ring(cluster: DemoCluster, node: str, gpus: tuple[int, ...]) -> tuple[float
 def _indices(cluster: DemoCluster, node: str, held: str) -> tuple[int, ...]:
     index_of = {gpu.uuid: gpu.index for gpu in cluster.topologies[node].gpus}
     return tuple(sorted(index_of[uuid] for uuid in held.split(",")))
-
-
-def used_by_count(cluster: DemoCluster, node: str) -> int:
-    """What the node's pods request: kube-scheduler's NodeResourcesFit count."""
-    return sum(int(pod["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"])
-               for pod in cluster.pods.values() if pod["spec"].get("nodeName") == node)
-
-
-def post(connection: http.client.HTTPConnection, path: str, body: bytes) -> dict:
-    connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
-    response = connection.getresponse()
-    return orjson.loads(response.read())

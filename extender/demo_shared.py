@@ -8,14 +8,10 @@ that requires an NVLink ring is refused there with the stable reason and goes to
 
 from __future__ import annotations
 
-import http.client
-import socket
 from collections.abc import Callable
 
-import orjson
-
-from extender.demo import post, running_server, used_by_count
 from extender.demo_cluster import DemoCluster, SharedNode, single_gpu
+from extender.demo_scheduler import Scheduler, fits_by_count, running_server
 from extender.service import ExtenderService
 from extender.state import ClusterState
 
@@ -40,49 +36,31 @@ def run_shared_demo(out: Callable[[str], None] = print) -> None:
     service = ExtenderService(state, cluster, topology_wait=0)
     out("\nShared GPUs: h100-sliced (time-slicing, 1 GPU as 4 replicas), a100-mig (MIG single, 1 GPU as 7 "
         "slices), a6000-whole (8 whole GPUs, NVLink pairs)")
-    with running_server(service) as port:
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        connection.connect()
-        connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with running_server(service) as port, Scheduler(port) as scheduler:
         for name, gpus, wanted in PODS:
-            out(_place(cluster, connection, name, gpus, wanted))
-        connection.close()
+            out(_place(cluster, scheduler, name, gpus, wanted))
     out("On a shared node the extender chooses, reserves and annotates no GPU: the kubelet gives out replicas or "
         "slices, and the ledger never counts one as a whole GPU.")
 
 
-def _place(cluster: DemoCluster, connection: http.client.HTTPConnection, name: str, gpus: int,
-           annotations: dict[str, str]) -> str:
+def _place(cluster: DemoCluster, scheduler: Scheduler, name: str, gpus: int, annotations: dict[str, str]) -> str:
     created = cluster.create_pod(name, gpus, annotations)
     uid = created["metadata"]["uid"]
     label = f"{name:<10} {gpus} GPU{'s' if gpus > 1 else ' '}{' nvlink required' if annotations else ''}"
-    fits = [node for node, _ in NODES if _free_devices(cluster, node) >= gpus]
-    verdict = post(connection, "/filter", orjson.dumps({"Pod": created, "Nodes": None, "NodeNames": fits}))
-    refused = {**verdict["FailedNodes"], **verdict["FailedAndUnresolvableNodes"]}
-    why = "".join(f"; {node} refused: {reason}" for node, reason in refused.items())
-    passed = verdict["NodeNames"]
-    if not passed:
+    cycle = scheduler.cycle(created, fits_by_count(cluster, gpus))
+    why = "".join(f"; {node} refused: {reason}" for node, reason in cycle.refused.items())
+    if cycle.error:
+        return f"{label:<28} bind refused: {cycle.error}{why}"
+    if cycle.node is None:
         return f"{label:<28} pending{why}"
-    scores = {entry["Host"]: entry["Score"] for entry in post(connection, "/prioritize", orjson.dumps(
-        {"Pod": created, "Nodes": None, "NodeNames": passed}))}
-    node = max(passed, key=lambda candidate: scores[candidate])
-    answer = post(connection, "/bind", orjson.dumps({"PodName": name, "PodNamespace": "default", "PodUID": uid,
-                                                     "Node": node}))
-    if answer["Error"]:
-        return f"{label:<28} bind refused: {answer['Error']}{why}"
     devices = ",".join(_short(device) for ids in cluster.delivered[uid].values() for device in ids)
     chosen = cluster.pods[uid]["metadata"]["annotations"].get("gpu-topology.io/gpus")
     how = "GPUs chosen by the extender" if chosen else "plain binding, the kubelet gave"
-    ranked = " ".join(f"{candidate}={scores[candidate]}" for candidate in passed)
-    return f"{label:<28} -> {node:<12} {how} {devices}  (scores {ranked}){why}"
+    ranked = " ".join(f"{candidate}={score}" for candidate, score in cycle.scores.items())
+    return f"{label:<28} -> {cycle.node:<12} {how} {devices}  (scores {ranked}){why}"
 
 
 def _short(device: str) -> str:
     """A device id as a person reads it: GPU-45dd4874…::2."""
     gpu, _, replica = device.partition("::")
     return (gpu[:12] + "…" if gpu.startswith("GPU-") else gpu) + (f"::{replica}" if replica else "")
-
-
-def _free_devices(cluster: DemoCluster, node: str) -> int:
-    """kube-scheduler's count: the node's allocatable devices less what its pods request."""
-    return cluster.allocatable(node) - used_by_count(cluster, node)
