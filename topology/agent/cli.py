@@ -16,7 +16,8 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -24,7 +25,8 @@ from typing import TYPE_CHECKING
 from topology.annotations import DEFAULT_PREFIX, AnnotationKeys
 from topology.cli import CliError, load_topology
 from topology.codec import CodecError
-from topology.discover import SYSFS_ROOT, NvmlUnavailable, discover
+from topology.discover import SYSFS_ROOT, NvmlUnavailable, _import_pynvml, discover, read_domain
+from topology.fabric import Domain
 from topology.nvidia_smi import TopoParseError
 from topology.agent.allocate import DEFAULT_CDI_KIND, DEFAULT_STRATEGIES, Delivery, Strategy, parse_strategies
 from topology.agent.devices import DEFAULT_SOCKET
@@ -173,16 +175,19 @@ def _build(args: argparse.Namespace, nvml: ModuleType | None, sysfs: Path, stop:
         raise _Usage("--mode deliver serves the kubelet until stopped and reads this node's pods from the API "
                      "server: it cannot run with --once or --dry-run")
     delivery = Delivery(args.device_list_strategy, args.cdi_kind)
+    fabric: Callable[[], Domain] | None = None
     if args.from_topo:
         topology = load_topology(args.from_topo, args.gpu_model)[1]
         health: HealthSource | None = None
     else:
+        nvml = nvml or _import_pynvml()
         topology = discover(nvml, sysfs)
         from topology.agent.health import NvmlHealth
 
         nvml_health = NvmlHealth(nvml).open()
         closers.append(nvml_health.close)
         health = nvml_health
+        fabric = partial(read_domain, nvml, topology.size)  # each round, while the health check holds NVML open
     from topology.agent.kube import NodeApi
 
     node = PrintingNode() if args.dry_run else _kube(NodeApi, args)
@@ -201,7 +206,7 @@ def _build(args: argparse.Namespace, nvml: ModuleType | None, sysfs: Path, stop:
         health = SharedHealth(health, plugin) if health is not None else None
     log.info("%s: %d GPUs (%s), topology from %s, mode %s", args.node_name or "(dry run)", topology.size,
              topology.gpus[0].model, args.from_topo or "NVML", args.mode)
-    reporter = Reporter(topology, node, devices, health, keys=keys, gpu_resource=args.gpu_resource,
+    reporter = Reporter(topology, node, devices, health, fabric=fabric, keys=keys, gpu_resource=args.gpu_resource,
                         interval=args.interval, heartbeat=args.heartbeat, stop=stop)
     return reporter, plugin
 

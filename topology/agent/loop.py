@@ -11,6 +11,10 @@ Waits between rounds:
 What the node carries is read once at start (GET) and then taken from each patch's answer, so a topology
 annotation someone edited is put back after the next write (at the latest, the next heartbeat's).
 
+The node's NVLink domain (topology/fabric.py) is read again each round, from NVML through `fabric`: the fabric
+manager registers GPUs after boot, so a node may start with its registration in progress and complete it minutes
+later. A new reading changes the topology annotation, which the plan then rewrites as any topology change.
+
 Every wait is on `stop` (a threading.Event), which a SIGTERM handler sets, so the loop ends promptly. An
 NVML failure that is not about one GPU (`NvmlUnavailable`) ends the loop with that error: the DaemonSet
 restarts the reporter, and meanwhile the node's state grows stale, which the extender treats as unknown.
@@ -23,13 +27,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Protocol, TextIO
 
 import orjson
 
 from topology.annotations import AnnotationKeys
-from topology.codec import encode_topology
+from topology.codec import CodecError, encode_topology
+from topology.fabric import Domain, describe
 from topology.model import Topology
 from topology.backoff import Backoff
 from topology.agent.devices import DevicesUnavailable, GpuIds, KubeletDevices, Observation, Unknown, observe
@@ -91,12 +97,13 @@ class PrintingNode:
 
 class Reporter:
     """Publishes one node's topology and GPU state. `run()` blocks until `stop` is set (or one round with
-    `once`). `monotonic`, `wall` and the backoffs are injectable for tests."""
+    `once`). `fabric` reads the node's NVLink domain each round (None: the topology's stays). `monotonic`, `wall`
+    and the backoffs are injectable for tests."""
 
     def __init__(self, topology: Topology, node: Node, devices: DeviceSource, health: HealthSource | None = None,
-                 *, keys: AnnotationKeys | None = None, gpu_resource: str = DEFAULT_RESOURCE,
-                 interval: float = 5.0, heartbeat: float = 30.0, stop: threading.Event | None = None,
-                 monotonic: Callable[[], float] = time.monotonic,
+                 *, fabric: Callable[[], Domain] | None = None, keys: AnnotationKeys | None = None,
+                 gpu_resource: str = DEFAULT_RESOURCE, interval: float = 5.0, heartbeat: float = 30.0,
+                 stop: threading.Event | None = None, monotonic: Callable[[], float] = time.monotonic,
                  wall: Callable[[], datetime] = lambda: datetime.now(UTC),
                  api_backoff: Backoff | None = None, devices_backoff: Backoff | None = None) -> None:
         if interval <= 0 or heartbeat <= 0:
@@ -107,7 +114,7 @@ class Reporter:
         self.gpu_resource = gpu_resource
         self.interval, self.heartbeat = interval, heartbeat
         self.stop = stop or threading.Event()
-        self._node, self._devices, self._health = node, devices, health
+        self._node, self._devices, self._health, self._fabric = node, devices, health, fabric
         self._ids = GpuIds(topology)
         self._monotonic, self._wall = monotonic, wall
         self.api_backoff = api_backoff or Backoff(initial=1.0, maximum=30.0)
@@ -166,6 +173,8 @@ class Reporter:
         health = self._health.check(self.topology) if self._health is not None else {}
         if devices is not None:
             observation = observe(self._ids, devices, health, self.gpu_resource)
+        if self._fabric is not None:
+            self._follow(self._fabric())
         self.observation = observation
         self._tell(observation)
         node = self.node_state
@@ -189,6 +198,18 @@ class Reporter:
                         "; ".join(decided.why))
         return max(retry) if retry else self.interval
 
+    def _follow(self, domain: Domain) -> None:
+        """Carry a new domain reading in the topology annotation; one that would not fit its budget is left out."""
+        if domain == self.topology.domain:
+            return
+        topology = replace(self.topology, domain=domain)
+        try:
+            self.topology_text = encode_topology(topology)
+        except CodecError as error:
+            self._changed("domain refused", domain, logging.ERROR, f"{error}: not publishing {describe(domain)}")
+            return
+        self.topology = topology
+
     # -- telling people ----------------------------------------------------------------------------------
 
     def _failed(self, error: NodeError) -> None:
@@ -198,6 +219,9 @@ class Reporter:
 
     def _tell(self, observation: Observation | Unknown) -> None:
         """Log what changed since the last round, once, not every round."""
+        domain = self.topology.domain
+        said = domain if domain is not None and (domain.name or domain.problem) else None
+        self._changed("domain", said, logging.WARNING if said and said.problem else logging.INFO, describe(domain))
         if isinstance(observation, Unknown):
             self._changed("unknown", observation.reason, logging.WARNING, f"GPU state unknown: {observation.reason}")
             return
