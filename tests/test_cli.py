@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
 import pytest
 
 from topology.cli import main
-from topology.codec import decode_topology
+from topology.codec import decode_topology, encode_topology
+from topology.fabric import Domain
 from topology.platforms import PLATFORMS
 
 CAPTURES = Path(__file__).resolve().parents[1] / "topology" / "captures"
@@ -107,6 +109,22 @@ def test_show_prints_matrix_bandwidths_and_best_sets(capsys: pytest.CaptureFixtu
     assert "NVLink islands: {0,1}  {2,3}  {4,5}  {6,7}" in out
     best = {line.split()[0]: line.split()[1] for line in lines if line.startswith("   ") and line.split()[0].isdigit()}
     assert best["2"] == "0,1" and best["4"] == "0,1,2,3" and len(best) == PLATFORMS["rtx-a6000-pairs"].topology().size
+
+
+@pytest.mark.parametrize(("domain", "line"), [
+    (Domain("9c6f5af3-53bf-49b5-a436-b66766c413c3.4026"),
+     "  NVLink domain 9c6f5af3-53bf-49b5-a436-b66766c413c3.4026"),
+    (Domain(None, "GPU 2 fabric registration in progress"),
+     "  no NVLink domain: GPU 2 fabric registration in progress"),
+])
+def test_show_names_the_domain_an_agent_read(domain: Domain, line: str, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "gb200.json"
+    path.write_text(encode_topology(replace(PLATFORMS["gb200-node"].topology(), domain=domain)))
+    code, out, _ = _run(capsys, "show", str(path))
+    assert code == 0 and out.splitlines()[2] == line
+    _, capture, _ = _run(capsys, "show", "gb200-node")
+    assert "NVLink domain" not in capture  # topo -m cannot say where a node sits
 
 
 def test_demo_shows_the_fragmentation_difference(capsys: pytest.CaptureFixture[str]) -> None:

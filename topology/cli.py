@@ -17,6 +17,7 @@ from topology.bandwidth import pair_gbps
 from topology.codec import CodecError, decode_topology, encode_topology
 from topology.compiled import compile_topology
 from topology.discover import NvmlUnavailable, discover
+from topology.fabric import describe
 from topology.graph import nvlink_islands
 from topology.levels import Interconnect, Level
 from topology.model import Topology
@@ -180,7 +181,10 @@ def render(title: str, topology: Topology) -> str:
     lines = [title,
              f"  {n}x {gpu.model}; NVLink {gpu.nvlink.value if gpu.nvlink else 'none/unknown'}; "
              f"PCIe Gen{gpu.pcie_gen or '? (unknown model: Gen3 assumed)'}; "
-             f"{'NVSwitch' if topology.nvswitch else 'no NVSwitch'}; fingerprint {topology.fingerprint}", ""]
+             f"{'NVSwitch' if topology.nvswitch else 'no NVSwitch'}; fingerprint {topology.fingerprint}"]
+    if topology.domain is not None:  # topology JSON from an agent that read NVML's fabric info
+        lines.append(f"  {describe(topology.domain)}")
+    lines.append("")
     labels = [f"GPU{i}" for i in range(n)]
     width = max(6, max(len(label) for label in labels) + 1)
 
