@@ -11,9 +11,14 @@ reservation the kubelet has not reported yet. A `gpus` annotation that a user wr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from enum import Enum
 from threading import RLock
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the cluster state holds the ledger: a type only, to keep the import one way
+    from extender.state import NodeView
 
 
 class Phase(str, Enum):
@@ -121,8 +126,58 @@ class Ledger:
         with self.lock:
             return [entry for entry in self._uncertain.values() if entry.expires is not None and entry.expires <= now]
 
+    def taken(self, view: NodeView) -> int:
+        """The node's GPUs in use, as a mask: what the kubelet reported (less what ended since the report), and
+        every entry the report does not show yet, a pod's reservation or a plan's open slot alike."""
+        assert view.compiled is not None
+        with self.lock:
+            taken = view.mask(view.reported_used - self.released_since(view.name, view.observed))
+            for entry in sorted(self.entries(view.name), key=lambda entry: entry.at):
+                if entry.confirmed or covered(view, entry):
+                    continue
+                reserved = view.mask(entry.gpus)
+                # GPUs the kubelet has given to another pod meanwhile (a plugin that ignores us): this pod will
+                # get as many others, so count it as many more, the lowest free ones, as the stock plugin picks.
+                own = view.mask(view.reported_pods.get(entry.pod_key, ()))
+                clash = (reserved & taken & ~own).bit_count()
+                taken |= reserved
+                for _ in range(clash):
+                    spare = view.compiled.full_mask & ~taken & ~view.unhealthy
+                    taken |= spare & -spare
+            return taken
+
+    def reconcile(self, view: NodeView, on_mismatch: Callable[[Assignment, frozenset[str]], None] | None) -> None:
+        """What the kubelet allocated replaces each reservation the node's report covers; `on_mismatch` is told
+        of a pod that got other GPUs than it was bound to."""
+        if not view.reported_pods:
+            return
+        with self.lock:
+            for entry in self.entries(view.name):
+                if not covered(view, entry):
+                    continue
+                allocated = view.reported_pods[entry.pod_key]
+                if entry.confirmed and entry.gpus == allocated:
+                    continue
+                if not entry.confirmed and entry.gpus != allocated and on_mismatch is not None:
+                    on_mismatch(entry, allocated)
+                assert view.observed is not None
+                self.record(replace(entry, gpus=allocated, at=view.observed, phase=Phase.ALLOCATED, expires=None))
+
     def _drop_from_node(self, entry: Assignment) -> None:
         node_entries = self._by_node.get(entry.node, {})
         node_entries.pop(entry.pod_uid, None)
         if not node_entries:
             self._by_node.pop(entry.node, None)
+
+
+def covered(view: NodeView, entry: Assignment) -> bool:
+    """The report, taken after this entry, shows its pod with all its GPUs: the kubelet allocated it.
+
+    A pod the kubelet is still admitting is listed with the containers done so far; and GPUs that only its plain
+    init containers hold are never listed (pod-resources shows app containers and sidecars), though the kubelet
+    keeps them allocated. So a report that shows fewer GPUs than reserved covers nothing: the reservation still
+    counts, beside the GPUs reported. A plan's open slot is no pod's, so no report ever covers it."""
+    if view.observed is None or entry.at > view.observed:
+        return False
+    allocated = view.reported_pods.get(entry.pod_key)
+    return allocated is not None and len(allocated) >= len(entry.gpus)

@@ -190,40 +190,15 @@ class ClusterState:
         return counts
 
     def refresh(self, node: str) -> None:
-        """Recompute a node's free mask: what the kubelet reported, plus reservations it has not reported yet."""
+        """Recompute a node's free mask from the ledger's reckoning of what is taken (extender/ledger.py)."""
         with self.ledger.lock:
             view = self._views.get(node)
             if view is None or view.compiled is None:
                 return
-            taken = view.mask(view.reported_used - self.ledger.released_since(node, view.observed))
-            for entry in sorted(self.ledger.entries(node), key=lambda entry: entry.at):
-                if entry.confirmed or self._covered(view, entry):
-                    continue
-                reserved = view.mask(entry.gpus)
-                # GPUs the kubelet has given to another pod meanwhile (a plugin that ignores us): this pod will
-                # get as many others, so count it as many more, the lowest free ones, as the stock plugin picks.
-                own = view.mask(view.reported_pods.get(entry.pod_key, ()))
-                clash = (reserved & taken & ~own).bit_count()
-                taken |= reserved
-                for _ in range(clash):
-                    spare = view.compiled.full_mask & ~taken & ~view.unhealthy
-                    taken |= spare & -spare
+            taken = self.ledger.taken(view)
             free = view.compiled.full_mask & ~taken & ~view.unhealthy
             if free != view.free:
                 self._store(replace(view, free=free))
-
-    @staticmethod
-    def _covered(view: NodeView, entry: Assignment) -> bool:
-        """The report, taken after this reservation, shows the pod with all its GPUs: the kubelet allocated it.
-
-        A pod the kubelet is still admitting is listed with the containers done so far; and GPUs that only
-        its plain init containers hold are never listed (pod-resources shows app containers and sidecars),
-        though the kubelet keeps them allocated. So a report that shows fewer GPUs than reserved covers
-        nothing: the reservation still counts, beside the GPUs reported."""
-        if view.observed is None or entry.at > view.observed:
-            return False
-        allocated = view.reported_pods.get(entry.pod_key)
-        return allocated is not None and len(allocated) >= len(entry.gpus)
 
     def record(self, assignment: Assignment) -> None:
         with self.ledger.lock:
@@ -263,18 +238,8 @@ class ClusterState:
     def _reconcile(self, node: str) -> None:
         """What the kubelet allocated replaces each reservation the report covers."""
         view = self._views.get(node)
-        if view is None or not view.reported_pods:
-            return
-        for entry in self.ledger.entries(node):
-            if not self._covered(view, entry):
-                continue
-            allocated = view.reported_pods[entry.pod_key]
-            if entry.confirmed and entry.gpus == allocated:
-                continue
-            if not entry.confirmed and entry.gpus != allocated and self.on_mismatch is not None:
-                self.on_mismatch(entry, allocated)
-            assert view.observed is not None
-            self.ledger.record(replace(entry, gpus=allocated, at=view.observed, phase=Phase.ALLOCATED, expires=None))
+        if view is not None:
+            self.ledger.reconcile(view, self.on_mismatch)
 
     def _replace_nodes(self, items: list[dict[str, Any]]) -> None:
         with self.ledger.lock:
