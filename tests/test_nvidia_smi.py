@@ -168,6 +168,7 @@ def _codes(topology: Topology) -> list[str]:
     ("tabs-hgx-h100-4gpu.txt", _mesh(4, "NV6"), [3, 1, 7, 5]),
     ("no-nic-rows-dgx-a100.txt", _mesh(8, "NV12"), [3, 3, 1, 1, 7, 7, 5, 5]),
     ("na-cells-vm.txt", ["X PHB", "PHB X"], [None, None]),
+    ("run-together-header-hgx-a100.txt", _mesh(8, "NV12"), [3, 3, 1, 1, 7, 7, 5, 5]),
 ])
 def test_every_driver_layout_reads_to_the_gpu_matrix_and_numa_nodes(name: str, matrix: list[str],
                                                                      numa: list[int | None]) -> None:
@@ -209,6 +210,23 @@ def test_asymmetry_and_unknown_codes_stay_errors_in_new_layouts() -> None:
         parse_topo_matrix(text.replace("GPU0\t X \tNV18", "GPU0\t X \tNV12"))
     with pytest.raises(TopoParseError, match="row GPU0, column GPU1: unknown code 'NVX'"):
         parse_topo_matrix(text.replace("GPU0\t X \tNV18", "GPU0\t X \tNVX"))
+
+
+def test_a_run_together_header_is_read_by_its_row_labels_and_its_affinity_columns() -> None:
+    text = (TOPO_M / "run-together-header-hgx-a100.txt").read_text()
+    parsed = parse_topo_capture(text)
+    assert parsed.notes == () and parsed.topology.size == 8
+    assert parse_topo_matrix(text.replace("CPU AffinityNUMA Affinity", "\tCPU Affinity\tNUMA Affinity")).size == 8
+
+
+def test_a_run_together_header_whose_rows_do_not_square_is_still_refused() -> None:
+    text = (TOPO_M / "run-together-header-hgx-a100.txt").read_text()
+    without_nic_row = "\n".join(line for line in text.splitlines() if not line.startswith("mlx5_0"))
+    with pytest.raises(TopoParseError, match="header: the labels run together and 'mlx5_0CPUAffinity"):
+        parse_topo_matrix(without_nic_row)
+    without_gpu_row = "\n".join(line for line in text.splitlines() if not line.startswith("GPU5"))
+    with pytest.raises(TopoParseError, match="header: the labels run together and 'GPU5GPU6"):
+        parse_topo_matrix(without_gpu_row)
 
 
 def test_a_matrix_without_its_header_says_so() -> None:

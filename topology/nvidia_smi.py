@@ -81,7 +81,34 @@ def _read_header(lines: Sequence[str]) -> tuple[int, tuple[str, ...], tuple[str,
                 raise TopoParseError("no header line: the first line starting with GPU0 is the GPU0 row (GPU0 X ...), "
                                      "so the line of column labels above it is missing or unreadable")
             return (at, *_split_header(" ".join(tokens)))
+        if tokens and tokens[0].startswith("GPU0") and not tokens[0][4:5].isdigit():
+            return (at, *_split_header(_spaced_header(line, lines[at + 1:])))
     raise TopoParseError("no `nvidia-smi topo -m` matrix found: expected a header line starting with GPU0")
+
+
+def _spaced_header(header: str, rows: Sequence[str]) -> str:
+    """A header whose labels run together (`GPU0GPU1...GPU7mlx5_0CPU Affinity...`: a copy of an underlined header
+    that lost its escapes), spaced out by the row labels below it, which name the columns in the same order. Each
+    row label must come next in the header, and what is left must be affinity columns: anything else (a NIC
+    column without its row) is refused, never guessed."""
+    compact = "".join(header.split())
+    labels: list[str] = []
+    at = 0
+    for row in rows:
+        tokens = row.split()
+        if not tokens or not compact.startswith(tokens[0], at):
+            break
+        labels.append(tokens[0])
+        at += len(tokens[0])
+    rest = compact[at:]
+    while rest:
+        name = next((name for name in _AFFINITY_COLUMNS if rest.startswith(name.replace(" ", ""))), None)
+        if name is None:
+            raise TopoParseError(f"header: the labels run together and {rest[:60]!r} is neither the label of a row "
+                                 "below nor an affinity column, so the columns cannot be told apart")
+        labels.append(name)
+        rest = rest[len(name.replace(" ", "")):]
+    return " ".join(labels)
 
 
 def _split_header(header: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
