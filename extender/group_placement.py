@@ -74,6 +74,10 @@ class GroupPlacement:
         now = state.clock()
         with state.ledger.lock:
             state.plans.expire(now)
+            plan = state.plans.get(key)
+            if plan is not None and plan.count != request.count:
+                return _refuse(names, f"group {group.name}: its members must request the same number of GPUs "
+                                      f"(the group's plan gives {plan.count} to each)", resolvable=False)
             nodes = self._open_nodes(key, pod.uid)
             if nodes:
                 return _only(names, nodes)

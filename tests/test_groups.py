@@ -292,3 +292,11 @@ def test_kube_schedulers_own_pod_group_gives_its_gang_min_count() -> None:
     request = parse_pod(pod, AnnotationKeys())
     assert request.group_key == "ml/scheduling-group:gang" and request.group is not None
     assert request.group.span == "nvlink-domain" and not request.group.required
+
+
+def test_a_member_asking_another_gpu_count_than_its_group_plan_is_told_why() -> None:
+    service, kube = _cluster(ManualClock())
+    service.filter(ExtenderArgs(_pod(kube, "w0", 4, group="train"), ALL, None))
+    outcome = service.filter(ExtenderArgs(_pod(kube, "w1", 2, group="train"), ALL, None))
+    assert outcome.unresolvable == {
+        "group train: its members must request the same number of GPUs (the group's plan gives 4 to each)": ALL}
