@@ -1,7 +1,8 @@
-"""Fixtures of the end-to-end suite: one cluster for the whole session, torn down however the session ends.
+"""Fixtures of the end-to-end suite: clusters torn down however the session ends.
 
-`e2e_cluster` starts etcd, kube-apiserver, the GPU nodes with their fake reporter, our extender and
-kube-scheduler (kube_e2e.start_cluster), and stops them in reverse order through an ExitStack: on success, on a
+`e2e_cluster` (one for the whole session) and `spec_cluster` (one per test module, of the module's own
+`CLUSTER_SPEC`) start etcd, kube-apiserver, the GPU nodes with their fake reporter, our extender and
+kube-scheduler (kube_e2e.start_cluster), and stop them in reverse order through an ExitStack: on success, on a
 failed assertion, and when starting one of them fails half-way. The working directory (certificates,
 kubeconfigs, the scheduler's configuration, etcd's data and every process's log) is a pytest temporary
 directory, kept after the run for a look. When a test here fails, the report gets the tail of each log.
@@ -10,28 +11,51 @@ directory, kept after the run for a look. When a test here fails, the report get
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 
 import pytest
-from kube_e2e import Cluster, find_kube_binaries, skip_reason, start_cluster, started_processes
+from kube_e2e import (
+    DEFAULT_SPEC,
+    Cluster,
+    ClusterSpec,
+    find_kube_binaries,
+    skip_reason,
+    start_cluster,
+    started_processes,
+)
 
 _clusters: list[Cluster] = []
 _FIRST_PROCESS = pytest.StashKey[int]()
 
 
-@pytest.fixture(scope="session")
-def e2e_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+@contextmanager
+def _running(spec: ClusterSpec, tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Cluster]:
     binaries, problem = find_kube_binaries()
     if problem is not None or binaries is None:
         pytest.skip(skip_reason(problem or "no binaries"))
-    workdir = tmp_path_factory.mktemp("e2e-cluster")
+    workdir = tmp_path_factory.mktemp(name)
     with ExitStack() as stack:
-        cluster = start_cluster(binaries, workdir, stack)
+        cluster = start_cluster(binaries, workdir, stack, spec)
         _clusters.append(cluster)
         try:
             yield cluster
         finally:
             _clusters.remove(cluster)
+
+
+@pytest.fixture(scope="session")
+def e2e_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with _running(DEFAULT_SPEC, tmp_path_factory, "e2e-cluster") as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def spec_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A cluster of its own for a module whose scenario needs other nodes or flags (the module's CLUSTER_SPEC),
+    stopped when the module's tests are done, so that two clusters never share the machine for long."""
+    spec: ClusterSpec = request.module.CLUSTER_SPEC
+    with _running(spec, tmp_path_factory, f"{request.module.__name__}-cluster") as cluster:
+        yield cluster
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,7 +1,8 @@
 """The end-to-end harness: a real etcd, kube-apiserver and kube-scheduler on loopback, our extender between them.
 
 Nothing here downloads anything. kube-apiserver and kube-scheduler come from `KUBE_BIN_DIR`, etcd from there or
-from PATH; without them the scheduling suite skips once, with a reason that says what is missing. Everything else is built here:
+from PATH; without them the scheduling suite skips once, with a reason that says what is missing. Everything
+else is built here:
 
 - `make_pki`: with the `openssl` command line, a CA and the certificates kube-apiserver needs (serving for
   127.0.0.1, an admin client in `system:masters`, kube-scheduler's client `system:kube-scheduler`), a
@@ -13,7 +14,8 @@ from PATH; without them the scheduling suite skips once, with a reason that says
 - `gpu_node`, `gpu_pod`: API objects of GPU nodes (real platform topologies in the annotations) and GPU pods;
 - `FakeReporter`: what the node reporter DaemonSet does, for nodes that have no kubelet: it republishes each
   node's `gpu-topology.io/state` with the GPUs that pods bound there hold;
-- `start_cluster`: all of the above in order, each teardown registered on an ExitStack as soon as it exists.
+- `start_cluster`: all of the above in order, each teardown registered on an ExitStack as soon as it exists, for
+  a `ClusterSpec`: the nodes and their labels, the extender's flags, feature gates and API versions.
 
 The cluster has no kubelet and no kube-controller-manager (as in shared/kube-scheduler/INDEX.md): pods stay
 Pending after binding, so `spec.nodeName` and the `gpu-topology.io/gpus` annotation show the result.
@@ -67,6 +69,10 @@ SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 NAMESPACE = "gpu-e2e"
 REPORT_INTERVAL_SECONDS = 20.0  # the extender treats a node as stale after 120 s without a report
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"  # never pulled: there is no kubelet
+POD_GROUP_API = ("scheduling.k8s.io", "v1alpha2")  # group, version
+# What kube-scheduler's own pod groups need in v1.36 (alpha), on kube-apiserver and kube-scheduler alike.
+POD_GROUP_GATES = {"GenericWorkload": True, "GangScheduling": True}
+POD_GROUP_RUNTIME_CONFIG = ("scheduling.k8s.io/v1alpha2=true",)
 
 # The cluster: a DGX H100 (NVSwitch), two 8x RTX A6000 boards (NVLink bridges on pairs) and a DGX-1 V100
 # (hybrid cube-mesh). Two A6000 nodes, so that the packing scenario has a whole board even after the NVLink
@@ -77,6 +83,23 @@ NODES: dict[str, str] = {
     "node-a6000-b": "rtx-a6000-pairs",
     "node-v100": "dgx1-v100",
 }
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """What one cluster of the suite is made of: its GPU nodes (name: platform), the labels each node carries
+    beyond the harness's own (NVLink domains, network levels), the extender's extra flags, and the feature gates
+    (for kube-apiserver and kube-scheduler) and API versions the scenario needs."""
+
+    nodes: Mapping[str, str]
+    labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    extender_args: tuple[str, ...] = ()
+    feature_gates: Mapping[str, bool] = field(default_factory=dict)
+    runtime_config: tuple[str, ...] = ()
+    namespace: str = NAMESPACE
+
+
+DEFAULT_SPEC = ClusterSpec(NODES)
 
 STARTUP_SECONDS = {"etcd": 90.0, "kube-apiserver": 240.0, "extender": 90.0, "kube-scheduler": 180.0}
 
@@ -456,8 +479,10 @@ def rfc3339(moment: datetime | None = None) -> str:
 
 
 def gpu_node(name: str, platform: str, topology: Topology, *, keys: AnnotationKeys = AnnotationKeys(),
-             resource: str = DEFAULT_GPU_RESOURCE, now: datetime | None = None) -> dict[str, Any]:
-    """A v1 Node as a GPU node's kubelet, device plugin, GPU feature discovery and our reporter leave it."""
+             resource: str = DEFAULT_GPU_RESOURCE, now: datetime | None = None,
+             labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A v1 Node as a GPU node's kubelet, device plugin, GPU feature discovery and our reporter leave it;
+    `labels` adds what GFD or Topograph would (the NVLink clique, the network levels)."""
     now = now or datetime.now(timezone.utc)
     gpus = str(topology.size)
     model = topology.gpus[0].model
@@ -475,6 +500,7 @@ def gpu_node(name: str, platform: str, topology: Topology, *, keys: AnnotationKe
                 "nvidia.com/gpu.count": gpus,
                 "nvidia.com/gpu.product": model.replace(" ", "-"),
                 "gpu-topology.io/platform": platform,
+                **(labels or {}),
             },
             "annotations": {
                 keys.topology: encode_topology(topology),
@@ -494,8 +520,9 @@ def gpu_node(name: str, platform: str, topology: Topology, *, keys: AnnotationKe
 
 def gpu_pod(name: str, gpus: int, *, scheduler: str, namespace: str = NAMESPACE,
             annotations: Mapping[str, str] | None = None, node: str | None = None,
-            resource: str = DEFAULT_GPU_RESOURCE) -> dict[str, Any]:
-    """A pod asking for `gpus` GPUs from our scheduler profile; `node` pins it with a nodeSelector."""
+            resource: str = DEFAULT_GPU_RESOURCE, pod_group: str | None = None) -> dict[str, Any]:
+    """A pod asking for `gpus` GPUs from our scheduler profile; `node` pins it with a nodeSelector, and
+    `pod_group` makes it a member of kube-scheduler's own PodGroup of that name (`spec.schedulingGroup`)."""
     spec: dict[str, Any] = {
         "schedulerName": scheduler,
         # No controller creates service-account tokens here, and no kubelet would mount one.
@@ -511,6 +538,8 @@ def gpu_pod(name: str, gpus: int, *, scheduler: str, namespace: str = NAMESPACE,
     }
     if node is not None:
         spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    if pod_group is not None:
+        spec["schedulingGroup"] = {"podGroupName": pod_group}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -518,6 +547,15 @@ def gpu_pod(name: str, gpus: int, *, scheduler: str, namespace: str = NAMESPACE,
                      "annotations": dict(annotations or {})},
         "spec": spec,
     }
+
+
+def pod_group(name: str, min_count: int, *, namespace: str = NAMESPACE) -> dict[str, Any]:
+    """kube-scheduler's own PodGroup (scheduling.k8s.io/v1alpha2, Kubernetes 1.36) with a gang policy: no member
+    binds before `min_count` of them can be placed together."""
+    group, version = POD_GROUP_API
+    return {"apiVersion": f"{group}/{version}", "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}}}}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -532,6 +570,7 @@ class Kube:
         k8s_config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
         self.api_client = k8s.ApiClient(configuration)
         self.core = k8s.CoreV1Api(self.api_client)
+        self.objects = k8s.CustomObjectsApi(self.api_client)  # any group's REST path, such as scheduling's PodGroups
         self.timeout = timeout
 
     def close(self) -> None:
@@ -562,6 +601,9 @@ class Kube:
     def list_events(self, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
         return self._call(self.core.list_namespaced_event, namespace)["items"]
 
+    def get_pod_group(self, name: str, namespace: str = NAMESPACE) -> dict[str, Any]:
+        return self._call(self.objects.get_namespaced_custom_object, *POD_GROUP_API, namespace, "podgroups", name)
+
     # writes
     def create_namespace(self, name: str) -> None:
         self._call(self.core.create_namespace, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
@@ -590,6 +632,14 @@ class Kube:
 
     def create_pod(self, pod: Mapping[str, Any]) -> dict[str, Any]:
         return self._retrying(self.core.create_namespaced_pod, pod["metadata"]["namespace"], dict(pod))
+
+    def delete_pod(self, name: str, namespace: str = NAMESPACE) -> None:
+        """Gone at once: the pods here have a zero grace period, and there is no kubelet to wait for."""
+        self._call(self.core.delete_namespaced_pod, name, namespace)
+
+    def create_pod_group(self, pod_group: Mapping[str, Any]) -> dict[str, Any]:
+        return self._retrying(self.objects.create_namespaced_custom_object, *POD_GROUP_API,
+                              pod_group["metadata"]["namespace"], "podgroups", dict(pod_group))
 
     def _retrying(self, create: Callable[..., Any], *args: Any, timeout: float = 60.0) -> Any:
         """A create, retried while admission cannot yet see a namespace or ServiceAccount made a moment ago
@@ -712,7 +762,15 @@ def start_etcd(binary: Path, workdir: Path, stack: ExitStack) -> tuple[Process, 
     return process, client_url
 
 
-def apiserver_argv(binary: Path, *, etcd_url: str, port: int, pki: Pki, cert_dir: Path) -> list[str]:
+def feature_gates_flag(gates: Mapping[str, bool] | None) -> list[str]:
+    """`--feature-gates=A=true,B=false`, or nothing when no gate is set."""
+    if not gates:
+        return []
+    return ["--feature-gates=" + ",".join(f"{name}={str(on).lower()}" for name, on in sorted(gates.items()))]
+
+
+def apiserver_argv(binary: Path, *, etcd_url: str, port: int, pki: Pki, cert_dir: Path,
+                   feature_gates: Mapping[str, bool] | None = None, runtime_config: Sequence[str] = ()) -> list[str]:
     return [
         str(binary),
         f"--etcd-servers={etcd_url}",
@@ -734,22 +792,28 @@ def apiserver_argv(binary: Path, *, etcd_url: str, port: int, pki: Pki, cert_dir
         "--authorization-mode=Node,RBAC",
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
         "--v=2",
+        *feature_gates_flag(feature_gates),
+        *([f"--runtime-config={','.join(runtime_config)}"] if runtime_config else []),
     ]
 
 
-def start_apiserver(binary: Path, workdir: Path, etcd_url: str, pki: Pki, stack: ExitStack) -> tuple[Process, int]:
+def start_apiserver(binary: Path, workdir: Path, etcd_url: str, pki: Pki, stack: ExitStack, *,
+                    feature_gates: Mapping[str, bool] | None = None,
+                    runtime_config: Sequence[str] = ()) -> tuple[Process, int]:
     (port,) = free_ports(1)
     cert_dir = workdir / "apiserver-cert-dir"
     cert_dir.mkdir(exist_ok=True)
     process = Process("kube-apiserver", apiserver_argv(binary, etcd_url=etcd_url, port=port, pki=pki,
-                                                       cert_dir=cert_dir),
+                                                       cert_dir=cert_dir, feature_gates=feature_gates,
+                                                       runtime_config=runtime_config),
                       workdir / "logs" / "kube-apiserver.log")
     stack.callback(process.stop)
     wait_for_https(process, port, "/readyz", client_context(pki, "admin"))
     return process, port
 
 
-def start_extender(workdir: Path, admin_kubeconfig: Path, pki: Pki, stack: ExitStack) -> tuple[Process, str]:
+def start_extender(workdir: Path, admin_kubeconfig: Path, pki: Pki, stack: ExitStack,
+                   extra_args: Sequence[str] = ()) -> tuple[Process, str]:
     (port,) = free_ports(1)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = Process("extender", [
@@ -760,6 +824,7 @@ def start_extender(workdir: Path, admin_kubeconfig: Path, pki: Pki, stack: ExitS
         # Clients pinned by name, as scheduler-config/extender.yaml does with its own names: this harness's
         # kube-scheduler certificate, and the extender's own, which the harness's readiness probe presents.
         "--client-name", "system:kube-scheduler", "--client-name", "gpu-topology-extender",
+        *extra_args,
     ], workdir / "logs" / "extender.log", env=env, cwd=ROOT)
     stack.callback(process.stop)
     wait_for_https(process, port, "/readyz", client_context(pki, "extender"))
@@ -767,7 +832,7 @@ def start_extender(workdir: Path, admin_kubeconfig: Path, pki: Pki, stack: ExitS
 
 
 def start_scheduler(binary: Path, workdir: Path, config_path: Path, kubeconfig: Path,
-                    stack: ExitStack) -> Process:
+                    stack: ExitStack, feature_gates: Mapping[str, bool] | None = None) -> Process:
     (port,) = free_ports(1)
     process = Process("kube-scheduler", [
         binary,
@@ -777,6 +842,7 @@ def start_scheduler(binary: Path, workdir: Path, config_path: Path, kubeconfig: 
         "--bind-address=127.0.0.1",
         f"--secure-port={port}",
         "--v=3",
+        *feature_gates_flag(feature_gates),
     ], workdir / "logs" / "kube-scheduler.log")
     stack.callback(process.stop)
     context = ssl.create_default_context()
@@ -787,12 +853,13 @@ def start_scheduler(binary: Path, workdir: Path, config_path: Path, kubeconfig: 
 
 
 def create_gpu_nodes(kube: Kube, topologies: Mapping[str, Topology], nodes: Mapping[str, str],
-                     keys: AnnotationKeys = AnnotationKeys()) -> None:
+                     keys: AnnotationKeys = AnnotationKeys(),
+                     labels: Mapping[str, Mapping[str, str]] | None = None) -> None:
     """Create each node, set its status through the status subresource (there is no kubelet to do it), and
     drop the not-ready taint the TaintNodesByCondition admission plugin puts on every new node (no node
     lifecycle controller runs to lift it)."""
     for name, platform in nodes.items():
-        node = gpu_node(name, platform, topologies[name], keys=keys)
+        node = gpu_node(name, platform, topologies[name], keys=keys, labels=(labels or {}).get(name))
         kube.create_node(node)
         kube.patch_node_status(name, {"status": node["status"]})
         kube.patch_node(name, {"spec": {"taints": None}})
@@ -839,35 +906,37 @@ def binary_version(binary: Path) -> str:
     return (done.stdout or done.stderr).strip().splitlines()[0] if (done.stdout or done.stderr).strip() else "?"
 
 
-def start_cluster(binaries: KubeBinaries, workdir: Path, stack: ExitStack, *,
-                  nodes: Mapping[str, str] = NODES, namespace: str = NAMESPACE) -> Cluster:
+def start_cluster(binaries: KubeBinaries, workdir: Path, stack: ExitStack,
+                  spec: ClusterSpec = DEFAULT_SPEC) -> Cluster:
     """etcd, kube-apiserver, GPU nodes and their reporter, the extender, kube-scheduler: in that order, each
     stopped by `stack` (in reverse order) however the suite ends."""
     versions = binaries.versions()
     pki = make_pki(workdir / "pki")
     etcd, etcd_url = start_etcd(binaries.etcd, workdir, stack)
-    apiserver, api_port = start_apiserver(binaries.apiserver, workdir, etcd_url, pki, stack)
+    apiserver, api_port = start_apiserver(binaries.apiserver, workdir, etcd_url, pki, stack,
+                                          feature_gates=spec.feature_gates, runtime_config=spec.runtime_config)
     server = f"https://127.0.0.1:{api_port}"
     admin_kubeconfig = write_kubeconfig(workdir / "admin.kubeconfig", server, pki, "admin")
     scheduler_kubeconfig = write_kubeconfig(workdir / "scheduler.kubeconfig", server, pki, "scheduler")
 
     kube = Kube(admin_kubeconfig)
     stack.callback(kube.close)
-    kube.create_namespace(namespace)
-    kube.create_service_account(namespace)
-    topologies = node_topologies(nodes)
-    create_gpu_nodes(kube, topologies, nodes)
+    kube.create_namespace(spec.namespace)
+    kube.create_service_account(spec.namespace)
+    topologies = node_topologies(spec.nodes)
+    create_gpu_nodes(kube, topologies, spec.nodes, labels=spec.labels)
     reporter = FakeReporter(kube, topologies).start()
     stack.callback(reporter.stop)
 
-    extender, extender_url = start_extender(workdir, admin_kubeconfig, pki, stack)
+    extender, extender_url = start_extender(workdir, admin_kubeconfig, pki, stack, spec.extender_args)
     source = yaml.safe_load(SCHEDULER_CONFIG_SOURCE.read_text())
     config = derive_scheduler_config(source, kubeconfig=scheduler_kubeconfig, extender_url=extender_url,
                                      tls={"caFile": str(pki.ca), "certFile": str(pki.cert("scheduler")),
                                           "keyFile": str(pki.key("scheduler"))})
     config_path = workdir / "kube-scheduler-config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    scheduler = start_scheduler(binaries.scheduler, workdir, config_path, scheduler_kubeconfig, stack)
-    return Cluster(workdir=workdir, pki=pki, kube=kube, topologies=topologies, platforms=dict(nodes),
-                   scheduler_name=scheduler_name(config), namespace=namespace, reporter=reporter,
+    scheduler = start_scheduler(binaries.scheduler, workdir, config_path, scheduler_kubeconfig, stack,
+                                feature_gates=spec.feature_gates)
+    return Cluster(workdir=workdir, pki=pki, kube=kube, topologies=topologies, platforms=dict(spec.nodes),
+                   scheduler_name=scheduler_name(config), namespace=spec.namespace, reporter=reporter,
                    processes={p.name: p for p in (etcd, apiserver, extender, scheduler)}, versions=versions)

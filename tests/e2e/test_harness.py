@@ -8,7 +8,8 @@ kube-scheduler, so CI checks the harness although it cannot run the suite.
 - etcd: started on free loopback ports, read and written, stopped (skipped when no etcd binary is found:
   KUBE_BIN_DIR/etcd or `etcd` on PATH, e.g. Debian's etcd-server package);
 - the scheduler configuration derived from scheduler-config/, checked with kube-scheduler's own rules;
-- the GPU nodes and pods, validated against the Kubernetes 1.36 schemas and read by the extender's state;
+- the GPU nodes and pods, validated against the Kubernetes 1.36 schemas and read by the extender's state, with
+  what a module's ClusterSpec adds (node labels, kube-scheduler's own PodGroup, gates and API versions);
 - the fake reporter, against the in-process fake API server;
 - the real extender process, started as the suite starts it (HTTPS, mTLS, the harness's certificates),
   filtering and binding a pod of the harness's cluster held by the fake API server.
@@ -42,13 +43,17 @@ from kube_e2e import (
     HOW_TO_RUN,
     LEAVES,
     NODES,
+    POD_GROUP_GATES,
+    POD_GROUP_RUNTIME_CONFIG,
     ROOT,
     SCHEDULER_CONFIG_SOURCE,
     FakeReporter,
     Kube,
     KubeBinaries,
+    Pki,
     Process,
     StartupError,
+    apiserver_argv,
     derive_scheduler_config,
     find_etcd,
     find_kube_binaries,
@@ -57,6 +62,7 @@ from kube_e2e import (
     local_get,
     make_pki,
     node_topologies,
+    pod_group,
     scheduler_name,
     skip_reason,
     start_cluster,
@@ -451,6 +457,30 @@ def test_nodes_and_pods_are_valid_kubernetes_objects(topologies) -> None:
     assert pod["spec"]["automountServiceAccountToken"] is False
     requests, limits = (pod["spec"]["containers"][0]["resources"][key] for key in ("requests", "limits"))
     assert requests["nvidia.com/gpu"] == limits["nvidia.com/gpu"] == "2"  # extended resources: equal or refused
+
+
+def test_a_cluster_spec_reaches_nodes_pods_and_flags(topologies, tmp_path: Path) -> None:
+    """What a module's ClusterSpec adds: node labels (NVLink clique, network levels), members of kube-scheduler's
+    own PodGroup, and the gates and API versions on kube-apiserver's command line; valid 1.36 objects all."""
+    labels = {"nvidia.com/gpu.clique": "9c6f5af3-53bf-49b5-a436-b66766c413c3.1",
+              "network.topology.nvidia.com/leaf": "leaf-a"}
+    node = gpu_node("node-v100", "dgx1-v100", topologies["node-v100"], labels=labels)
+    assert labels.items() <= node["metadata"]["labels"].items()
+    assert node["metadata"]["labels"]["kubernetes.io/hostname"] == "node-v100"
+    member = gpu_pod("m0", 4, scheduler="gpu-topology-scheduler", pod_group="gang")
+    assert member["spec"]["schedulingGroup"] == {"podGroupName": "gang"}
+    assert "schedulingGroup" not in gpu_pod("solo", 1, scheduler="gpu-topology-scheduler")["spec"]
+    group = pod_group("gang", 3)
+    assert group["spec"]["schedulingPolicy"]["gang"]["minCount"] == 3
+    for obj in (node, member, group):
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    argv = apiserver_argv(Path("/bin/kube-apiserver"), etcd_url="http://127.0.0.1:1", port=2, pki=Pki(tmp_path),
+                          cert_dir=tmp_path, feature_gates=POD_GROUP_GATES, runtime_config=POD_GROUP_RUNTIME_CONFIG)
+    assert "--feature-gates=GangScheduling=true,GenericWorkload=true" in argv
+    assert "--runtime-config=scheduling.k8s.io/v1alpha2=true" in argv
+    plain = apiserver_argv(Path("/bin/kube-apiserver"), etcd_url="http://127.0.0.1:1", port=2, pki=Pki(tmp_path),
+                           cert_dir=tmp_path)
+    assert not [arg for arg in plain if arg.startswith(("--feature-gates", "--runtime-config"))]
 
 
 def test_the_extender_reads_the_harness_nodes(topologies) -> None:
