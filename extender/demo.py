@@ -101,10 +101,10 @@ def _drive_extender(cluster: DemoCluster, pods: list[DemoPod], scheduler: Schedu
         node, scores = cycle.node, cycle.scores
         live[uid] = (pod, node)
         annotations = cluster.pods[uid]["metadata"]["annotations"]
-        gpus = _indices(cluster, node, annotations["gpu-topology.io/gpus"])
+        gpus = cluster.indices(node, annotations["gpu-topology.io/gpus"].split(","))
         chosen = {name: tuple(ids) for name, ids in orjson.loads(annotations["gpu-topology.io/containers"]).items()}
         delivered = cluster.delivered[uid]
-        got = _indices(cluster, node, ",".join(gpu for ids in delivered.values() for gpu in ids))
+        got = cluster.delivered_gpus(uid)
         ring, nvlink = _ring(cluster, node, gpus)
         tally.placed += 1
         tally.exact += chosen == delivered
@@ -160,8 +160,3 @@ def _ring(cluster: DemoCluster, node: str, gpus: tuple[int, ...]) -> tuple[float
     compiled = compile_topology(cluster.topologies[node])
     mask = sum(1 << gpu for gpu in gpus)
     return ring_gbps(compiled, gpus) or 0.0, compiled.has_ring(Level.NVLINK, 0, mask)
-
-
-def _indices(cluster: DemoCluster, node: str, held: str) -> tuple[int, ...]:
-    index_of = {gpu.uuid: gpu.index for gpu in cluster.topologies[node].gpus}
-    return tuple(sorted(index_of[uuid] for uuid in held.split(",")))

@@ -13,7 +13,7 @@ import copy
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -114,6 +114,16 @@ class DemoCluster:
             else:
                 self._admit(node, pod)
             self.report(node)
+
+    def indices(self, node: str, ids: Iterable[str]) -> tuple[int, ...]:
+        """The node's GPUs named by UUID, as indices in order: how a person reads a set."""
+        index_of = {gpu.uuid: gpu.index for gpu in self.topologies[node].gpus}
+        return tuple(sorted(index_of[uuid] for uuid in ids))
+
+    def delivered_gpus(self, uid: str) -> tuple[int, ...]:
+        """The GPUs the kubelet gave a bound pod's containers, as indices."""
+        node = self.pods[uid]["spec"]["nodeName"]
+        return self.indices(node, (gpu for ids in self.delivered[uid].values() for gpu in ids))
 
     def allocatable(self, node: str) -> int:
         """The node's devices of the GPU resource: its GPUs, or their replicas or slices on a shared node."""
