@@ -16,6 +16,7 @@ from pathlib import Path
 
 from extender.demo import run_demo
 from extender.demo_cluster import DemoCluster
+from extender.demo_groups import run_groups_demo
 from extender.demo_shared import run_shared_demo
 from extender.domains import DomainIndex
 from extender.group_plans import GROUP_TIMEOUT_SECONDS
@@ -114,7 +115,8 @@ def _parser() -> argparse.ArgumentParser:
     election.add_argument("--leader-elect-retry-period", type=float, default=DEFAULT_TIMINGS.retry_period,
                           metavar="SECONDS", help="how often to renew, or to try to acquire (default 2)")
     serve.set_defaults(run=_serve)
-    demo = commands.add_parser("demo", help="drive a mixed workload through the demo server and compare")
+    demo = commands.add_parser("demo", help="drive mixed pods, shared GPUs and groups on NVL72 racks through the "
+                                            "demo server, and compare with count-only placement")
     demo.set_defaults(run=_demo)
     return parser
 
@@ -242,6 +244,7 @@ def freeze_when_synced(state: ClusterState) -> None:
 def _demo(_: argparse.Namespace) -> int:
     run_demo()
     run_shared_demo()
+    run_groups_demo()
     return 0
 
 
