@@ -388,13 +388,16 @@ class ClusterState:
         request = parse_pod(pod, self.keys, self.resource)
         if request.gpus == 0:
             return
+        previous = self._pods.get(uid)
         self._pods[uid] = PodRecord(request, node)
         group = request.group_key
-        if group is not None:
-            self.group_members.setdefault(group, {})[uid] = node
-        if not node:
-            return
-        with self.ledger.lock:
+        with self.ledger.lock:  # group placement reads the members under it
+            if previous is not None and previous.request.group_key not in (None, group):
+                self._leave_group(previous.request.group_key, uid)  # its annotations were edited
+            if group is not None:
+                self.group_members.setdefault(group, {})[uid] = node
+            if not node:
+                return
             current = self.ledger.get(uid)
             if current is None:
                 annotations = metadata.get("annotations")
@@ -434,15 +437,18 @@ class ClusterState:
             return None
         return held
 
+    def _leave_group(self, group: str, uid: str) -> None:
+        members = self.group_members.get(group, {})
+        members.pop(uid, None)
+        if not members:
+            self.group_members.pop(group, None)
+
     def _forget_pod(self, uid: str) -> None:
         record = self._pods.pop(uid, None)
         group = record.request.group_key if record is not None else None
-        if group is not None:
-            members = self.group_members.get(group, {})
-            members.pop(uid, None)
-            if not members:
-                self.group_members.pop(group, None)
         with self.ledger.lock:
+            if group is not None:
+                self._leave_group(group, uid)
             self.plans.forget_member(uid)
             self.release(uid, freed=True)
 
