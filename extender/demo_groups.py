@@ -215,7 +215,15 @@ def run_groups_demo(out: Callable[[str], None] = print) -> None:
         f"All-reduce modelled as NCCL's bus bandwidth measured on 2 trays x 4 GB200: {MNNVL_ALLREDUCE_GBPS:.0f} GB/s "
         f"over multi-node NVLink, {NETWORK_ALLREDUCE_GBPS:.0f} GB/s over InfiniBand (NVIDIA rates NVLink 5 at "
         f"{NVLINK_GBPS_PER_GPU / 1000:.1f} TB/s per GPU inside the rack, the network at ~{NETWORK_GBPS_PER_GPU:.0f} "
-        "GB/s per GPU across).", WIDTH))
+        f"GB/s per GPU across). {_short_groups()}", WIDTH))
+
+
+def _short_groups() -> str:
+    """Why a rack can be whole at the end: a group that ends gives its rack back whole if it had it alone."""
+    short = [f"{group} runs {runs} steps" for group, _, _, runs, _ in GROUPS if runs < STEPS]
+    if not short:
+        return ""
+    return f"{', '.join(short)}: when it ends, its rack is whole again only if it had the rack to itself."
 
 
 def _table(result: Comparison) -> str:
