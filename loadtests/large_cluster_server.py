@@ -6,6 +6,13 @@ on random nodes (so free masks vary from node to node), creates the first pendin
 schedule, then serves `extender.app.create_app(service)` with uvicorn: one process, one worker, no access log,
 127.0.0.1 only. It prints one line `READY {json}` with the port and the cluster's figures.
 
+With `--leaf-nodes L` every node carries Topograph's network labels (a leaf per L consecutive names, a spine
+per eight leaves) and the extender's state is built with those levels. With `--plans N` (which needs the
+levels), N groups are then planned before serving, as kube-scheduler's first cycle for each plans it: every
+member is created pending and the first member's filter goes through the service, so N plans hold their open
+slots in the ledger (PLANNED entries) against every other pod while the load runs. They never expire during a
+run: the group timeout is as long as the staleness bound.
+
 The cluster stays in a steady state while the load runs. After every bind of a load pod a background thread
 plays users and kubelets: it creates the next pending pod (the generator's pods `load-{i}` stay a window ahead)
 and ends the oldest running pod, so the number of running pods stays what the initial fill left. Both arrive
@@ -16,12 +23,14 @@ same JSON kube-scheduler would send. The pod is shaped like the pod kube-schedul
 `shared/kube-scheduler/annotated-nvlink--filter.json`.
 
 Added to the product app, under /loadtest/ only, for the generator's report: `GET /loadtest/stats` (time spent
-in the in-process API server, churn counts, garbage-collector pauses), `POST /loadtest/profile/start|stop`
-(cProfile of the event-loop thread), for the soak `POST /loadtest/replace-board` (a node with no pods gets
-a board the extender has not seen), and with `--hostile FILE` `POST /loadtest/hostile-rotate` (the hostile
-node publishes another set of used GPUs).
+in the in-process API server, churn counts, garbage-collector pauses, plans in force),
+`POST /loadtest/profile/start|stop` (cProfile of the event-loop thread, and of the service's filter and
+prioritize on their own thread), for the soak `POST /loadtest/replace-board` (a node with no pods gets a board
+the extender has not seen), and with `--hostile FILE` `POST /loadtest/hostile-rotate` (the hostile node
+publishes another set of used GPUs).
 
     python loadtests/large_cluster_server.py --nodes 5000 [--fill 0.45] [--window 2000] [--port 0]
+        [--leaf-nodes 20 [--plans 1000]]
 """
 
 from __future__ import annotations
@@ -41,11 +50,11 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 from fastapi.responses import JSONResponse
@@ -53,23 +62,33 @@ from fastapi.responses import JSONResponse
 from extender.app import create_app
 from extender.cli import freeze_when_synced
 from extender.demo_cluster import DEMO_NODES, DemoCluster, with_uuids
+from extender.ledger import Phase
 from extender.service import ExtenderService
 from extender.state import ClusterState, NodeKey
-from extender.wire import BindingArgs
+from extender.wire import BindingArgs, ExtenderArgs
 from topology.agent.claims import Board
 from topology.annotations import AnnotationKeys
 from topology.codec import NodeState, decode_topology, encode_state
 from topology.model import Topology
 
 KEYS = AnnotationKeys()
+Answer = TypeVar("Answer")
 LOAD_NAMESPACE = "ml-team"
 # The load pods' GPU counts and topology wishes, repeating: one in eight prefers NVLink, one in eight requires it.
 LOAD_SIZES = (1, 2, 1, 4, 2, 1, 4, 2)
 FILL_SIZES = (1, 1, 2, 2, 4)
 # Nodes never go stale during a run: the reporters' heartbeats are not simulated (node updates come from binds
-# and pod ends only), so the staleness bound is set past any run's length.
+# and pod ends only), so the staleness bound is set past any run's length; so is the group timeout, so that no
+# plan expires while the load runs.
 STALE_AFTER_SECONDS = 24 * 3600.0
 HOSTILE_NODE = "hostile-0"
+# Topograph's node labels, outermost first, as --topology-levels lists them.
+SPINE, LEAF = "network.topology.nvidia.com/spine", "network.topology.nvidia.com/leaf"
+SPINE_LEAVES = 8
+PLAN_NAMESPACE = "training"
+# GPUs per member of a planned group. Two, not one: a single GPU has no ring, so no full-bandwidth set of one
+# exists (topology/full_sets.py) and a group of 1-GPU members is never planned (extender/group_plan.py).
+PLAN_GPUS = 2
 
 
 def node_names(count: int) -> list[str]:
@@ -84,21 +103,47 @@ def cluster_nodes(count: int) -> tuple[tuple[str, str], ...]:
     return tuple(zip(node_names(count), platforms))
 
 
-def load_pod_uid(index: int) -> str:
-    return str(uuid.UUID(bytes=hashlib.sha256(f"load/{index}".encode()).digest()[:16]))
+def pod_uid(seed: str) -> str:
+    """A stable UUID for a pod the generator and the server both name."""
+    return str(uuid.UUID(bytes=hashlib.sha256(seed.encode()).digest()[:16]))
+
+
+def network_labels(names: Sequence[str], leaf_nodes: int) -> dict[str, dict[str, str]]:
+    """Topograph's labels: a leaf per `leaf_nodes` consecutive names, a spine per SPINE_LEAVES leaves. With a
+    multiple of ten nodes per leaf, every leaf holds the same mix of platforms."""
+    return {name: {SPINE: f"spine-{index // (leaf_nodes * SPINE_LEAVES)}", LEAF: f"leaf-{index // leaf_nodes}"}
+            for index, name in enumerate(names)}
 
 
 def load_pod(index: int) -> dict[str, Any]:
     """The pending pod `load-{index}` as the API server holds it (and kube-scheduler sends it)."""
-    gpus = LOAD_SIZES[index % len(LOAD_SIZES)]
     annotations = {}
     if index % 8 == 6:
         annotations[KEYS.interconnect] = "nvlink"
     elif index % 8 == 7:
         annotations.update({KEYS.interconnect: "nvlink", KEYS.placement: "required"})
+    return training_pod(f"load-{index}", LOAD_NAMESPACE, pod_uid(f"load/{index}"), LOAD_SIZES[index % len(LOAD_SIZES)],
+                        annotations)
+
+
+def plan_members(group: int) -> int:
+    """Members of planned group `group`: 2, 3 or 4 in turn."""
+    return 2 + group % 3
+
+
+def group_pod(group: int, member: int) -> dict[str, Any]:
+    """Member `member` of planned group `job-{group}`: required in one leaf, PLAN_GPUS GPUs."""
+    annotations = {KEYS.group: f"job-{group}", KEYS.group_size: str(plan_members(group)), KEYS.group_span: LEAF,
+                   KEYS.group_placement: "required"}
+    return training_pod(f"job-{group}-{member}", PLAN_NAMESPACE, pod_uid(f"group/{group}/{member}"), PLAN_GPUS,
+                        annotations)
+
+
+def training_pod(name: str, namespace: str, uid: str, gpus: int, annotations: dict[str, str]) -> dict[str, Any]:
+    """A pending training pod shaped like the one kube-scheduler v1.36.2 sent in the captured scenario."""
     count = str(gpus)
     return {
-        "metadata": {"name": f"load-{index}", "namespace": LOAD_NAMESPACE, "uid": load_pod_uid(index),
+        "metadata": {"name": name, "namespace": namespace, "uid": uid,
                      "resourceVersion": "1", "generation": 1, "creationTimestamp": "2026-11-21T19:02:33Z",
                      "labels": {"app": "llm-finetune", "team": "nlp"}, "annotations": annotations},
         "spec": {
@@ -134,14 +179,15 @@ class LoadCluster(DemoCluster):
     applies to the extender's state synchronously) for the report, and can replace boards and play a hostile
     node."""
 
-    def __init__(self, state: ClusterState, nodes: Sequence[tuple[str, str]]) -> None:
+    def __init__(self, state: ClusterState, nodes: Sequence[tuple[str, str]],
+                 labels: Mapping[str, Mapping[str, str]] | None = None) -> None:
         self.api_calls = 0
         self.api_seconds = 0.0
         self.on_bound = lambda uid, name: None
         self.boards_replaced = 0
         self.hostile: str | None = None
         self.hostile_used: frozenset[str] = frozenset()
-        super().__init__(state, nodes)
+        super().__init__(state, nodes, labels=labels)
 
     def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
         started = time.perf_counter()
@@ -259,11 +305,16 @@ class GcPauses:
         run[2] = max(run[2], took)
 
 
-def build(nodes: int, fill: float, window: int, seed: int,
-          hostile: Path | None = None) -> tuple[ExtenderService, LoadCluster, Churn, dict]:
+def build(nodes: int, fill: float, window: int, seed: int, hostile: Path | None = None, leaf_nodes: int = 0,
+          plans: int = 0) -> tuple[ExtenderService, LoadCluster, Churn, dict]:
+    if plans and not leaf_nodes:
+        raise ValueError("planned groups span a leaf: --plans needs --leaf-nodes")
     started = time.perf_counter()
-    state = ClusterState(stale_after=STALE_AFTER_SECONDS)
-    cluster = LoadCluster(state, cluster_nodes(nodes))
+    layout = cluster_nodes(nodes)
+    labels = network_labels([name for name, _ in layout], leaf_nodes) if leaf_nodes else None
+    state = ClusterState(stale_after=STALE_AFTER_SECONDS, levels=(SPINE, LEAF) if leaf_nodes else (),
+                         group_timeout=STALE_AFTER_SECONDS)
+    cluster = LoadCluster(state, layout, labels)
     service = ExtenderService(state, cluster)
     names = list(cluster.topologies)
     total = sum(topology.size for topology in cluster.topologies.values())
@@ -288,15 +339,41 @@ def build(nodes: int, fill: float, window: int, seed: int,
             cluster.finish_pod(uid)
     if hostile is not None:
         cluster.add_hostile(HOSTILE_NODE, decode_topology(hostile.read_text(encoding="utf-8")))
+    planning = plan_groups(service, cluster, plans)
     churn = Churn(cluster, running, window)
     churn.create_up_to(window - 1)
     cluster.on_bound = churn.bound
     keys = {key for key in state.keys_for(names) if isinstance(key, NodeKey)}
     facts = {"nodes": len(names), "gpus": total, "used_gpus": used, "fill_pods": len(running),
              "fill_refused_binds": refused, "pending_pods": churn.created, "distinct_node_keys": len(keys),
-             "boards": len({key.compiled.fingerprint for key in keys}),
+             "boards": len({key.compiled.fingerprint for key in keys}), "leaf_nodes": leaf_nodes,
+             "spine_leaves": SPINE_LEAVES, **planning, **plans_in_force(service),
              "setup_seconds": round(time.perf_counter() - started, 2)}
     return service, cluster, churn, facts
+
+
+def plan_groups(service: ExtenderService, cluster: LoadCluster, count: int) -> dict[str, Any]:
+    """Plan `count` groups as kube-scheduler's first cycle for each would: every member pending, the first
+    member's filter over every name. A group left without a plan stops the server: the run would measure less."""
+    names = list(cluster.topologies)
+    took: list[float] = []
+    for group in range(count):
+        members = [cluster.add_pod(group_pod(group, member)) for member in range(plan_members(group))]
+        started = time.perf_counter()
+        outcome = service.filter(ExtenderArgs(members[0], names, None))
+        took.append(time.perf_counter() - started)
+        if not outcome.passed:
+            raise RuntimeError(f"group job-{group} got no plan: {outcome.failed or outcome.unresolvable}")
+    return {"plan_groups": count, "plan_gpus_per_member": PLAN_GPUS,
+            "plan_filter_ms_mean": round(1000 * sum(took) / count, 2) if count else 0.0,
+            "plan_filter_ms_max": round(1000 * max(took, default=0.0), 2)}
+
+
+def plans_in_force(service: ExtenderService) -> dict[str, int]:
+    """The plans in force, and their open slots and GPUs held in the ledger."""
+    planned = [entry for entry in service.state.ledger.pods() if entry.phase is Phase.PLANNED]
+    return {"plans": len(service.state.plans), "planned_slots": len(planned),
+            "planned_gpus": sum(len(entry.gpus) for entry in planned)}
 
 
 def serve(service: ExtenderService, cluster: LoadCluster, churn: Churn, facts: dict, port: int) -> None:
@@ -308,6 +385,7 @@ def serve(service: ExtenderService, cluster: LoadCluster, churn: Churn, facts: d
         return JSONResponse({"api_calls": cluster.api_calls, "api_seconds": cluster.api_seconds,
                              "pending_created": churn.created, "pods_ended": churn.ended,
                              "running": len(churn.running), "boards_replaced": cluster.boards_replaced,
+                             **plans_in_force(service),
                              "gc": [{"runs": n, "seconds": total, "longest": longest}
                                     for n, total, longest in pauses.runs],
                              "gc_threshold": gc.get_threshold()})
@@ -324,20 +402,23 @@ def serve(service: ExtenderService, cluster: LoadCluster, churn: Churn, facts: d
     async def hostile_rotate() -> JSONResponse:
         return JSONResponse({"free": cluster.rotate_hostile(hostile_states)})
 
-    profiler = cProfile.Profile()
+    loop = [cProfile.Profile()]
+    verbs = VerbProfile(service)
 
-    # Both run on the event-loop thread, so the profile covers that thread: filter, prioritize, all HTTP handling.
+    # Both run on the event-loop thread, so `loop` covers that thread: all HTTP handling. filter and prioritize
+    # run on the verbs' thread, which `verbs` profiles. Each start begins a new profile.
     @app.post("/loadtest/profile/start")
     async def profile_start() -> JSONResponse:
-        profiler.enable()
+        loop[0] = cProfile.Profile()
+        loop[0].enable()
+        verbs.start()
         return JSONResponse({})
 
     @app.post("/loadtest/profile/stop")
     async def profile_stop() -> JSONResponse:
-        profiler.disable()
-        rows = [{"function": _function_name(where), "calls": calls, "own": own, "cumulative": cumulative}
-                for where, (_, calls, own, cumulative, _) in pstats.Stats(profiler).stats.items()]
-        return JSONResponse({"rows": rows})
+        loop[0].disable()
+        verbs.on = False
+        return JSONResponse({"rows": _rows(loop[0]), "verbs": _rows(verbs.profiler)})
 
     # IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted connections only then, as on the sockets uvicorn binds
     # itself; without it a response's headers and body, written apart, wait on delayed ACKs.
@@ -349,6 +430,36 @@ def serve(service: ExtenderService, cluster: LoadCluster, churn: Churn, facts: d
     churn.thread.start()
     print("READY " + json.dumps({**facts, "port": sock.getsockname()[1], "http": _http_impl()}), flush=True)
     uvicorn.Server(config).run(sockets=[sock])
+
+
+class VerbProfile:
+    """cProfile of the service's filter and prioritize on the thread that runs them (extender/app.py runs them
+    on a thread of their own, which a profiler enabled on the event loop does not see). Parsing the body and
+    writing the answer are outside it."""
+
+    def __init__(self, service: ExtenderService) -> None:
+        self.profiler = cProfile.Profile()
+        self.on = False
+        for verb in ("filter", "prioritize"):
+            setattr(service, verb, self._wrap(getattr(service, verb)))
+
+    def start(self) -> None:
+        """A new profile; the verbs' thread is idle between the generator's requests, so no call straddles it."""
+        self.profiler = cProfile.Profile()
+        self.on = True
+
+    def _wrap(self, method: Callable[[ExtenderArgs], Answer]) -> Callable[[ExtenderArgs], Answer]:
+        def call(args: ExtenderArgs) -> Answer:
+            return self.profiler.runcall(method, args) if self.on else method(args)
+        return call
+
+
+def _rows(profiler: cProfile.Profile) -> list[dict[str, Any]]:
+    """Each function's calls, own and cumulative seconds."""
+    if not profiler.getstats():
+        return []
+    return [{"function": _function_name(where), "calls": calls, "own": own, "cumulative": cumulative}
+            for where, (_, calls, own, cumulative, _) in pstats.Stats(profiler).stats.items()]
 
 
 def _function_name(where: tuple[str, int, str]) -> str:
@@ -377,8 +488,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free port)")
     parser.add_argument("--hostile", type=Path, metavar="FILE",
                         help=f"add a node {HOSTILE_NODE!r} whose topology annotation is this file's text")
+    parser.add_argument("--leaf-nodes", type=int, default=0,
+                        help="network labels, a leaf per this many consecutive nodes, and the extender built with "
+                             "those levels (default 0: no labels, no levels)")
+    parser.add_argument("--plans", type=int, default=0,
+                        help="groups planned before serving, each in one leaf (default 0; needs --leaf-nodes)")
     args = parser.parse_args(argv)
-    service, cluster, churn, facts = build(args.nodes, args.fill, args.window, args.seed, args.hostile)
+    service, cluster, churn, facts = build(args.nodes, args.fill, args.window, args.seed, args.hostile,
+                                           args.leaf_nodes, args.plans)
     serve(service, cluster, churn, facts, args.port)
     return 0
 

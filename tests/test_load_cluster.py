@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "loadtests"))
 import large_cluster_server as load  # noqa: E402
 from hostile_node import SHAPES  # noqa: E402
 
-from extender.wire import BindingArgs  # noqa: E402
+from extender.wire import BindingArgs, ExtenderArgs  # noqa: E402
 from topology.codec import decode_state, encode_topology  # noqa: E402
 
 
@@ -68,3 +68,22 @@ def test_the_hostile_node_publishes_a_new_used_set_each_rotation(tmp_path: Path)
         assert len(used) == 40 - free
         seen.add(used)
     assert len(seen) > 1
+
+
+def test_planned_groups_hold_their_slots_against_the_load_and_do_not_expire() -> None:
+    service, cluster, churn, facts = load.build(200, 0.45, 20, seed=1, leaf_nodes=20, plans=12)
+    assert facts["plans"] == 12 and facts["planned_slots"] == sum(load.plan_members(group) for group in range(12))
+    assert facts["planned_gpus"] == load.PLAN_GPUS * facts["planned_slots"]
+    held = {gpu for entry in service.state.ledger.pods() if entry.pod_uid.startswith("plan:") for gpu in entry.gpus}
+    assert len(held) == facts["planned_gpus"]
+    churn.thread.start()
+    names = load.node_names(200)
+    for index in range(30):
+        pod = load.load_pod(index)
+        passed = service.filter(ExtenderArgs(pod, names, None)).passed
+        if passed:
+            service.bind(BindingArgs(pod["metadata"]["name"], load.LOAD_NAMESPACE, pod["metadata"]["uid"], passed[0]))
+    with cluster._lock:
+        delivered = {gpu for containers in cluster.delivered.values() for ids in containers.values() for gpu in ids}
+    assert not delivered & held, "a load pod got a planned GPU"
+    assert len(service.state.plans) == 12
