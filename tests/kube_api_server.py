@@ -5,6 +5,7 @@ serves (core/v1 only):
 
     GET   /api/v1/nodes, /api/v1/pods, /api/v1/namespaces/{ns}/pods    list, or watch=true
     GET   /api/v1/nodes/{name}, /api/v1/namespaces/{ns}/pods/{name}
+    GET   /api/v1/namespaces/{ns}/events                                 list (fieldSelector on involvedObject)
     PATCH /api/v1/nodes/{name}, /api/v1/namespaces/{ns}/pods/{name}     merge-patch (strategic = merge)
     POST  /api/v1/namespaces/{ns}/pods/{name}/binding, /api/v1/namespaces/{ns}/bindings
     POST  /api/v1/namespaces/{ns}/events
@@ -60,6 +61,19 @@ _SELECTABLE = {
         "spec.serviceAccountName",
         "status.phase",
         "status.nominatedNodeName",
+    },
+    # The fields kube-apiserver's event field selector takes (pkg/registry/core/event/strategy.go), but source.
+    "events": {
+        "involvedObject.kind",
+        "involvedObject.namespace",
+        "involvedObject.name",
+        "involvedObject.uid",
+        "involvedObject.apiVersion",
+        "involvedObject.resourceVersion",
+        "involvedObject.fieldPath",
+        "reason",
+        "reportingComponent",
+        "type",
     },
 }
 DEFAULT_WATCH_SECONDS = 1800
@@ -686,6 +700,13 @@ current-context: test
             self.events.append(copy.deepcopy(event))
         return event
 
+    def list_events(self, namespace: str, selector: _Selector) -> dict:
+        with self._lock:
+            items = [copy.deepcopy(event) for event in self.events
+                     if event["metadata"]["namespace"] == namespace and selector.matches(event)]
+            return {"kind": "EventList", "apiVersion": "v1", "metadata": {"resourceVersion": str(self._rv)},
+                    "items": items}
+
     def stream_watch(self, write: Callable[[bytes], None], watch: _Watch, since: str, seconds: int) -> str:
         """Write the events of one watch; returns how it ended: "timeout", "ended", "broken" or "gone"."""
         deadline = time.monotonic() + seconds
@@ -868,6 +889,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(201, api.bind(namespace, name, body))
             case ("POST", ["bindings"], str()):  # the older form, naming the pod in the Binding
                 self._send(201, api.bind(namespace, ((body or {}).get("metadata") or {}).get("name", ""), body))
+            case ("GET", ["events"], str()) if not watch:
+                self._send(200, api.list_events(namespace, _Selector.parse(query.get("fieldSelector", ""), "events")))
             case ("POST", ["events"], str()):
                 self._send(201, api.create_event(namespace, body))
             case (_, ["nodes" | "pods" | "events" | "bindings", *_], _):
