@@ -13,6 +13,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,10 +49,10 @@ def board(node: str, platform: str = "rtx-a6000-pairs") -> Topology:
 
 
 def node_annotations(node: str, *, observed: datetime | None = None, used: frozenset[str] = frozenset(),
-                     generation: int = 1) -> dict[str, str]:
+                     generation: int = 1, platform: str = "rtx-a6000-pairs") -> dict[str, str]:
     """What the node's reporter writes: its topology and a GPU state observed at `observed` (now)."""
     state = NodeState(used, frozenset(), observed or datetime.now(UTC), generation)
-    return {KEYS[0]: encode_topology(board(node)), KEYS[1]: encode_state(state)}
+    return {KEYS[0]: encode_topology(board(node, platform)), KEYS[1]: encode_state(state)}
 
 
 @dataclass
@@ -100,12 +101,14 @@ def leader_pods(server: FakeKubeApiServer, namespace: str) -> list[str]:
 
 
 def start(server: FakeKubeApiServer, *, seal: Seal | None = None, stale_after: float = 120.0, timeout: float = 2.0,
-          elector: LeaderElector | None = None, wait: bool = True, bind_outcome_seconds: float = 60.0) -> Extender:
+          elector: LeaderElector | None = None, wait: bool = True, bind_outcome_seconds: float = 60.0,
+          levels: Sequence[str] = ()) -> Extender:
     """Start the extender; with `wait`, return once its first lists are in (it is ready to filter). With an
     `elector`, the replica runs in a Pod named after its identity (created here) and keeps the leader label on
-    it, as `serve --leader-elect` does."""
+    it, as `serve --leader-elect` does. `levels`: --topology-levels."""
     api = KubernetesApi.from_configuration(k8s.Configuration(host=server.url), timeout=timeout, instance="test")
-    state = ClusterState(stale_after=stale_after, seal=seal, bind_outcome_seconds=bind_outcome_seconds)
+    state = ClusterState(stale_after=stale_after, seal=seal, bind_outcome_seconds=bind_outcome_seconds,
+                         levels=levels)
     nodes = Reflector(api.list_nodes, api.watch_nodes, state.nodes, name="nodes", watch_timeout=5)
     pods = Reflector(api.list_pods, api.watch_pods, state.pods, name="pods", watch_timeout=5)
     service = ExtenderService(state, api) if elector is None else ExtenderService(state, api, leader=elector, pods=pods)
