@@ -1,14 +1,22 @@
 """Load test: filter, prioritize and bind over HTTP against the real extender server on a large cluster, with
 a bare FastAPI echo server as the floor, in one run (DESIGN.md §9).
 
-Three processes besides this one, all on 127.0.0.1:
+Three processes besides this one (four with plans), all on 127.0.0.1:
 - the extender: `loadtests/large_cluster_server.py` (`extender.app.create_app` on a DemoCluster of N nodes
-  with a share of its GPUs taken, uvicorn, one worker);
+  with a share of its GPUs taken and Topograph's network labels, its state built with those levels, uvicorn,
+  one worker);
+- with `--plans N` (1,000 by default), a second extender built alike that then plans N groups before serving,
+  so N group plans hold their open slots against every other pod (issue 17);
 - the floor: `loadtests/floor_server.py` (FastAPI, uvicorn, orjson: parses the same body, echoes the names);
 - the load generator: this script's `client` command, in its own interpreter, playing kube-scheduler: one
   keep-alive connection per server with TCP_NODELAY (as Go's net/http has), one request at a time.
 
 Phases, every one bounded in count and in time:
+0. with plans: the 5,000-name latency phase on both extenders, from the same fill with the same pods, in rounds
+   alternating between them (which goes first alternates too), so drift on the shared machine meets both, with
+   prioritize on every candidate name; server-side p50 and p99 with plans over without, against issue 17's
+   10 %; then a few seconds of cProfile (as in 3.) on each, at the same point. The other phases run on the
+   extender without plans only (every phase twice would double the run);
 1. latency, for each size (100, 1,000, 5,000 candidate names): warm-up cycles, then cycles of filter,
    prioritize (on the names that passed) and bind (on the first top-scored node), each followed by the same
    filter and prioritize bodies sent to the floor. Per request: the HTTP time seen by the client (send to last
@@ -16,10 +24,11 @@ Phases, every one bounded in count and in time:
    candidate names are a window moved along the cluster's names from one cycle to the next.
 2. sustained: full cycles back to back, for a fixed time, with 5,000 and with 100 names; cycles/s, and the
    CPU time each process and the rest of the machine used meanwhile (from /proc);
-3. profile: a few more seconds of 5,000-name cycles with cProfile on the extender's event-loop thread, to show
-   where its time goes (after the measured phases, which it would slow down).
+3. profile: a few more seconds of 5,000-name cycles with cProfile on the extender's event-loop thread and on
+   its filter and prioritize, to show where its time goes (after the measured phases, which it would slow
+   down).
 
-    python loadtests/load_extender.py [--write BENCHMARKS.md]
+    python loadtests/load_extender.py [--plans 1000] [--write BENCHMARKS.md]
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
@@ -49,7 +59,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_select import percentile, run_header, write_section  # noqa: E402
-from large_cluster_server import LOAD_NAMESPACE, load_pod, node_names  # noqa: E402
+from large_cluster_server import KEYS, LEAF, LOAD_NAMESPACE, SPINE, load_pod, node_names  # noqa: E402
 
 BEGIN, END = "<!-- load_extender:begin -->", "<!-- load_extender:end -->"
 VERBS = ("filter", "prioritize", "bind")
@@ -58,7 +68,13 @@ SERVER_P99_TARGET_MS = 2.0
 FLOOR_RATIO_TARGET = 1.5
 CYCLES_TARGET = 300.0
 TARGET_NAMES = 5000
+PLANS_MARGIN = 0.10
+"""Issue 17: with group plans in force, filter and prioritize within 10% of the same run without them."""
+OURS = ("extender", "scoring", "topology")  # the profile's rows of our own code, by their file's directory
 TICKS = os.sysconf("SC_CLK_TCK")
+IDLE_SECONDS = 4.0
+"""A connection idle longer is opened afresh: uvicorn closes idle keep-alive connections after 5 s, and with
+plans one extender sits idle through the other's turns and the floor through the whole comparison."""
 
 
 # ---- the load generator (the `client` command, in its own process) ----
@@ -80,12 +96,15 @@ class Cycle:
     filter_body: bytes
     prioritize_body: bytes | None = None
     outcome: str = "bound"  # bound | unschedulable | bind-error
+    passed: int = 0  # names that passed filter
 
 
 class Client:
     def __init__(self, port: int, floor_port: int | None, nodes: int) -> None:
+        self.ports = port, floor_port
         self.ours = _connect(port)
         self.floor = _connect(floor_port) if floor_port is not None else None
+        self.last = [time.monotonic()] * 2  # the last request on each connection
         self.names = node_names(nodes)
         self.next_pod = 0
         self.windows: dict[int, list[tuple[list[str], bytes]]] = {}
@@ -100,21 +119,31 @@ class Client:
         windows = self.windows[size]
         return windows[number % len(windows)]
 
-    def cycle(self, names: list[str], names_json: bytes, samples: Samples | None) -> Cycle:
-        """One scheduling cycle of kube-scheduler for the next pending pod."""
+    def cycle(self, names: list[str], names_json: bytes, samples: Samples | None, every_name: bool = False) -> Cycle:
+        """One scheduling cycle of kube-scheduler for the next pending pod. `every_name`: prioritize gets every
+        candidate (the filter's body), not only the names that passed, so that its work does not hang on how
+        many pass; the bind still goes to the top-scored name that passed."""
         index = self.next_pod
         self.next_pod += 1
         pod = load_pod(index)
         pod_json = orjson.dumps(pod)
         cycle = Cycle(b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + names_json + b"}")
         answer = orjson.loads(_post(self.ours, "/filter", cycle.filter_body, samples, "filter"))
+        self.last[0] = time.monotonic()
         passed = answer["NodeNames"]
+        cycle.passed = len(passed)
         if not passed:
             cycle.outcome = "unschedulable"
             return cycle
-        passed_json = names_json if len(passed) == len(names) else orjson.dumps(passed)
-        cycle.prioritize_body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + passed_json + b"}"
+        if every_name or len(passed) == len(names):
+            cycle.prioritize_body = cycle.filter_body
+        else:
+            passed_json = orjson.dumps(passed)
+            cycle.prioritize_body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + passed_json + b"}"
         scores = orjson.loads(_post(self.ours, "/prioritize", cycle.prioritize_body, samples, "prioritize"))
+        if len(scores) > len(passed):
+            feasible = set(passed)
+            scores = [score for score in scores if score["Host"] in feasible]
         node = max(scores, key=itemgetter("Score"))["Host"]
         binding = orjson.dumps({"PodName": pod["metadata"]["name"], "PodNamespace": LOAD_NAMESPACE,
                                 "PodUID": pod["metadata"]["uid"], "Node": node})
@@ -128,12 +157,27 @@ class Client:
     def floor_echo(self, cycle: Cycle, samples: Samples) -> None:
         assert self.floor is not None, "a client with no floor server"
         _post(self.floor, "/filter", cycle.filter_body, samples, "filter", floor=True)
+        self.last[1] = time.monotonic()
         if cycle.prioritize_body is not None:
             _post(self.floor, "/prioritize", cycle.prioritize_body, samples, "prioritize", floor=True)
 
     def stats(self) -> dict[str, Any]:
+        self.resume()
         self.ours.request("GET", "/loadtest/stats")
-        return json.loads(self.ours.getresponse().read())
+        found = json.loads(self.ours.getresponse().read())
+        self.last[0] = time.monotonic()
+        return found
+
+    def resume(self) -> None:
+        """New connections for those that sat idle long enough for the server to close them, as Go's client
+        redials; called between phases and turns, outside the timed requests."""
+        now = time.monotonic()
+        if now - self.last[0] > IDLE_SECONDS:
+            self.ours.close()
+            self.ours = _connect(self.ports[0])
+        if self.floor is not None and now - self.last[1] > IDLE_SECONDS:
+            self.floor.close()
+            self.floor = _connect(self.ports[1])
 
 
 def _connect(port: int) -> http.client.HTTPConnection:
@@ -167,9 +211,17 @@ def _post(connection: http.client.HTTPConnection, path: str, body: bytes, sample
 def run_client(args: argparse.Namespace) -> dict[str, Any]:
     client = Client(args.port, args.floor_port, args.nodes)
     pids = {"extender": args.server_pid, "floor": args.floor_pid}
+    planned = None
+    if args.plans_port is not None:
+        planned = Client(args.plans_port, None, args.nodes)
+        pids["plans"] = args.plans_pid
     result: dict[str, Any] = {"latency": {}, "sustained": {}}
     gc.disable()  # no collector pause inside the client's timed loops; collected between phases
+    if planned is not None:  # first, while both extenders hold the same fill and have seen the same pods
+        result["comparison"] = compare({"without": client, "with": planned}, args, pids)
+        gc.collect()
     for size in args.sizes:
+        client.resume()
         for number in range(args.warmup):
             client.cycle(*client.window(size, number), None)
         samples = Samples()
@@ -188,7 +240,7 @@ def run_client(args: argparse.Namespace) -> dict[str, Any]:
     for size in args.sustain_sizes:
         samples = Samples()
         outcomes = {}
-        before = _usage(pids), client.stats()
+        before = _usage(pids), client.stats()  # stats resumes the connection
         started = time.perf_counter()
         for number in range(args.max_cycles):
             if time.perf_counter() - started >= args.sustain_seconds:
@@ -202,19 +254,71 @@ def run_client(args: argparse.Namespace) -> dict[str, Any]:
         gc.collect()
     if args.profile_seconds > 0:
         size = max(args.sustain_sizes or args.sizes)
-        orjson.loads(_post(client.ours, "/loadtest/profile/start", b"", None, ""))
-        started = time.perf_counter()
-        cycles = 0
-        for number in range(args.max_cycles):
-            if time.perf_counter() - started >= args.profile_seconds:
-                break
-            client.cycle(*client.window(size, number), None)
-            cycles += 1
-        rows = orjson.loads(_post(client.ours, "/loadtest/profile/stop", b"", None, ""))["rows"]
-        result["profile"] = {"size": size, "cycles": cycles, "rows": rows}
+        result["profile"] = profile(client, size, args)
+    if planned is not None:
+        result["comparison"]["after"] = {"without": client.stats(), "with": planned.stats()}
+        client.bind_errors += planned.bind_errors
     result["bind_errors"] = client.bind_errors
     result["pods_used"] = client.next_pod
     return result
+
+
+def compare(sides: dict[str, Client], args: argparse.Namespace, pids: dict[str, int]) -> dict[str, Any]:
+    """The 5,000-name latency phase on both extenders, in rounds that alternate which one goes first, so that
+    drift on the shared machine meets both alike. Both start from the same fill and get the same pods: the plans
+    are the only difference. prioritize gets every name on both, as the plans leave fewer names passing."""
+    size = min(TARGET_NAMES, args.nodes)
+    before = {side: client.stats() for side, client in sides.items()}
+    for number in range(args.warmup):
+        for client in sides.values():
+            client.cycle(*client.window(size, number), None, every_name=True)
+    samples = {side: Samples() for side in sides}
+    outcomes: dict[str, dict[str, int]] = {side: {} for side in sides}
+    passed: dict[str, list[int]] = {side: [] for side in sides}
+    rounds: list[dict[str, dict[str, float]]] = []
+    order = list(sides)
+    usage = _usage(pids)
+    started = time.perf_counter()
+    done = 0
+    while done < args.compare_samples and time.perf_counter() - started < args.compare_seconds:
+        count = min(args.compare_round, args.compare_samples - done)
+        medians: dict[str, dict[str, float]] = {}
+        for side in order:
+            client, marks = sides[side], {verb: len(samples[side].server_ms[verb]) for verb in VERBS[:2]}
+            client.resume()
+            for number in range(args.warmup + done, args.warmup + done + count):
+                cycle = client.cycle(*client.window(size, number), samples[side], every_name=True)
+                outcomes[side][cycle.outcome] = outcomes[side].get(cycle.outcome, 0) + 1
+                passed[side].append(cycle.passed)
+            medians[side] = {verb: percentile(samples[side].server_ms[verb][marks[verb]:], 0.5)
+                             for verb in VERBS[:2] if len(samples[side].server_ms[verb]) > marks[verb]}
+        rounds.append(medians)
+        done += count
+        order.reverse()
+    result = {"size": size, "samples": {side: found.as_dict() for side, found in samples.items()},
+              "outcomes": outcomes, "passed": passed, "rounds": rounds, "round": args.compare_round,
+              "warmup": args.warmup, "seconds": time.perf_counter() - started, "usage": [usage, _usage(pids)],
+              "before": before}
+    if args.profile_seconds > 0:  # both at the same point: the same cycles seen, the same memos warm
+        result["profiles"] = {side: profile(client, size, args, every_name=True) for side, client in sides.items()}
+    return result
+
+
+def profile(client: Client, size: int, args: argparse.Namespace, every_name: bool = False) -> dict[str, Any]:
+    """Cycles with cProfile on the extender's event-loop thread and on its filter and prioritize (after the
+    measured cycles, which it would slow)."""
+    client.resume()
+    orjson.loads(_post(client.ours, "/loadtest/profile/start", b"", None, ""))
+    started = time.perf_counter()
+    cycles = 0
+    for number in range(args.max_cycles):
+        if time.perf_counter() - started >= args.profile_seconds:
+            break
+        client.cycle(*client.window(size, number), None, every_name)
+        cycles += 1
+    answer = orjson.loads(_post(client.ours, "/loadtest/profile/stop", b"", None, ""))
+    return {"size": size, "cycles": cycles, "seconds": time.perf_counter() - started, "rows": answer["rows"],
+            "verbs": answer["verbs"]}
 
 
 def _usage(pids: dict[str, int]) -> dict[str, Any]:
@@ -310,11 +414,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         target.add_argument("--max-cycles", type=int, default=20000, help="bound on each sustained run (default 20000)")
         target.add_argument("--profile-seconds", type=float, default=5.0,
                             help="then cycles with the extender's event loop under cProfile (default 5; 0: none)")
+        target.add_argument("--compare-samples", type=int, default=1000,
+                            help="with plans: measured 5,000-name cycles on each extender (default 1000)")
+        target.add_argument("--compare-round", type=int, default=50,
+                            help="with plans: cycles on one extender before the other's turn (default 50)")
+        target.add_argument("--compare-seconds", type=float, default=120.0,
+                            help="with plans: time bound of the comparison's measured rounds (default 120)")
     client.add_argument("--port", type=int, required=True)
     client.add_argument("--floor-port", type=int, required=True)
     client.add_argument("--server-pid", type=int, required=True)
     client.add_argument("--floor-pid", type=int, required=True)
+    client.add_argument("--plans-port", type=int)
+    client.add_argument("--plans-pid", type=int)
     parser.add_argument("--fill", type=float, default=0.45, help="share of GPUs taken before the load (default 0.45)")
+    parser.add_argument("--leaf-nodes", type=int, default=20,
+                        help="network labels on every node, a leaf per this many consecutive nodes, and the "
+                             "extenders built with those levels (default 20)")
+    parser.add_argument("--plans", type=int, default=1000,
+                        help="group plans in force in a second extender, measured against the first at 5,000 "
+                             "names (default 1000; 0: no second extender)")
     parser.add_argument("--wait-idle", type=float, default=0.0, metavar="SECONDS",
                         help="first wait up to this long for the machine to be idle (default 0: start at once)")
     parser.add_argument("--write", metavar="PATH", help="rewrite the load_extender section of this Markdown file")
@@ -332,18 +450,21 @@ def _sizes(text: str) -> list[int]:
 def orchestrate(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     if max(args.sizes + args.sustain_sizes, default=0) > args.nodes:
         raise SystemExit("a size exceeds --nodes")
+    if args.leaf_nodes < 1:
+        raise SystemExit("--leaf-nodes must be at least 1")
     started = time.perf_counter()
     args.idle_note = wait_for_idle(args.wait_idle)
     loadavg_before = _loadavg()
     logs = Path(tempfile.mkdtemp(prefix="load_extender-"))
-    servers: list[Server] = []
+    cluster = [sys.executable, str(HERE / "large_cluster_server.py"), "--nodes", str(args.nodes), "--fill",
+               str(args.fill), "--leaf-nodes", str(args.leaf_nodes)]
+    commands = {"extender": cluster, "floor": [sys.executable, str(HERE / "floor_server.py")]}
+    if args.plans:
+        commands["plans"] = cluster + ["--plans", str(args.plans)]
+    servers: dict[str, Server] = {}
     try:
-        extender = Server([sys.executable, str(HERE / "large_cluster_server.py"), "--nodes", str(args.nodes),
-                           "--fill", str(args.fill)],
-                          logs / "extender.log")
-        servers.append(extender)
-        floor = Server([sys.executable, str(HERE / "floor_server.py")], logs / "floor.log")
-        servers.append(floor)
+        start_servers(commands, logs, servers)
+        extender, floor, planned = servers["extender"], servers["floor"], servers.get("plans")
         extender.wait_ready("/readyz")
         floor.wait_ready("/healthz")
         bound = (len(args.sizes) * (args.point_seconds + 60) + len(args.sustain_sizes) * (args.sustain_seconds + 30)
@@ -355,17 +476,22 @@ def orchestrate(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
                    "--warmup", str(args.warmup), "--point-seconds", str(args.point_seconds),
                    "--sustain-sizes", ",".join(map(str, args.sustain_sizes)),
                    "--sustain-seconds", str(args.sustain_seconds), "--max-cycles", str(args.max_cycles),
-                   "--profile-seconds", str(args.profile_seconds)]
+                   "--profile-seconds", str(args.profile_seconds), "--compare-samples", str(args.compare_samples),
+                   "--compare-round", str(args.compare_round), "--compare-seconds", str(args.compare_seconds)]
+        if planned is not None:
+            planned.wait_ready("/readyz")
+            command += ["--plans-port", str(planned.port), "--plans-pid", str(planned.process.pid)]
+            bound += args.compare_seconds + 2 * args.profile_seconds + 60
         done = subprocess.run(command, capture_output=True, text=True, timeout=bound)
         if done.returncode != 0:
             raise RuntimeError(f"load generator failed:\n{done.stderr[-3000:]}")
         result = json.loads(done.stdout)
     finally:
-        for server in servers:
+        for server in servers.values():
             server.stop()
     loadavg_after = _loadavg()
     elapsed = time.perf_counter() - started
-    report = Report(args, result, extender.facts)
+    report = Report(args, result, extender.facts, planned.facts if planned is not None else None)
     body = report.render()
     print(body)
     if any(log.stat().st_size for log in logs.iterdir()):
@@ -377,6 +503,21 @@ def orchestrate(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
         write_section(Path(args.write), header(argv, args, elapsed, extender.facts, loadavg_before,
                                                loadavg_after) + "\n\n" + body, BEGIN, END)
     return 0
+
+
+def start_servers(commands: dict[str, list[str]], logs: Path, servers: dict[str, Server]) -> None:
+    """Start every server at once, into `servers` (which the caller stops): building a 5,000-node cluster takes
+    seconds, planning a thousand groups half a minute."""
+    with ThreadPoolExecutor(len(commands)) as pool:
+        futures = {role: pool.submit(Server, command, logs / f"{role}.log") for role, command in commands.items()}
+    failed: list[RuntimeError] = []
+    for role, future in futures.items():
+        try:
+            servers[role] = future.result()
+        except RuntimeError as error:
+            failed.append(error)
+    if failed:
+        raise failed[0]
 
 
 def wait_for_idle(seconds: float, busy_below: float = 0.25, window: float = 2.0) -> str:
@@ -414,14 +555,18 @@ def _by(value: float, limit: float) -> str:
 
 
 class Report:
-    def __init__(self, args: argparse.Namespace, result: dict[str, Any], facts: dict[str, Any]) -> None:
+    def __init__(self, args: argparse.Namespace, result: dict[str, Any], facts: dict[str, Any],
+                 plan_facts: dict[str, Any] | None) -> None:
         self.args = args
         self.result = result
         self.facts = facts
         self.latency = {int(size): point for size, point in result["latency"].items()}
         self.sustained = {int(size): point for size, point in result["sustained"].items()}
+        self.plans = (PlansComparison(result["comparison"], facts, plan_facts)
+                      if plan_facts is not None and "comparison" in result else None)
 
-    def figures(self, point: dict[str, Any], verb: str) -> dict[str, float]:
+    @staticmethod
+    def figures(point: dict[str, Any], verb: str) -> dict[str, float]:
         http = [ns / 1e6 for ns in point["http_ns"][verb]]
         server = point["server_ms"][verb]
         out = {"n": len(http)}
@@ -436,9 +581,12 @@ class Report:
         return out
 
     def render(self) -> str:
-        parts = [self.targets(), self.why(), self.latency_table(), self.sustained_table(), self.server_notes()]
+        parts = [self.targets(), self.plans.section() if self.plans else "", self.why(), self.latency_table(),
+                 self.sustained_table(), self.server_notes()]
         if self.result.get("profile"):
             parts.append(self.profile_table())
+        if self.plans is not None and "profiles" in self.plans.data:
+            parts.append(self.plans.profile_table())
         return "\n\n".join(part for part in parts if part)
 
     def why(self) -> str:
@@ -507,6 +655,8 @@ class Report:
             rows.append(f"| the same, per CPU-second of the extender process (one core of its own) | "
                         f"{1000 / cpu['extender_ms']:.0f} cycles/s | "
                         f"{'**met**' if 1000 / cpu['extender_ms'] >= CYCLES_TARGET else '**missed**'} |")
+        if self.plans is not None:
+            rows += self.plans.target_rows()
         return "\n".join(rows)
 
     def latency_table(self) -> str:
@@ -555,9 +705,9 @@ class Report:
                 "Full cycles back to back (filter, prioritize on the passing names, bind on the top-scored node), "
                 "one at a time, as kube-scheduler's scheduling loop sends them. Per cycle, means: wall time; the "
                 "HTTP time of its three requests; of that, the verbs' own time (`Server-Timing`); CPU time from "
-                "/proc of the extender process (in parentheses its event-loop thread, which runs filter, "
-                "prioritize and all HTTP handling; bind runs on a worker thread) and of the load generator; and "
-                "the CPUs that every other process on the machine kept busy meanwhile.",
+                "/proc of the extender process (in parentheses its event-loop thread, which runs all HTTP "
+                "handling; filter and prioritize run on a thread of their own, bind on worker threads) and of "
+                "the load generator; and the CPUs that every other process on the machine kept busy meanwhile.",
                 "",
                 "| names | seconds | cycles (bound / unschedulable / bind error) | cycles/s | wall ms | HTTP ms "
                 "| verbs' own ms | filter server p50 / p99 | prioritize server p50 / p99 | bind server p50 / p99 "
@@ -605,24 +755,173 @@ class Report:
         return "\n".join(lines)
 
 
-    def profile_table(self, top: int = 15) -> str:
+    def profile_table(self, top: int = 12) -> str:
         profile = self.result["profile"]
-        cycles = max(1, profile["cycles"])
-        rows = [row for row in profile["rows"] if "select.epoll" not in row["function"]]  # the loop's idle wait
-        ours = sorted((row for row in rows if row["function"].split("/")[0] in ("extender", "scoring", "topology")),
-                      key=lambda row: -row["cumulative"])[:8]
-        lines = [f"### Where the extender's event loop spends a {profile['size']:,}-name cycle (cProfile)", "",
+        threads = {"the event loop": _per_cycle(profile["rows"], profile["cycles"]),
+                   "filter and prioritize": _per_cycle(profile["verbs"], profile["cycles"])}
+        every = {function: figures for rows in threads.values() for function, figures in rows.items()}
+        ours = sorted((function for function in every if function.split("/")[0] in OURS),
+                      key=lambda function: -every[function][2])[:8]
+        lines = [f"### Where the extender spends a {profile['size']:,}-name cycle (cProfile)", "",
                  f"{profile['cycles']} more full cycles, after the measured ones, with cProfile on the event-loop "
-                 "thread (filter, prioritize and all HTTP handling; bind's own work is on a worker thread). cProfile "
-                 "slows Python-level calls far more than C builtins, so read the shares, not the absolute times. "
-                 "The functions with the most own time:", "",
-                 "| function | calls per cycle | own ms per cycle | cumulative ms per cycle |", "|---|---:|---:|---:|"]
-        for row in sorted(rows, key=lambda row: -row["own"])[:top]:
-            lines.append(f"| `{row['function']}` | {row['calls'] / cycles:.3g} | {row['own'] * 1000 / cycles:.3f} | "
-                         f"{row['cumulative'] * 1000 / cycles:.3f} |")
+                 "thread (all HTTP handling; filter and prioritize run on a thread of their own, bind on worker "
+                 "threads) and, on the verbs' thread, around the service's filter and prioritize (parsing the "
+                 "body and writing the answer left out). cProfile slows Python-level calls far more than C "
+                 "builtins, so read the shares, not the absolute times. The functions with the most own time:"]
+        for thread, rows in threads.items():
+            lines += ["", f"| function ({thread}) | calls per cycle | own ms per cycle | cumulative ms per cycle |",
+                      "|---|---:|---:|---:|"]
+            for function in sorted(rows, key=lambda function: -rows[function][1])[:top]:
+                calls, own, cumulative = rows[function]
+                lines.append(f"| `{function}` | {calls:.3g} | {own:.3f} | {cumulative:.3f} |")
         lines += ["", "The extender's own functions with the most cumulative time, ms per cycle: "
-                  + "; ".join(f"`{row['function']}` {row['cumulative'] * 1000 / cycles:.3f}" for row in ours) + "."]
+                  + "; ".join(f"`{function}` {every[function][2]:.3f}" for function in ours) + "."]
         return "\n".join(lines)
+
+
+class PlansComparison:
+    """The 5,000-name latency of the extender with group plans in force against the one without (issue 17)."""
+
+    SIDES = ("without", "with")
+
+    def __init__(self, data: dict[str, Any], facts: dict[str, Any], plan_facts: dict[str, Any]) -> None:
+        self.data = data
+        self.facts = facts
+        self.plan_facts = plan_facts
+        self.figures = {side: {verb: Report.figures(data["samples"][side], verb) for verb in VERBS}
+                        for side in self.SIDES}
+
+    def ratios(self, verb: str, kind: str = "server") -> tuple[float, float]:
+        """With plans over without, at p50 and at p99."""
+        without, with_plans = self.figures["without"][verb], self.figures["with"][verb]
+        return (with_plans[f"{kind}_p50"] / without[f"{kind}_p50"],
+                with_plans[f"{kind}_p99"] / without[f"{kind}_p99"])
+
+    def in_force(self) -> tuple[int, int]:
+        """Plans in force in the extender with plans, before the load and after it."""
+        return self.data["before"]["with"]["plans"], self.data["after"]["with"]["plans"]
+
+    def verdict(self, verb: str) -> str:
+        planned, kept = self.in_force()
+        if kept < self.plan_facts["plan_groups"] or planned < self.plan_facts["plan_groups"]:
+            return f"**not measured**: {planned:,} plans in force before the load, {kept:,} after it"
+        p50, p99 = self.ratios(verb)
+        if max(p50, p99) <= 1 + PLANS_MARGIN:
+            return "**met**"
+        at = "p50" if p50 >= p99 else "p99"
+        return f"**missed**: {(max(p50, p99) - 1) * 100:.0f}% slower at {at}"
+
+    def target_rows(self) -> list[str]:
+        groups = self.plan_facts["plan_groups"]
+        rows = []
+        for verb in VERBS[:2]:
+            p50, p99 = self.ratios(verb)
+            rows.append(f"| {verb} with {groups:,} group plans in force: server p50 and p99 within "
+                        f"{PLANS_MARGIN:.0%} of the same run without (issue 17) | {p50:.2f}x / {p99:.2f}x | "
+                        f"{self.verdict(verb)} |")
+        return rows
+
+    def section(self) -> str:
+        facts, plan = self.facts, self.plan_facts
+        before, after = self.data["before"], self.data["after"]
+        rounds = self.data["rounds"]
+        usage = self.data["usage"]
+        ours = sum(usage[1][role] - usage[0][role] for role in ("extender", "plans", "floor", "client"))
+        others = max(0.0, usage[1]["machine_busy"] - usage[0]["machine_busy"] - ours) / self.data["seconds"]
+        lines = [
+            f"### Group plans in force (issue 17): {self.data['size']:,} names, without and with "
+            f"{plan['plan_groups']:,} plans", "",
+            "Two extender processes built alike (the same nodes, network labels, levels and seed, so the same "
+            "fill); the second then plans the groups before serving. The client sends both the same pods, in "
+            f"the {self.data['size']:,}-name latency phase only (the other phases run on the extender without "
+            f"plans), in rounds of {self.data['round']} cycles on one and then on the other, the first to go "
+            "alternating from round to round, so that drift on the shared machine meets both alike. The load's "
+            "pods are not members of any group: the plans are held against them, which is the cost "
+            f"measured. prioritize gets all {self.data['size']:,} names on both (the filter's body, which "
+            "neither parses twice) and the bind the top-scored name that passed: in kube-scheduler's cycle it "
+            "gets only the names that passed, fewer where the plans hold GPUs (here "
+            f"{self.mean_passed('without'):,.0f} without plans and {self.mean_passed('with'):,.0f} with, on "
+            "average), which would make prioritize look cheaper with plans than it is.", "",
+            f"- Groups: {plan['plan_groups']:,}, of 2, 3 and 4 members in turn with {plan['plan_gpus_per_member']} "
+            f"GPUs each (`{KEYS.group}`, `{KEYS.group_size}`, `{KEYS.group_span}: {LEAF}`, "
+            f"`{KEYS.group_placement}: required`), every member pending, each planned at its first member's "
+            f"filter over all {facts['nodes']:,} names through the service before serving (mean "
+            f"{plan['plan_filter_ms_mean']:.1f} ms, longest {plan['plan_filter_ms_max']:.1f} ms a group); the "
+            "group timeout is longer than the run. Members have 2 GPUs, not 1: a single GPU has no ring, so no "
+            "full-bandwidth set of one exists and a group of 1-GPU members is never planned.",
+            f"- Plans in force in the extender with plans: {before['with']['plans']:,} before the load "
+            f"({before['with']['planned_slots']:,} open slots holding {before['with']['planned_gpus']:,} GPUs, "
+            f"{100 * before['with']['planned_gpus'] / facts['gpus']:.0f}% of the cluster's, beside the fill's "
+            f"{100 * plan['used_gpus'] / facts['gpus']:.0f}%), {after['with']['plans']:,} after it "
+            f"({after['with']['planned_slots']:,} slots, {after['with']['planned_gpus']:,} GPUs); in the one "
+            f"without: {before['without']['plans']} and {after['without']['plans']}. Distinct (board, free GPUs) "
+            f"node states at the start: {facts['distinct_node_keys']} without, {plan['distinct_node_keys']} with.",
+            f"- {len(rounds)} rounds in {self.data['seconds']:.1f} s after {self.data['warmup']} warm-up cycles on "
+            f"each; CPUs kept busy by other processes on the machine meanwhile: {others:.2f}.", "",
+            "| verb | samples (without / with) | server p50 without / with | ratio | server p99 without / with | "
+            "ratio | HTTP p50 ratio | HTTP p99 ratio | verdict |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for verb in VERBS:
+            without, with_plans = self.figures["without"][verb], self.figures["with"][verb]
+            if not (without["n"] and with_plans["n"]):
+                continue
+            p50, p99 = self.ratios(verb)
+            http50, http99 = self.ratios(verb, "http")
+            lines.append(f"| {verb} | {without['n']} / {with_plans['n']} | {_ms(without['server_p50'])} / "
+                         f"{_ms(with_plans['server_p50'])} | {p50:.2f}x | {_ms(without['server_p99'])} / "
+                         f"{_ms(with_plans['server_p99'])} | {p99:.2f}x | {http50:.2f}x | {http99:.2f}x | "
+                         f"{self.verdict(verb) if verb != 'bind' else '-'} |")
+        spread = []
+        for verb in VERBS[:2]:
+            ratios = sorted(found["with"][verb] / found["without"][verb] for found in rounds
+                            if verb in found.get("with", {}) and verb in found.get("without", {}))
+            if ratios:
+                spread.append(f"{verb} {ratios[0]:.2f}x to {ratios[-1]:.2f}x (median "
+                              f"{percentile(ratios, 0.5):.2f}x)")
+        outcomes = "; ".join(f"{side}: " + ", ".join(f"{n} {kind}" for kind, n in sorted(found.items()))
+                             for side, found in self.data["outcomes"].items())
+        lines += ["", f"Round by round, the server-side median with plans over the one without: {'; '.join(spread)}. "
+                  f"Cycles measured: {outcomes}."]
+        return "\n".join(lines)
+
+    def mean_passed(self, side: str) -> float:
+        """Names that passed filter, on average: what kube-scheduler would have sent prioritize."""
+        counts = self.data["passed"][side]
+        return sum(counts) / max(1, len(counts))
+
+    def profile_table(self, top: int = 15) -> str:
+        """Our own functions in filter and prioritize's profile, per cycle, in the extender without plans and with."""
+        profiles = self.data["profiles"]
+        sides = {side: _per_cycle(found["verbs"], found["cycles"]) for side, found in profiles.items()}
+        loops = {side: _per_cycle(found["rows"], found["cycles"]) for side, found in profiles.items()}
+        functions = sorted({function for rows in sides.values() for function in rows
+                            if function.split("/")[0] in OURS},
+                           key=lambda function: -max(rows.get(function, (0, 0, 0))[2] for rows in sides.values()))
+        totals = {side: {thread: sum(own for _, own, _ in rows[side].values()) for thread, rows in
+                         (("verbs", sides), ("loop", loops))} for side in self.SIDES}
+        lines = [f"### Where filter and prioritize spend a {self.data['size']:,}-name cycle, without and with "
+                 "plans (cProfile)", "",
+                 f"Right after the comparison's rounds, {profiles['without']['seconds']:.0f} s of cycles on each "
+                 f"extender with cProfile as in the profile above ({profiles['without']['cycles']} cycles without "
+                 f"plans, then {profiles['with']['cycles']} with). All functions' own time per cycle, filter and "
+                 f"prioritize: {totals['without']['verbs']:.3f} ms without, "
+                 f"{totals['with']['verbs']:.3f} ms with; the event loop: {totals['without']['loop']:.3f} ms "
+                 f"without, {totals['with']['loop']:.3f} ms with. Our own functions with the most cumulative time "
+                 "in filter and prioritize:", "",
+                 "| function | calls per cycle (without / with) | own ms per cycle (without / with) | "
+                 "cumulative ms per cycle (without / with) |", "|---|---:|---:|---:|"]
+        for function in functions[:top]:
+            cells = [sides[side].get(function, (0.0, 0.0, 0.0)) for side in self.SIDES]
+            lines.append(f"| `{function}` | {cells[0][0]:.3g} / {cells[1][0]:.3g} | {cells[0][1]:.3f} / "
+                         f"{cells[1][1]:.3f} | {cells[0][2]:.3f} / {cells[1][2]:.3f} |")
+        return "\n".join(lines)
+
+
+def _per_cycle(rows: list[dict[str, Any]], cycles: int) -> dict[str, tuple[float, float, float]]:
+    """Each function's calls, own ms and cumulative ms per cycle, the event loop's idle wait left out."""
+    cycles = max(1, cycles)
+    return {row["function"]: (row["calls"] / cycles, row["own"] * 1000 / cycles, row["cumulative"] * 1000 / cycles)
+            for row in rows if "select.epoll" not in row["function"]}
 
 
 def header(argv: Sequence[str] | None, args: argparse.Namespace, elapsed: float, facts: dict[str, Any],
@@ -635,8 +934,10 @@ def header(argv: Sequence[str] | None, args: argparse.Namespace, elapsed: float,
         f"({facts['boards']} distinct boards), {facts['gpus']:,} GPUs; {facts['fill_pods']:,} running 1-, 2- and "
         f"4-GPU pods bound through the extender to random nodes first hold {facts['used_gpus']:,} GPUs "
         f"({100 * facts['used_gpus'] / facts['gpus']:.0f}%), giving {facts['distinct_node_keys']} distinct "
-        "(board, free GPUs) node states. While the load runs, every bind of a load pod is followed, on a "
-        "thread of the extender process, by a new pending pod and the end of the oldest running pod (watch "
+        f"(board, free GPUs) node states. Network labels: Topograph's `{LEAF}` on each {facts['leaf_nodes']} "
+        f"consecutive nodes (every leaf holds the same mix of platforms) and `{SPINE}` on each "
+        f"{facts['spine_leaves']} leaves; the extender's state is built with those levels (spine, leaf). "
+        "While the load runs, every bind of a load pod is followed, on a thread of the extender process, by a new pending pod and the end of the oldest running pod (watch "
         "events, as a real API server would send), so the number of running pods stays where it started. Nodes are not "
         "republished on a heartbeat during the run (no stale nodes).",
         "- Pods: `load-{i}` shaped like the pod kube-scheduler v1.36.2 sent in the captured "
