@@ -1,9 +1,11 @@
 """What the manifest suites share: scheduler-config/ loaded once, the Kubernetes version its API objects are
 validated against, small readers for objects, containers, command lines, RBAC rules and quantities, the node
-selection rules of a DaemonSet, and a ValidatingAdmissionPolicy evaluator.
+selection rules of a DaemonSet, a ValidatingAdmissionPolicy evaluator, and the check of a PromQL query against the
+metrics the extender exports.
 
-Used by tests/test_manifests.py (the extender, the scheduler, and the policy on the pods' bind annotations) and
-tests/test_agent_manifests.py (the node agent in both modes and its admission policy).
+Used by tests/test_manifests.py (the extender, the scheduler, the policy on the pods' bind annotations, the alerts),
+tests/test_agent_manifests.py (the node agent in both modes and its admission policy) and
+tests/test_grafana_dashboard.py (the dashboard's queries).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import celpy
+import promql_parser
 import yaml
 from celpy import celtypes
 
@@ -390,3 +393,26 @@ def roll_out(replicas: int, max_surge: int, max_unavailable: int, ready: Any, *,
             if candidates:
                 candidates[0].leads = True
     return Rollout(False, ticks, leaderless, deleted, fewest, pods)
+
+
+_SERIES_SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum")}
+
+
+@functools.cache
+def exported_series() -> frozenset[str]:
+    """The series names a real extender's /metrics can carry (a labelled metric exports no sample until used)."""
+    from extender.metrics import Metrics
+    from extender.state import ClusterState
+
+    families = Metrics(ClusterState()).registry.collect()
+    return frozenset(family.name + suffix for family in families for suffix in _SERIES_SUFFIXES[family.type])
+
+
+def assert_promql_on_exported_metrics(expr: str) -> set[str]:
+    """The query parses (promql-parser raises on a syntax error) and names only series the extender exports;
+    returns the names."""
+    promql_parser.parse(expr)
+    named = set(re.findall(r"\bgpu_topology_extender_\w+", expr))
+    assert named, f"names no metric of the extender: {expr}"
+    assert named <= exported_series(), named - exported_series()
+    return named
