@@ -8,6 +8,10 @@ retries it (pkg/scheduler/internal/queue, v1.36):
 - a pod that fit by count but that the policy declined (our extender's filter refused every node) carries the
   "Extender" rejector, which any cluster event requeues, after the pod's backoff (1 s doubling per attempt, at
   most 10 s). Its retry is due at the later of that backoff and the next placement or departure.
+A group's members (model.py) arrive together and are scheduled together: at its arrival and whenever one of
+them is retried, its waiting members are attempted in order until one is not placed (count alone fails the rest
+too; Kueue admits a group whole; our extender plans it whole at its first member). A member placed holds its
+GPUs while the others wait; the group runs from its last member's placement, and its members leave together.
 At one instant departures come before arrivals. The only randomness is kube-scheduler's tie-break among equal node scores, drawn from
 one `random.Random(seed)` per run, so a run is a function of (cluster, workload, policy, seed).
 """
@@ -132,6 +136,25 @@ class Policy(Protocol):
     def release(self, job: Job, placement: Placement) -> None: ...
 
 
+def groups_of(workload: Sequence[Job]) -> dict[str, tuple[int, ...]]:
+    """Each group's member indices in the workload, checked: consecutive, as many as its `pods`, with one arrival
+    and one duration."""
+    members: dict[str, list[int]] = {}
+    for index, job in enumerate(workload):
+        if job.group is not None:
+            members.setdefault(job.group, []).append(index)
+        elif job.pods != 1:
+            raise ValueError(f"{job.name}: {job.pods} pods but no group")
+    for group, indices in members.items():
+        first = workload[indices[0]]
+        if (indices != list(range(indices[0], indices[0] + len(indices))) or len(indices) != first.pods
+                or any((workload[at].submit_s, workload[at].duration_s, workload[at].pods)
+                       != (first.submit_s, first.duration_s, first.pods) for at in indices)):
+            raise ValueError(f"group {group}: its {first.pods} members must be consecutive jobs with one arrival and "
+                             "one duration")
+    return {group: tuple(indices) for group, indices in members.items()}
+
+
 def replay(nodes: Sequence[ClusterNode], workload: Sequence[Job], policy: Policy, seed: int, *,
            samples: int = 200, progress: Callable[[int], None] | None = None) -> Run:
     """Replay the workload on a fresh fleet; `progress` is told of each job that arrives."""
@@ -139,6 +162,8 @@ def replay(nodes: Sequence[ClusterNode], workload: Sequence[Job], policy: Policy
         raise ValueError("the workload must be sorted by submit_s")
     if len({job.name for job in workload}) != len(workload):
         raise ValueError("job names must be unique: policies follow a job by its name")
+    members = groups_of(workload)
+    unplaced = {group: len(indices) for group, indices in members.items()}
     fleet, rng = Fleet(nodes), random.Random(seed)
     placed: list[tuple[float, Placement] | None] = [None] * len(workload)
     waiting: dict[int, None] = {}  # in arrival order
@@ -169,7 +194,41 @@ def replay(nodes: Sequence[ClusterNode], workload: Sequence[Job], policy: Policy
         fleet.take(placement)
         placed[index] = (now, placement)
         waiting.pop(index, None)
-        heapq.heappush(departures, (now + job.duration_s, index))
+        start(index, now)
+        return True
+
+    def start(index: int, now: float) -> None:
+        """A pod runs from its placement; a group once its last member is placed, then all leave together."""
+        group = workload[index].group
+        if group is None:
+            heapq.heappush(departures, (now + workload[index].duration_s, index))
+            return
+        unplaced[group] -= 1
+        if not unplaced[group]:
+            for member in members[group]:
+                heapq.heappush(departures, (now + workload[member].duration_s, member))
+
+    def attempt_members(index: int, now: float) -> bool:
+        """A pod on its own, or its group's waiting members in order until one is not placed; True if any was."""
+        group = workload[index].group
+        if group is None:
+            return attempt(index, now)
+        placed_any = False
+        for member in members[group]:
+            if member in waiting:
+                if not attempt(member, now):
+                    break
+                placed_any = True
+        return placed_any
+
+    def first_try(index: int, tried: set[str]) -> bool:
+        """Whether a retry round tries this waiting pod: a group is tried once, from its first waiting member."""
+        group = workload[index].group
+        if group is None:
+            return True
+        if group in tried:
+            return False
+        tried.add(group)
         return True
 
     def retry_declined(now: float) -> None:
@@ -179,9 +238,10 @@ def replay(nodes: Sequence[ClusterNode], workload: Sequence[Job], policy: Policy
             when, index = heapq.heappop(declined)
             if due_at.get(index) == when:
                 due.append(index)
+        tried: set[str] = set()
         for index in sorted(due):
-            if index in waiting:
-                attempt(index, now)
+            if index in waiting and first_try(index, tried):
+                attempt_members(index, now)
 
     def depart(now: float) -> None:
         _, index = heapq.heappop(departures)
@@ -189,24 +249,32 @@ def replay(nodes: Sequence[ClusterNode], workload: Sequence[Job], policy: Policy
         fleet.release(placement)
         policy.release(job, placement)
         node, free = placement.node, fleet.free_count
+        tried: set[str] = set()
         for waiter in list(waiting):
+            if waiter not in waiting:
+                continue
             candidate = workload[waiter]
-            if candidate.gpus <= free[node] and node in fleet.members.get(candidate.gpu_model, ()):
-                attempt(waiter, now)
+            if (candidate.gpus <= free[node] and node in fleet.members.get(candidate.gpu_model, ())
+                    and first_try(waiter, tried)):
+                attempt_members(waiter, now)
         retry_declined(now)
 
-    for index, job in enumerate(workload):
+    index = 0
+    while index < len(workload):
+        job = workload[index]
+        arriving = members[job.group] if job.group is not None else (index,)
         while departures and departures[0][0] <= job.submit_s:
             now = departures[0][0]
             sample_before(now)
             depart(now)
         sample_before(job.submit_s)
-        if attempt(index, job.submit_s):
+        for member in arriving:
+            waiting[member] = None
+        if attempt_members(index, job.submit_s):
             retry_declined(job.submit_s)
-        else:
-            waiting[index] = None
+        index += len(arriving)
         if progress is not None:
-            progress(index + 1)
+            progress(index)
     sample_before(float("inf"))
     while departures and departures[0][0] != float("inf"):
         depart(departures[0][0])

@@ -5,7 +5,8 @@
   empty node of the same platform (median, p10, share at 100%). Against the node's own best, not the fleet's, so
   a pod on slower hardware is not counted as badly placed.
 - Pending time (placement minus arrival) of placed pods, mean and p95 (nearest rank), and pods never placed.
-- GPU utilization: GPU-seconds held within [0, last arrival] over all GPUs times that span.
+- GPU utilization: GPU-seconds held within [0, last arrival] over all GPUs times that span. A member of a
+  multi-node job holds its GPUs from its own placement until its group leaves (`job_starts`).
 - Fragmentation at each snapshot, for 2, 4 and 8 GPUs: the share of free GPUs that are in no free set of that
   size with an NVLink ring on their node, over the nodes whose board has such a set when empty (a PCIe-only
   board is not fragmented, it never had one).
@@ -128,6 +129,18 @@ def percentile(values: Sequence[float], share: float) -> float:
     return ordered[max(0, math.ceil(share * len(ordered)) - 1)]
 
 
+def job_starts(outcomes: Sequence[Outcome]) -> list[float | None]:
+    """When each pod's job began to run: a pod's own placement, a member's group's last placement; None for a
+    job not started (a pod never placed, a group with a member never placed)."""
+    last: dict[str, float | None] = {}
+    for outcome in outcomes:
+        group = outcome.job.group
+        if group is not None:
+            seen = last.get(group, -math.inf)
+            last[group] = None if seen is None or outcome.placed_s is None else max(seen, outcome.placed_s)
+    return [outcome.placed_s if outcome.job.group is None else last[outcome.job.group] for outcome in outcomes]
+
+
 def summarize(run: Run, comm_share: float = COMM_SHARE) -> Summary:
     if not 0 <= comm_share <= 1:
         raise ValueError(f"the communication share must be within 0..1, not {comm_share}")
@@ -140,8 +153,11 @@ def summarize(run: Run, comm_share: float = COMM_SHARE) -> Summary:
     pending = [o.placed_s - o.job.submit_s for o in placed if o.placed_s is not None]
     horizon = max((o.job.submit_s for o in outcomes), default=0.0)
     total_gpus = sum(board(key).size for key in key_of.values())
-    held = sum(len(o.placement.gpus) * max(0.0, min(o.placed_s + o.job.duration_s, horizon) - o.placed_s)
-               for o in placed if o.placed_s is not None and o.placed_s < horizon)
+    held = 0.0
+    for outcome, start in zip(outcomes, job_starts(outcomes)):
+        if outcome.placement is not None and outcome.placed_s is not None and outcome.placed_s < horizon:
+            end = math.inf if start is None else start + outcome.job.duration_s
+            held += len(outcome.placement.gpus) * max(0.0, min(end, horizon) - outcome.placed_s)
     finite = [(o, pod) for o, pod in multi if math.isfinite(o.job.duration_s)]
     durations = sum(o.job.duration_s for o, _ in finite)
     modelled = sum(o.job.duration_s * ((1 - comm_share) + comm_share * pod.best_gbps / pod.granted_gbps)

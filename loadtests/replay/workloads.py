@@ -1,5 +1,6 @@
 """The replayed workloads, each a sequence of Jobs sorted by arrival: (a) the Alibaba 2023 pod trace,
-(b) a synthetic generator calibrated to a target load, (c) FGD's workload inflation, (d) a user's CSV.
+(b) a synthetic generator calibrated to a target load, (c) FGD's workload inflation, (d) a user's CSV, whose
+rows may be multi-node jobs (`num_pods`). Any of them can be rescaled in time to a target load (`at_load`).
 
 The synthetic defaults come from the Alibaba 2023 trace (`data/PROVENANCE.md`): its GPUs-per-pod mix and a
 lognormal fitted to the durations of its completed GPU pods. `trace_statistics()` recomputes both from the
@@ -16,13 +17,13 @@ import random
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from loadtests.replay.clusters import largest_node, pool_capacity
+from loadtests.replay.clusters import installed_gpus, largest_node, pool_capacity
 from loadtests.replay.derive_alibaba import DATA, PODS
 from loadtests.replay.model import ClusterNode, Job
-from topology.bounds import MAX_GPUS
+from topology.bounds import MAX_GPUS, MAX_GROUP_SIZE
 
 TRACE_GPU_MIX: Mapping[int, int] = {1: 6989, 2: 16, 4: 15, 8: 44}
 """GPU pods of the Alibaba 2023 default pod list by GPUs requested (fractional pods count as 1), as weights."""
@@ -126,8 +127,7 @@ def at_load(jobs: Sequence[Job], cluster: Sequence[ClusterNode], load: float) ->
             high = middle
         if high / low < 1 + 1e-13:
             break
-    return tuple(Job(job.name, job.submit_s * high, job.duration_s, job.gpus, job.gpu_model, job.fractional)
-                 for job in jobs)
+    return tuple(replace(job, submit_s=job.submit_s * high) for job in jobs)
 
 
 def _parts(jobs: Sequence[Job]) -> list[tuple[int, float]]:
@@ -174,11 +174,16 @@ def parse_gpu_mix(text: str) -> dict[int, float]:
 
 
 def describe(jobs: Sequence[Job]) -> str:
-    """One line for the output: how many pods of each size, and how many fractional pods were counted as 1."""
+    """One line for the output: how many pods of each size, how many fractional pods were counted as 1, and how
+    many multi-node jobs the pods make."""
     sizes = Counter(job.gpus for job in jobs)
     fractional = sum(job.fractional for job in jobs)
     mix = ", ".join(f"{sizes[size]:,} x {size} GPU" for size in sorted(sizes))
     note = f"; {fractional:,} fractional-GPU pods counted as 1 whole GPU" if fractional else ""
+    groups = {job.group: job.pods for job in jobs if job.group is not None}
+    if groups:
+        note += (f"; {sum(groups.values()):,} of them in {len(groups):,} multi-node jobs of "
+                 f"{min(groups.values())}-{max(groups.values())} pods")
     return f"{len(jobs):,} pods ({mix}){note}"
 
 
@@ -205,19 +210,25 @@ def inflation(base: Sequence[Job], cluster: Sequence[ClusterNode], seed: int = 0
 
 
 CSV_COLUMNS = ("submit_time_s", "duration_s", "num_gpus")
+CSV_OPTIONAL = ("num_pods", "gpu_model")
+CSV_HEADER = f"{','.join(CSV_COLUMNS)}[,num_pods][,gpu_model]"
 CSV_MAX_BYTES = 64 << 20
 CSV_MAX_ROWS = 1_000_000
+CSV_MAX_PODS = 1_000_000
 CSV_MAX_SECONDS = 1e9
-"""A user's job list is untrusted input: at most 64 MiB and 1,000,000 jobs (a 2-core replay of more would
-not end), times up to 10^9 s (31 years), GPUs up to topology.bounds.MAX_GPUS."""
+"""A user's job list is untrusted input: at most 64 MiB and 1,000,000 pods (a 2-core replay of more would
+not end), times up to 10^9 s (31 years), GPUs per pod up to topology.bounds.MAX_GPUS and pods per job up to
+topology.bounds.MAX_GROUP_SIZE."""
 
 LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)")
 """A Kubernetes label value: what a node selector on the GPU model can hold."""
 
 
 def read_csv(path: Path) -> tuple[Job, ...]:
-    """A user's job list, `submit_time_s,duration_s,num_gpus[,gpu_model]` with that header, checked row by row;
-    the first problem is one line naming the file and line. Jobs are sorted by submit time, ties in file order."""
+    """A user's job list, `submit_time_s,duration_s,num_gpus` then `num_pods` and `gpu_model` if wanted, in
+    either order, with that header, checked row by row; the first problem is one line naming the file and line.
+    A row of `num_pods` > 1 is a multi-node job: that many pods of `num_gpus` each (model.py). Jobs are sorted
+    by submit time, ties in file order."""
     try:
         size = os.stat(path).st_size
     except OSError as error:
@@ -230,34 +241,44 @@ def read_csv(path: Path) -> tuple[Job, ...]:
     except (UnicodeDecodeError, csv.Error) as error:
         raise ValueError(f"{path}: cannot be read as a UTF-8 CSV file ({error})") from None
     if not rows:
-        raise ValueError(f"{path}: empty; the header is {','.join(CSV_COLUMNS)}[,gpu_model]")
+        raise ValueError(f"{path}: empty; the header is {CSV_HEADER}")
     header = tuple(cell.strip() for cell in rows[0])
-    if header not in (CSV_COLUMNS, (*CSV_COLUMNS, "gpu_model")):
-        raise ValueError(f"{path}:1: header {','.join(header)!r}; expected {','.join(CSV_COLUMNS)}[,gpu_model]")
+    extra = header[len(CSV_COLUMNS):]
+    if header[:len(CSV_COLUMNS)] != CSV_COLUMNS or len(set(extra)) != len(extra) or not set(extra) <= set(CSV_OPTIONAL):
+        raise ValueError(f"{path}:1: header {','.join(header)!r}; expected {CSV_HEADER} (those two in either order)")
     if len(rows) - 1 > CSV_MAX_ROWS:
         raise ValueError(f"{path}: {len(rows) - 1} jobs, more than the {CSV_MAX_ROWS} allowed")
     if len(rows) == 1:
         raise ValueError(f"{path}: no jobs after the header")
-    jobs = [_csv_job(row, header, path, line) for line, row in enumerate(rows[1:], 2)]
+    jobs = [job for line, row in enumerate(rows[1:], 2) for job in _csv_jobs(row, header, path, line)]
+    if len(jobs) > CSV_MAX_PODS:
+        raise ValueError(f"{path}: {len(jobs)} pods, more than the {CSV_MAX_PODS} allowed")
     return tuple(sorted(jobs, key=lambda job: job.submit_s))
 
 
-def _csv_job(row: list[str], header: tuple[str, ...], path: Path, line: int) -> Job:
+def _csv_jobs(row: list[str], header: tuple[str, ...], path: Path, line: int) -> tuple[Job, ...]:
     where = f"{path}:{line}"
     if len(row) != len(header):
         raise ValueError(f"{where}: {len(row)} fields, expected {len(header)} ({','.join(header)})")
-    cells = [cell.strip() for cell in row]
-    submit = _seconds(cells[0], "submit_time_s", where, zero_ok=True)
-    duration = _seconds(cells[1], "duration_s", where, zero_ok=False)
-    if not re.fullmatch(r"[0-9]{1,3}", cells[2]) or not 1 <= int(cells[2]) <= MAX_GPUS:
-        raise ValueError(f"{where}: num_gpus {cells[2][:40]!r} is not a whole number from 1 to {MAX_GPUS}")
-    model = None
-    if len(cells) == 4 and cells[3]:
-        if not LABEL_VALUE.fullmatch(cells[3]):
-            raise ValueError(f"{where}: gpu_model {cells[3][:80]!r} is not a label value "
-                             "(1-63 of A-Z a-z 0-9 - _ ., alphanumeric at both ends)")
-        model = cells[3]
-    return Job(f"csv-{line}", submit, duration, int(cells[2]), model)
+    cells = dict(zip(header, (cell.strip() for cell in row)))
+    submit = _seconds(cells["submit_time_s"], "submit_time_s", where, zero_ok=True)
+    duration = _seconds(cells["duration_s"], "duration_s", where, zero_ok=False)
+    gpus = _count(cells["num_gpus"], "num_gpus", MAX_GPUS, where)
+    pods = _count(cells.get("num_pods") or "1", "num_pods", MAX_GROUP_SIZE, where)
+    model = cells.get("gpu_model") or None
+    if model is not None and not LABEL_VALUE.fullmatch(model):
+        raise ValueError(f"{where}: gpu_model {model[:80]!r} is not a label value "
+                         "(1-63 of A-Z a-z 0-9 - _ ., alphanumeric at both ends)")
+    if pods == 1:
+        return (Job(f"csv-{line}", submit, duration, gpus, model),)
+    return tuple(Job(f"csv-{line}-{member}", submit, duration, gpus, model, group=f"csv-{line}", pods=pods)
+                 for member in range(pods))
+
+
+def _count(cell: str, column: str, most: int, where: str) -> int:
+    if not re.fullmatch(r"[0-9]{1,5}", cell) or not 1 <= int(cell) <= most:
+        raise ValueError(f"{where}: {column} {cell[:40]!r} is not a whole number from 1 to {most}")
+    return int(cell)
 
 
 def _seconds(cell: str, column: str, where: str, zero_ok: bool) -> float:
@@ -273,15 +294,24 @@ def _seconds(cell: str, column: str, where: str, zero_ok: bool) -> float:
 
 
 def unplaceable(jobs: Sequence[Job], cluster: Sequence[ClusterNode]) -> str | None:
-    """Why some job could never run on this cluster (an unknown pool, or more GPUs than any node of its pool
-    has), for the first such job; None when every job fits somewhere empty. Such a job would wait forever."""
+    """Why some job could never run on this cluster (an unknown pool, more GPUs than any node of its pool has,
+    or a multi-node job with more pods than its pool holds at once), for the first such job; None when every job
+    fits somewhere empty. Such a job would wait forever."""
     largest = largest_node(cluster)
     anywhere = max(largest.values())
+    checked: set[str] = set()
     for job in jobs:
         if job.gpu_model is not None and job.gpu_model not in largest:
             return f"{job.name}: gpu_model {job.gpu_model!r} is not a pool of this cluster ({', '.join(sorted(largest))})"
         most = anywhere if job.gpu_model is None else largest[job.gpu_model]
+        where = "any node" if job.gpu_model is None else f"a {job.gpu_model} node"
         if job.gpus > most:
-            where = "any node" if job.gpu_model is None else f"a {job.gpu_model} node"
             return f"{job.name}: {job.gpus} GPUs, more than {where} has ({most})"
+        if job.group is not None and job.group not in checked:
+            checked.add(job.group)
+            held = sum(len(installed_gpus(node)) // job.gpus for node in cluster
+                       if job.gpu_model in (None, node.gpu_model))
+            if job.pods > held:
+                return (f"{job.group}: {job.pods} pods of {job.gpus} GPUs, more than its pool holds at once "
+                        f"({held})")
     return None
