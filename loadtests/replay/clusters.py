@@ -1,5 +1,6 @@
-"""The replayed clusters: (a) a mixed fleet of the bundled real platforms, one GPU-model pool each, and (b) the
-Alibaba 2023 fleet, its trace models mapped to platforms by an editable file (`gpu_model_map.toml`).
+"""The replayed clusters: (a) a mixed fleet of the bundled real platforms, one GPU-model pool each, (b) the
+Alibaba 2023 fleet, its trace models mapped to platforms by an editable file (`gpu_model_map.toml`), and (c) a
+fleet for multi-node jobs: GB200 NVL72 racks beside HGX H100 nodes, under leaf and spine labels.
 
 Pods select a pool by its label (`ClusterNode.gpu_model`), as real clusters do with a node selector, so
 policies are compared within a pool, never across hardware generations.
@@ -9,13 +10,15 @@ from __future__ import annotations
 
 import csv
 import tomllib
+import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from loadtests.replay.derive_alibaba import DATA, NODES
-from loadtests.replay.model import ClusterNode
+from loadtests.replay.model import LEAF_LABEL, SPINE_LABEL, ClusterNode
+from topology.fabric import CLIQUE_LABEL
 from topology.platforms import PLATFORMS
 
 GPU_MODEL_MAP = Path(__file__).parent / "gpu_model_map.toml"
@@ -38,6 +41,36 @@ def mixed_fleet(nodes_per_pool: int = 4) -> tuple[ClusterNode, ...]:
         raise ValueError(f"nodes_per_pool must be 1 to 1000, not {nodes_per_pool}")
     return tuple(ClusterNode(f"{pool.lower()}-{i}", platform, pool)
                  for pool, platform in MIXED_POOLS for i in range(1, nodes_per_pool + 1))
+
+
+NVL72_NODES_PER_RACK = 18
+"""An NVL72 rack: 18 compute trays of 4 GB200 in one NVLink domain (the DRA driver's
+defaultMaxNodesPerIMEXDomain, shared/topologies/FACTS-gb200-mnnvl.txt)."""
+NVL72_CLIQUE_ID = 1
+"""Every rack's cliqueId: racks differ by their cluster UUID alone, as two racks may share a cliqueId."""
+
+
+def nvl72_fleet(racks: int = 4, racks_per_leaf: int = 2, hgx_leaves: int = 2,
+                hgx_per_leaf: int = 12) -> tuple[ClusterNode, ...]:
+    """GB200 NVL72 racks (pool GB200: 18 `gb200-node` trays each, one `nvidia.com/gpu.clique` per rack) under
+    leaves of `racks_per_leaf` racks on one spine, and HGX H100 nodes (pool H100: `dgx-h100`) in `hgx_leaves`
+    leaves of `hgx_per_leaf` on another. Every node carries Topograph's spine and leaf labels."""
+    if not (1 <= racks <= 64 and 1 <= racks_per_leaf <= 64 and 0 <= hgx_leaves <= 64
+            and 1 <= hgx_per_leaf <= 128):
+        raise ValueError(f"nvl72 fleet: {racks} racks ({racks_per_leaf} a leaf) and {hgx_leaves} HGX leaves of "
+                         f"{hgx_per_leaf} are out of bounds")
+    nodes: list[ClusterNode] = []
+    for rack in range(racks):
+        clique = f"{uuid.uuid5(uuid.NAMESPACE_URL, f'replay/nvl72/rack-{rack}')}.{NVL72_CLIQUE_ID}"
+        labels = ((CLIQUE_LABEL, clique), (SPINE_LABEL, "spine-1"), (LEAF_LABEL, f"leaf-{rack // racks_per_leaf + 1}"))
+        nodes += [ClusterNode(f"gb200-r{rack + 1}-{tray:02d}", "gb200-node", "GB200", labels=labels)
+                  for tray in range(1, NVL72_NODES_PER_RACK + 1)]
+    first_hgx_leaf = (racks + racks_per_leaf - 1) // racks_per_leaf + 1
+    for leaf in range(first_hgx_leaf, first_hgx_leaf + hgx_leaves):
+        labels = ((SPINE_LABEL, "spine-2"), (LEAF_LABEL, f"leaf-{leaf}"))
+        nodes += [ClusterNode(f"h100-l{leaf}-{node:02d}", "dgx-h100", "H100", labels=labels)
+                  for node in range(1, hgx_per_leaf + 1)]
+    return tuple(nodes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
 """PNG plots of replay runs, one line per policy: the CDFs of bandwidth efficiency and pending time,
-fragmentation over time, and FGD's allocation-ratio curve of an inflation run.
+fragmentation over time, FGD's allocation-ratio curve of an inflation run, and for multi-node jobs the CDF of
+their pending time and the span their members landed in.
 matplotlib is the harness extra; nothing else in the replay imports it."""
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend is chosen first: no display on a benchmark host)
 
 from loadtests.replay.boards import board_key  # noqa: E402
-from loadtests.replay.engine import Run  # noqa: E402
+from loadtests.replay.engine import Run, groups_of  # noqa: E402
 from loadtests.replay.inflation_curve import (COMPARABILITY, CurvePoint, PublishedPoint,  # noqa: E402
                                               published_by_policy)
-from loadtests.replay.metrics import fragmentation, pod_bandwidth  # noqa: E402
+from loadtests.replay.metrics import fragmentation, job_starts, pod_bandwidth  # noqa: E402
+from loadtests.replay.spans import SPAN_NAMES, Span, Spans  # noqa: E402
 
 
 def _cdf(axis: plt.Axes, values: Sequence[float], label: str) -> None:
@@ -45,16 +47,20 @@ def write_plots(runs: Sequence[Run], directory: Path, prefix: str, fragmentation
     for name, (figure, axis) in figures.items():
         axis.set_xlabel(labels[name][0])
         axis.set_ylabel(labels[name][1])
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=8)
         if name == "pending":
             axis.set_xscale("symlog", linthresh=1.0)
-        figure.tight_layout()
-        path = directory / f"{prefix}-{name}.png"
-        figure.savefig(path, dpi=110, metadata={"Software": None})
-        plt.close(figure)
-        paths.append(path)
+        paths.append(_save(figure, axis, directory / f"{prefix}-{name}.png"))
     return paths
+
+
+def _save(figure: plt.Figure, axis: plt.Axes, path: Path) -> Path:
+    """A grid, the policies' legend, and the PNG written without a timestamp-bearing Software tag."""
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(figure)
+    return path
 
 
 def write_inflation_plot(curves: Mapping[str, Sequence[CurvePoint]], published: Sequence[PublishedPoint],
@@ -80,3 +86,33 @@ def write_inflation_plot(curves: Mapping[str, Sequence[CurvePoint]], published: 
     plt.close(figure)
     return path
 
+
+
+def write_group_plots(runs: Sequence[Run], directory: Path, prefix: str) -> list[Path]:
+    """Write `<prefix>-group-pending.png` (the CDF of multi-node jobs' pending time, arrival to last placement)
+    and `<prefix>-group-spans.png` (per policy, the share of started groups whose members landed within each
+    span); returns their paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    pending_figure, pending_axis = plt.subplots(figsize=(7, 4.2))
+    spans_figure, spans_axis = plt.subplots(figsize=(7, 4.2))
+    width = 0.8 / max(len(runs), 1)
+    for at, run in enumerate(runs):
+        starts, spans = job_starts(run.outcomes), Spans(run.nodes)
+        landed: list[Span] = []
+        waits: list[float] = []
+        for indices in groups_of([outcome.job for outcome in run.outcomes]).values():
+            start = starts[indices[0]]
+            if start is not None:
+                waits.append(start - run.outcomes[indices[0]].job.submit_s)
+                landed.append(spans.span_of(run.outcomes[index].placement.node for index in indices))
+        _cdf(pending_axis, waits, run.policy)
+        shares = [sum(span is kind for span in landed) / len(landed) if landed else 0.0 for kind in Span]
+        spans_axis.bar([kind + at * width for kind in Span], shares, width, label=run.policy)
+    pending_axis.set_xscale("symlog", linthresh=1.0)
+    pending_axis.set_xlabel("pending time of a multi-node job, arrival to its last member's placement (s)")
+    pending_axis.set_ylabel("share of started multi-node jobs")
+    spans_axis.set_xticks([kind + 0.4 - width / 2 for kind in Span], [f"one {SPAN_NAMES[kind]}" for kind in Span])
+    spans_axis.set_ylabel("share of started multi-node jobs")
+    spans_axis.set_xlabel("the narrowest block holding all of a job's members")
+    return [_save(pending_figure, pending_axis, directory / f"{prefix}-group-pending.png"),
+            _save(spans_figure, spans_axis, directory / f"{prefix}-group-spans.png")]

@@ -11,6 +11,13 @@
     extender bound (--mode deliver).
 (3) and (4) run the extender's own ExtenderService in-process on extender.demo_cluster.DemoCluster, which
 plays the API server, the kubelets and the node agents; nothing of the extender's logic is repeated here.
+
+For multi-node jobs (a labelled fleet, spans.py) the replay compares: (1), whose kube-scheduler places each
+member on its own; (6) Kueue-like, which admits a group whole into the best-fit block of the narrowest span
+that could hold it, or keeps it waiting (kueue_tas.py), and leaves the GPUs to the stock device plugin; and
+(4), whose members carry the group annotations (DESIGN §10), asking that span with required or preferred
+placement, and meet an extender that knows the fleet's topology levels. Pods on their own go through (6) as
+through (1): Kueue hands them to kube-scheduler.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from functools import cache
 from typing import Any
 
 from extender.demo_cluster import DemoCluster
+from extender.group_request import NVLINK_DOMAIN
 from extender.service import ExtenderService
 from extender.state import ClusterState
 from extender.wait import TOPOLOGY_WAIT_SECONDS
@@ -31,7 +39,9 @@ from loadtests.replay.boards import BoardKey, board_key, board_topology
 from loadtests.replay.engine import Fleet, Placement
 from loadtests.replay.kube_scores import (DEFAULT, GPU_PACKING, Profile, feasible_nodes_to_find, score_gpu_node,
                                           select_host, shipped_profile)
-from loadtests.replay.model import ClusterNode, Job
+from loadtests.replay.kueue_tas import assign
+from loadtests.replay.model import LEAF_LABEL, SPINE_LABEL, TOPOLOGY_LEVELS, ClusterNode, Job
+from loadtests.replay.spans import Span, Spans
 from topology.compiled import bits
 
 NAMESPACE = "default"
@@ -100,14 +110,43 @@ class StockPolicy(_KubeSearch):
         """Nothing to forget: the fleet is the only state."""
 
 
+class KueueLikePolicy(StockPolicy):
+    """Policy (6): a group is admitted whole, into the nodes Kueue's Topology Aware Scheduling assigns at the
+    narrowest span one block of which could hold it empty (required there: it waits while none holds it now);
+    the stock device plugin picks each member's GPUs on its node. Pods on their own are kube-scheduler's, as (1)."""
+
+    def __init__(self, name: str, nodes: Sequence[ClusterNode]) -> None:
+        super().__init__(name, DEFAULT)
+        self.spans = Spans(nodes)
+        self.paths = {name: (spine, leaf, domain, name) for name, (domain, leaf, spine) in self.spans.blocks.items()}
+        self.admitted: dict[str, list[str]] = {}  # group -> the nodes of its members not yet placed, in order
+
+    def place(self, job: Job, fleet: Fleet, rng: random.Random, now: float) -> Placement | None:
+        if job.group is None:
+            return super().place(job, fleet, rng, now)
+        nodes = self.admitted.get(job.group)
+        if nodes is None:
+            fits = {name: fleet.free_count[name] // job.gpus for name in fleet.pools.get(job.gpu_model, ())}
+            depth = Span.FLEET - self.spans.tightest(job)  # the levels below the fleet: a path's length
+            nodes = assign(self.paths, fits, job.pods, depth)
+            if nodes is None:
+                return None
+            self.admitted[job.group] = nodes
+        node = nodes.pop(0)
+        if not nodes:
+            del self.admitted[job.group]
+        return Placement(node, stock_device_plugin(fleet.key[node], fleet.free[node], job.gpus))
+
+
 def demo_cluster(nodes: Sequence[ClusterNode], state: ClusterState, *, delivery: bool = True) -> DemoCluster:
-    """The in-memory cluster of these nodes, each with its installed board, on the state's clock; with the
-    node agent's device plugin (delivery) or NVIDIA's."""
+    """The in-memory cluster of these nodes, each with its installed board and labels, on the state's clock;
+    with the node agent's device plugin (delivery) or NVIDIA's."""
     boards = {node.name: board_topology(board_key(node)) for node in nodes}
+    labels = {node.name: dict(node.labels) for node in nodes if node.labels}
     pairs = [(node.name, node.platform) for node in nodes]
     if delivery:
-        return DemoCluster(state, pairs, clock=state.clock, boards=boards)
-    return StockPluginCluster(state, pairs, clock=state.clock, boards=boards,
+        return DemoCluster(state, pairs, clock=state.clock, boards=boards, labels=labels)
+    return StockPluginCluster(state, pairs, clock=state.clock, boards=boards, labels=labels,
                               keys={node.name: board_key(node) for node in nodes})
 
 
@@ -128,19 +167,30 @@ class StockPluginCluster(DemoCluster):
         self.delivered[pod["metadata"]["uid"]] = {"main": tuple(uuids[index] for index in chosen)}
 
 
+GROUP_SPAN: dict[Span, str] = {Span.DOMAIN: NVLINK_DOMAIN, Span.LEAF: LEAF_LABEL, Span.SPINE: SPINE_LABEL,
+                               Span.FLEET: SPINE_LABEL}
+"""The group-span a group asks for, by the narrowest span that could hold it (spans.Spans.tightest); one that no
+spine holds asks for the widest level there is."""
+
+
 class ExtenderPolicy(_KubeSearch):
     """Our extender in-process: kube-scheduler's count filter, then the extender's filter, prioritize combined
-    with the shipped profile's plugins, and bind; the GPUs are what the kubelet then delivered."""
+    with the shipped profile's plugins, and bind; the GPUs are what the kubelet then delivered. With
+    `topology_levels` (a labelled fleet) the extender knows the fleet's network levels, and a group's members
+    carry the group annotations, with `group_placement` (required or preferred)."""
 
     def __init__(self, name: str, nodes: Sequence[ClusterNode], *, delivery: bool,
-                 profile: Profile | None = None, topology_wait: float = TOPOLOGY_WAIT_SECONDS) -> None:
+                 profile: Profile | None = None, topology_wait: float = TOPOLOGY_WAIT_SECONDS,
+                 topology_levels: tuple[str, ...] = (), group_placement: str = "preferred") -> None:
         self.name = name
+        self.group_placement = group_placement
         self.profile = profile or shipped_profile()
         self.now = 0.0
         # Real agents republish node state every few seconds, so no node goes stale: the replay's never do.
-        self.state = ClusterState(clock=lambda: EPOCH + self.now, stale_after=math.inf)
+        self.state = ClusterState(clock=lambda: EPOCH + self.now, stale_after=math.inf, levels=topology_levels)
         self.cluster = demo_cluster(nodes, self.state, delivery=delivery)
         self.service = ExtenderService(self.state, self.cluster, topology_wait=topology_wait)
+        self.spans = Spans(nodes)
         self.index = {name: {gpu.uuid: gpu.index for gpu in topology.gpus}
                       for name, topology in self.cluster.topologies.items()}
         self.pending: dict[str, dict[str, Any]] = {}  # job name -> its pod, from first attempt to departure
@@ -156,6 +206,7 @@ class ExtenderPolicy(_KubeSearch):
         if pod is None:
             self.created += 1
             pod = self.pending[job.name] = self.cluster.create_pod(f"job-{self.created}", job.gpus,
+                                                                   self._group_annotations(job),
                                                                    created=EPOCH + job.submit_s)
         passed = self.service.filter(ExtenderArgs(pod, names, None)).passed
         if not passed:
@@ -173,6 +224,14 @@ class ExtenderPolicy(_KubeSearch):
     def release(self, job: Job, placement: Placement) -> None:
         self.cluster.finish_pod(self.pending.pop(job.name)["metadata"]["uid"])
 
+    def _group_annotations(self, job: Job) -> dict[str, str]:
+        """A member's annotations: its group, the group's size, the span it fits and the placement asked."""
+        if job.group is None:
+            return {}
+        keys = self.state.keys
+        return {keys.group: job.group, keys.group_size: str(job.pods),
+                keys.group_span: GROUP_SPAN[self.spans.tightest(job)], keys.group_placement: self.group_placement}
+
 
 def standard_policies(nodes: Sequence[ClusterNode], topology_wait: float = TOPOLOGY_WAIT_SECONDS
                       ) -> tuple[StockPolicy | ExtenderPolicy, ...]:
@@ -182,3 +241,16 @@ def standard_policies(nodes: Sequence[ClusterNode], topology_wait: float = TOPOL
             StockPolicy("(2) quantity, GPU packing", GPU_PACKING),
             ExtenderPolicy("(3) ours, scheduling only", nodes, delivery=False, topology_wait=topology_wait),
             ExtenderPolicy("(4) ours, with delivery", nodes, delivery=True, topology_wait=topology_wait))
+
+
+def group_policies(nodes: Sequence[ClusterNode], topology_wait: float = TOPOLOGY_WAIT_SECONDS
+                   ) -> tuple[StockPolicy | ExtenderPolicy, ...]:
+    """The policies for multi-node jobs on a labelled fleet, each fresh: (1), (6), and (4), our extender with the
+    fleet's topology levels and --topology-wait, once with members asking `required` placement (a group waits
+    for a domain of its span) and once `preferred`, the extender's default (after the wait it takes a wider span,
+    then places members one by one)."""
+    return (StockPolicy("(1) quantity only", DEFAULT),
+            KueueLikePolicy("(6) Kueue-like, best-fit block", nodes),
+            *(ExtenderPolicy(f"(4) ours, groups {placement}", nodes, delivery=True, topology_wait=topology_wait,
+                             topology_levels=TOPOLOGY_LEVELS, group_placement=placement)
+              for placement in ("required", "preferred")))

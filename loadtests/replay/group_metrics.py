@@ -1,0 +1,108 @@
+"""What a replay of multi-node jobs yields per policy (issue 17), beside metrics.py's per-pod figures.
+
+A job is a pod on its own or a group (model.py); a group is started once its last member is placed.
+- groups_in_one_domain_share: of the started groups whose size fits one NVLink domain (one empty domain of their
+  pool holds all their members), those whose members all sit in one. The same for one leaf block.
+- GPU utilization of running jobs: GPU-seconds of started jobs within [0, last arrival] over all GPUs times that
+  span. metrics.Summary.gpu_utilization counts what is held, and a member holds its GPUs from its own placement,
+  running or not; the gap is what partly placed groups hold while they wait.
+- Pending time of a job: arrival to its start (a group: its last member's placement); p95 (nearest rank) per
+  size class of pods per job, over the jobs started.
+- Modelled job time of the started groups: each one's duration with its communication share scaled by the
+  all-reduce bandwidth of the narrowest span it could have had over the one it got (spans.allreduce_gbps),
+  duration * ((1 - share) + share * best / granted), summed, over their durations summed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from loadtests.replay.clusters import pool_capacity
+from loadtests.replay.engine import Run, groups_of
+from loadtests.replay.metrics import COMM_SHARE, job_starts, percentile
+from loadtests.replay.spans import Span, Spans, allreduce_gbps
+from topology.bounds import MAX_GROUP_SIZE
+
+POD_CLASSES: tuple[tuple[int, int], ...] = ((1, 1), (2, 4), (5, 8), (9, 18), (19, MAX_GROUP_SIZE))
+"""Size classes of pods per job for pending time: a pod on its own, then groups up to one NVL72 rack's 18 trays
+and beyond."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSummary:
+    policy: str
+    jobs: int
+    groups: int
+    """Jobs of more than one pod."""
+    groups_started: int
+    groups_fitting_one_domain: int
+    """Started groups whose size fits one NVLink domain: the denominator of the share below."""
+    groups_in_one_domain_share: float
+    groups_fitting_one_leaf: int
+    groups_in_one_leaf_share: float
+    gpu_utilization_running: float
+    pending_p95_s_by_pods: dict[str, float]
+    """Per size class (`POD_CLASSES`) present in the workload; NaN where no job of it started."""
+    modelled_group_job_time: float
+    """Started groups' modelled job time summed over their durations summed (1.0: every one at its best span)."""
+    comm_share: float
+
+
+def class_name(low: int, high: int) -> str:
+    return str(low) if low == high else f"{low}+" if high == MAX_GROUP_SIZE else f"{low}-{high}"
+
+
+def summarize_groups(run: Run, comm_share: float = COMM_SHARE) -> GroupSummary:
+    if not 0 <= comm_share <= 1:
+        raise ValueError(f"the communication share must be within 0..1, not {comm_share}")
+    spans = Spans(run.nodes)
+    outcomes = run.outcomes
+    starts = job_starts(outcomes)
+    members = groups_of([outcome.job for outcome in outcomes])
+    firsts = [index for index, outcome in enumerate(outcomes)
+              if outcome.job.group is None or members[outcome.job.group][0] == index]
+    horizon = max((outcome.job.submit_s for outcome in outcomes), default=0.0)
+    capacity = sum(pool_capacity(run.nodes).values())
+    pending: dict[str, list[float]] = {}
+    fits = {Span.DOMAIN: [0, 0], Span.LEAF: [0, 0]}  # span -> [groups that fit one, of them in one]
+    running = modelled = durations = 0.0
+    started_groups = 0
+    for index in firsts:
+        job, start = outcomes[index].job, starts[index]
+        size = class_name(*next(bounds for bounds in POD_CLASSES if bounds[0] <= job.pods <= bounds[1]))
+        times = pending.setdefault(size, [])
+        if start is None:
+            continue
+        times.append(start - job.submit_s)
+        if start < horizon:
+            running += job.gpus * job.pods * (min(start + job.duration_s, horizon) - start)
+        if job.group is None:
+            continue
+        started_groups += 1
+        placed = [outcomes[at].placement for at in members[job.group]]
+        nodes = [placement.node for placement in placed if placement is not None]
+        span = spans.span_of(nodes)
+        for kind, counts in fits.items():
+            if spans.holds(job, kind) >= job.pods:
+                counts[0] += 1
+                counts[1] += span <= kind
+        if math.isfinite(job.duration_s):
+            platforms = {spans.platform[node] for node in nodes}
+            best = min(allreduce_gbps(platform, spans.tightest(job)) for platform in platforms)
+            granted = min(allreduce_gbps(platform, span) for platform in platforms)
+            modelled += job.duration_s * ((1 - comm_share) + comm_share * best / granted)
+            durations += job.duration_s
+    return GroupSummary(
+        policy=run.policy, jobs=len(firsts), groups=len(members), groups_started=started_groups,
+        groups_fitting_one_domain=fits[Span.DOMAIN][0],
+        groups_in_one_domain_share=_share(*fits[Span.DOMAIN]),
+        groups_fitting_one_leaf=fits[Span.LEAF][0], groups_in_one_leaf_share=_share(*fits[Span.LEAF]),
+        gpu_utilization_running=running / (capacity * horizon) if capacity and horizon else math.nan,
+        pending_p95_s_by_pods={name: percentile(pending[name], 0.95) for name in
+                               (class_name(*bounds) for bounds in POD_CLASSES) if name in pending},
+        modelled_group_job_time=modelled / durations if durations else math.nan, comm_share=comm_share)
+
+
+def _share(total: int, hits: int) -> float:
+    return hits / total if total else math.nan

@@ -1,0 +1,121 @@
+"""The spans above a replayed node, read from its labels as the extender reads them (DESIGN §10), and what a
+group gets across each.
+
+A node's NVLink domain is its `nvidia.com/gpu.clique` value (one per NVL72 rack); a node without one is an NVLink
+domain of its own (its NVSwitch board). Its leaf and spine are Topograph's labels; a leaf is named by its path
+from the spine down, so two leaves that share a name under two spines stay two. A node without a level's label
+is a block of its own at that level.
+
+Policies read `tightest` (the span a group asks for: the narrowest one a domain of which could hold it empty),
+the metrics `span_of` (where its members landed) and `allreduce_gbps` (what that costs its all-reduce).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+
+from loadtests.replay.clusters import installed_gpus
+from loadtests.replay.model import LEAF_LABEL, SPINE_LABEL, ClusterNode, Job
+from topology.fabric import CLIQUE_LABEL
+
+
+class Span(IntEnum):
+    """The narrowest block that holds all of a group's members, innermost first."""
+
+    DOMAIN = 0
+    LEAF = 1
+    SPINE = 2
+    FLEET = 3
+    """Across spines, or beyond every labelled block."""
+
+
+SPAN_NAMES: Mapping[Span, str] = {Span.DOMAIN: "NVLink domain", Span.LEAF: "leaf", Span.SPINE: "spine",
+                                  Span.FLEET: "fleet"}
+
+
+@dataclass(frozen=True, slots=True)
+class Bandwidth:
+    """All-reduce bus bandwidth per GPU (nccl-tests busbw, GB/s) of a group inside one NVLink domain and across
+    domains within one leaf, with where each figure comes from."""
+
+    domain_gbps: float
+    leaf_gbps: float
+    source: str
+
+
+ALLREDUCE: Mapping[str, Bandwidth] = {
+    "gb200-node": Bandwidth(
+        811.0, 85.0,
+        "measured: nccl-tests all_reduce busbw of 2 nodes x 4 GB200, 811 GB/s over multi-node NVLink and 85 GB/s "
+        "over InfiniBand (lixueduan.com/posts/ai/13-gb200-mnnvl-nccl-test); NVIDIA states 1.8 TB/s per GPU in "
+        "the rack (docs.nvidia.com/datacenter/cloud-native/gpu-operator/latest/dra-cds.html) and each GPU has "
+        "one 400 Gb/s NIC (~50 GB/s) across racks"),
+    "dgx-h100": Bandwidth(
+        480.0, 440.0,
+        "measured: 8 H100 on one NVSwitch board reach 480 GB/s busbw with NVLink SHARP (NVIDIA GTC S62129, as "
+        "quoted in NVIDIA/nccl#1374); 2 nodes x 8 H100 over 8 x 400 Gb/s InfiniBand reach 440 GB/s "
+        "(coreweave/nccl-tests#92)"),
+}
+SPINE_FACTOR = 0.5
+"""Across leaves a group gets this share of its in-leaf bandwidth: an assumed 2:1 oversubscription of the leaf
+uplinks to the spine (a leaf's uplinks carry half of what its nodes can send), as two-tier clusters are often
+built; a non-blocking fat tree would be 1.0, and the modelled cost of crossing leaves would vanish."""
+
+
+def allreduce_gbps(platform: str, span: Span) -> float:
+    """The all-reduce bandwidth of a group of `platform` nodes whose members span `span`."""
+    bandwidth = ALLREDUCE[platform]
+    if span is Span.DOMAIN:
+        return bandwidth.domain_gbps
+    return bandwidth.leaf_gbps * (1.0 if span is Span.LEAF else SPINE_FACTOR)
+
+
+class Spans:
+    """Each node's block at each span, and how many members of a group each block holds when empty."""
+
+    def __init__(self, nodes: Sequence[ClusterNode]) -> None:
+        self.nodes = tuple(nodes)
+        self.blocks = {node.name: _blocks(node) for node in nodes}
+        self.platform = {node.name: node.platform for node in nodes}
+        self._holds: dict[tuple[int, str | None, Span], int] = {}
+
+    def outline(self) -> str:
+        """The fleet's shape in words: its NVLink domains of more than one node, leaves and spines."""
+        domains = Counter(blocks[Span.DOMAIN] for blocks in self.blocks.values())
+        shared = sorted(count for count in domains.values() if count > 1)
+        sizes = "/".join(str(size) for size in sorted(set(shared)))
+        return (f"{len(shared)} NVLink domains of {sizes} nodes, "
+                f"{len({blocks[Span.LEAF] for blocks in self.blocks.values()})} leaves, "
+                f"{len({blocks[Span.SPINE] for blocks in self.blocks.values()})} spines")
+
+    def span_of(self, names: Iterable[str]) -> Span:
+        """The narrowest span one block of which holds every node named."""
+        paths = {self.blocks[name] for name in names}
+        return next((span for span in (Span.DOMAIN, Span.LEAF, Span.SPINE)
+                     if len({path[span] for path in paths}) <= 1), Span.FLEET)
+
+    def holds(self, job: Job, span: Span) -> int:
+        """The most members of the job's group (`gpus` each, in its pool) one empty block of the span holds."""
+        key = (job.gpus, job.gpu_model, span)
+        if key not in self._holds:
+            per_block: dict[str, int] = {}
+            for node in self.nodes:
+                if job.gpu_model is None or node.gpu_model == job.gpu_model:
+                    block = "" if span is Span.FLEET else self.blocks[node.name][span]
+                    per_block[block] = per_block.get(block, 0) + len(installed_gpus(node)) // job.gpus
+            self._holds[key] = max(per_block.values(), default=0)
+        return self._holds[key]
+
+    def tightest(self, job: Job) -> Span:
+        """The narrowest span one block of which could hold the whole group empty: what it asks for."""
+        return next(span for span in Span if span is Span.FLEET or self.holds(job, span) >= job.pods)
+
+
+def _blocks(node: ClusterNode) -> tuple[str, str, str]:
+    """The node's NVLink domain, leaf and spine (indexed by Span); a missing label: a block of its own."""
+    labels, own = dict(node.labels), f"node:{node.name}"
+    spine, leaf = labels.get(SPINE_LABEL), labels.get(LEAF_LABEL)
+    return (labels.get(CLIQUE_LABEL) or own, f"{spine or ''}/{leaf}" if leaf else own, spine or own)
