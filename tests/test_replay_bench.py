@@ -66,10 +66,12 @@ def test_the_set_holds_every_run_of_the_issue() -> None:
     assert keys == ["mixed-synthetic-trace-mix-load0.8", "mixed-synthetic-trace-mix-load0.9",
                     "mixed-synthetic-stress-mix-load0.8", "mixed-synthetic-stress-mix-load0.9", "mixed-alibaba-load0.8",
                     "alibaba0.1-synthetic-trace-mix-load0.8", "alibaba0.1-synthetic-trace-mix-load0.9",
-                    "alibaba0.1-alibaba-load0.8", "alibaba-inflation", "mixed-inflation"]
+                    "alibaba0.1-alibaba-load0.8", "alibaba-inflation", "mixed-inflation", "nvl72-groups-load0.8",
+                    "nvl72-groups-load0.9"]
     jobs = {spec.key: spec.jobs for spec in bench.standard_set()}
     assert jobs["mixed-synthetic-trace-mix-load0.9"] == 10_000 and jobs["mixed-synthetic-stress-mix-load0.8"] == 3_000
     assert jobs["alibaba-inflation"] is None and jobs["alibaba0.1-alibaba-load0.8"] is None  # whole workloads
+    assert jobs["nvl72-groups-load0.9"] == bench.NVL72_JOBS
 
 
 def test_the_same_seed_gives_the_same_tables_and_figures(quick: tuple[bench.Bench, Path],
@@ -90,11 +92,14 @@ def test_the_section_shows_each_run_its_verdict_pools_curve_and_plots(quick: tup
         assert f"### {spec.title}" in text
     assert text.count("(4) against (3) at 100%") == 8  # every run at load 0.8 or 0.9
     assert text.count("Per pool: multi-GPU pods") == 2  # the mixed synthetic runs at 0.9
+    assert text.count("started groups that fit one NVLink domain into one (target >= 99%") == 2  # nvl72 runs
+    assert text.count("| (4) ours, groups preferred |") == 2 and "assumed mix (not a trace statistic)" in text
     assert text.count(bench.COMPARABILITY) == 2 and "FGD paper: FGD (median of its seeds)" in text
     assert "assumed training-heavy stress mix" in text and "Total wall time" in text
     assert "0 mismatches" in text
     names = {path.name for r in result.results for path in r.plots}
-    assert {"alibaba-inflation-inflation.png", "mixed-inflation-inflation.png"} <= names
+    assert {"alibaba-inflation-inflation.png", "mixed-inflation-inflation.png", "nvl72-groups-load0.9-group-spans.png",
+            "nvl72-groups-load0.9-group-pending.png"} <= names
     assert all(f"(plots/{name})" in text for name in names)
 
 
@@ -121,7 +126,7 @@ def test_write_replaces_the_section_or_appends_it(quick: tuple[bench.Bench, Path
     target.write_text(f"# Benchmarks\n\n{bench.BEGIN}\nold\n{bench.END}\n\n## after\n", encoding="utf-8")
     assert bench.main(["--write", str(target), "--quick"]) == 0
     text = target.read_text(encoding="utf-8")
-    assert "old" not in text and text.endswith("## after\n") and text.count(bench.BEGIN) == 1
+    assert "\nold\n" not in text and text.endswith("## after\n") and text.count(bench.BEGIN) == 1
     assert "`python -m loadtests.replay.bench --write" in text
     other = tmp_path / "OTHER.md"
     other.write_text("# Other\n", encoding="utf-8")

@@ -2,8 +2,10 @@
 
 Policies (1)-(4) (policies.standard_policies), seed 1, on: the mixed fleet under synthetic load with the trace's
 GPU mix and with an assumed training-heavy mix, and under the Alibaba trace; a tenth of the Alibaba fleet under
-synthetic load and under the trace; FGD's inflation on the whole Alibaba fleet and on the mixed fleet; and
-policy (5), the extender over HTTP, against (4) on a sample. `--write BENCHMARKS.md` replaces the section between
+synthetic load and under the trace; FGD's inflation on the whole Alibaba fleet and on the mixed fleet; then
+(1), (6) Kueue-like and (4) with groups required and preferred (policies.group_policies) on the nvl72 fleet
+under its multi-node mix at 0.8 and 0.9;
+and policy (5), the extender over HTTP, against (4) on a sample. `--write BENCHMARKS.md` replaces the section between
 `<!-- replay:begin -->` and `<!-- replay:end -->`; the plots go to loadtests/plots/replay/ under fixed names.
 
     python -m loadtests.replay.bench [--write BENCHMARKS.md] [--quick]
@@ -26,16 +28,19 @@ from tqdm import tqdm
 
 from loadtests.bench_select import run_header, write_section
 from loadtests.replay.boards import board_key
-from loadtests.replay.clusters import alibaba_fleet, mixed_fleet, pool_capacity
+from loadtests.replay.clusters import alibaba_fleet, mixed_fleet, nvl72_fleet, pool_capacity
 from loadtests.replay.engine import Run, replay
+from loadtests.replay.group_metrics import GroupSummary, summarize_groups
+from loadtests.replay.group_mix import group_workload, mix_note
 from loadtests.replay.http_check import HttpCheck, http_check
 from loadtests.replay.inflation_curve import (COMPARABILITY, CurvePoint, allocation_curve, discrete,
                                               published_by_policy, read_published)
 from loadtests.replay.metrics import FULL, Summary, pod_bandwidth, summarize
 from loadtests.replay.model import ClusterNode, Job
-from loadtests.replay.plots import write_inflation_plot, write_plots
-from loadtests.replay.policies import standard_policies
-from loadtests.replay.report import markdown_table, percent
+from loadtests.replay.plots import write_group_plots, write_inflation_plot, write_plots
+from loadtests.replay.policies import group_policies, standard_policies
+from loadtests.replay.report import group_table, markdown_table, percent
+from loadtests.replay.spans import ALLREDUCE, SPINE_FACTOR, Spans
 from loadtests.replay.workloads import (TRACE_DURATION_MU, TRACE_DURATION_SIGMA, TRACE_GPU_MIX, alibaba_trace,
                                         at_load, describe, inflation, synthetic)
 
@@ -48,6 +53,9 @@ FLEET_SCALE = 0.1
 ALIBABA_SYNTHETIC_JOBS = 20_000
 """On a tenth of the Alibaba fleet (628 GPUs) at 0.9, 20,000 jobs span ~55,000 s, by when the GPUs held reach
 96.5 % of their steady-state level (steady_share), at about 1 minute for the four policies per load."""
+NVL72_JOBS = 2_000
+"""Jobs of the multi-node mix on the nvl72 fleet: they arrive over ~118,000 s at 0.8 and ~105,000 s at 0.9, by when
+the GPUs held reach 98.8 % and 98.5 % of their steady-state level (the M/G/inf ramp of steady_share)."""
 INFLATION_PERCENTS = (80, 90, 100, 110, 120, 130)
 QUICK_JOBS = 300
 QUICK_FLEET_JOBS = 1_000
@@ -69,7 +77,8 @@ class Spec:
     key: str
     title: str
     cluster: str
-    """Either "mixed" (clusters.mixed_fleet(4)) or "alibaba" (clusters.alibaba_fleet at `fleet_scale`)."""
+    """"mixed" (clusters.mixed_fleet(4)), "alibaba" (clusters.alibaba_fleet at `fleet_scale`) or "nvl72"
+    (clusters.nvl72_fleet(), whose synthetic workload is group_mix.py's)."""
     fleet_scale: float
     workload: str
     """One of "synthetic", "alibaba" and "inflation"."""
@@ -77,6 +86,7 @@ class Spec:
     jobs: int | None
     """Synthetic jobs; for the trace and inflation, a cap on the jobs kept (None: all, the standard set)."""
     gpu_mix: Mapping[int, int]
+    """The synthetic GPUs-per-pod weights of the mixed and Alibaba fleets (empty for nvl72)."""
     mix_note: str
 
 
@@ -92,6 +102,8 @@ class Result:
     verdict: str | None
     pools: str | None
     curve: str | None
+    groups: tuple[GroupSummary, ...]
+    """Per policy, for the nvl72 runs; empty for the others."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,16 +141,23 @@ def standard_set(quick: bool = False) -> tuple[Spec, ...]:
                       "inflation", None, cap, TRACE_GPU_MIX, TRACE_MIX_NOTE))
     specs.append(Spec("mixed-inflation", "Inflation (workload c) on the mixed fleet", "mixed", 1.0, "inflation",
                       None, cap, TRACE_GPU_MIX, TRACE_MIX_NOTE))
+    for load in (0.8, 0.9):
+        specs.append(Spec(f"nvl72-groups-load{load:g}", f"NVL72 racks beside HGX nodes, multi-node jobs, load {load:g}",
+                          "nvl72", 1.0, "synthetic", load, cap or NVL72_JOBS, {}, mix_note()))
     return tuple(specs)
 
 
 def cluster_of(spec: Spec) -> tuple[ClusterNode, ...]:
+    if spec.cluster == "nvl72":
+        return nvl72_fleet()
     return mixed_fleet(4) if spec.cluster == "mixed" else alibaba_fleet(scale=spec.fleet_scale)
 
 
 def workload_of(spec: Spec, cluster: Sequence[ClusterNode]) -> tuple[Job, ...]:
     if spec.workload == "synthetic":
         assert spec.load is not None and spec.jobs is not None
+        if spec.cluster == "nvl72":
+            return group_workload(cluster, spec.load, spec.jobs, SEED)
         return synthetic(cluster, spec.load, spec.jobs, SEED, gpu_mix=spec.gpu_mix)
     if spec.workload == "alibaba":
         assert spec.load is not None
@@ -165,22 +184,23 @@ def run_spec(spec: Spec, plots: Path, published_curve: bool) -> tuple[Result, tu
     cluster = cluster_of(spec)
     jobs = workload_of(spec, cluster)
     runs = []
-    for policy in standard_policies(cluster):
+    for policy in (group_policies if spec.cluster == "nvl72" else standard_policies)(cluster):
         with tqdm(total=len(jobs), desc=f"{spec.key} {policy.name}", unit="pod", file=sys.stderr, leave=False) as bar:
             runs.append(replay(cluster, jobs, policy, SEED, progress=lambda done: bar.update(done - bar.n)))
     summaries = tuple(summarize(run) for run in runs)
-    paths = write_plots(runs, plots, spec.key)
+    groups = tuple(summarize_groups(run) for run in runs) if spec.cluster == "nvl72" else ()
+    paths = write_plots(runs, plots, spec.key) + (write_group_plots(runs, plots, spec.key) if groups else [])
     curve = None
     if spec.workload == "inflation":
         curves = {run.policy: allocation_curve(run) for run in runs}
         published = read_published() if published_curve else ()
         paths.append(write_inflation_plot(curves, published, plots, spec.key))
         curve = curve_table(curves, published_curve)
-    verdict = acceptance(summaries) if spec.load in (0.8, 0.9) else None
+    verdict = (group_acceptance(groups) if groups else acceptance(summaries)) if spec.load in (0.8, 0.9) else None
     mixed_at_09 = spec.cluster == "mixed" and spec.workload == "synthetic" and spec.load == 0.9
     pools = pool_table(runs) if mixed_at_09 else None
     result = Result(spec, len(cluster), sum(pool_capacity(cluster).values()), describe(jobs), summaries,
-                    time.perf_counter() - started, tuple(paths), verdict, pools, curve)
+                    time.perf_counter() - started, tuple(paths), verdict, pools, curve, groups)
     return result, jobs, cluster
 
 
@@ -203,6 +223,27 @@ def acceptance(summaries: Sequence[Summary]) -> str:
                else "falls short: " + "; ".join(short))
     return (f"(4) against (3) at 100%: {percent(four.efficiency_full_share)} against "
             f"{percent(three.efficiency_full_share)} ({gap:+.2f} points). (4) {verdict}.")
+
+
+def group_acceptance(groups: Sequence[GroupSummary]) -> str:
+    """Issue 17's target: (4) with required placement puts >= 99 % of the groups that fit one NVLink domain into
+    one; its GPU utilization and p95 pending are set beside (1)'s and (6)'s, and (4) preferred is named too."""
+    one, kueue, ours, preferred = groups
+    met = ours.groups_in_one_domain_share >= 0.99
+    classes = ", ".join(f"{name}: {_seconds(ours, name)} against {_seconds(one, name)} (1) and "
+                        f"{_seconds(kueue, name)} (6)" for name in ours.pending_p95_s_by_pods)
+    return (f"{ours.policy} puts {percent(ours.groups_in_one_domain_share)} of the "
+            f"{ours.groups_fitting_one_domain:,} started groups that fit one NVLink domain into one (target >= 99%: "
+            f"{'met' if met else 'not met'}); {preferred.policy} {percent(preferred.groups_in_one_domain_share)}, "
+            f"(1) {percent(one.groups_in_one_domain_share)}, (6) {percent(kueue.groups_in_one_domain_share)}. "
+            f"GPU utilization of running jobs {percent(ours.gpu_utilization_running)} against "
+            f"{percent(one.gpu_utilization_running)} (1) and {percent(kueue.gpu_utilization_running)} (6); p95 "
+            f"pending by pods per job, {classes}.")
+
+
+def _seconds(groups: GroupSummary, name: str) -> str:
+    value = groups.pending_p95_s_by_pods.get(name, math.nan)
+    return "-" if math.isnan(value) else f"{value:,.0f} s"
 
 
 def pool_table(runs: Sequence[Run]) -> str:
@@ -280,6 +321,12 @@ def render(bench: Bench, root: Path, times: bool = True) -> str:
         f"{percent(steady_share(ALIBABA_SYNTHETIC_JOBS, alibaba_fleet(scale=FLEET_SCALE), 0.9))} of their "
         "steady-state level at load 0.9 (the M/G/inf ramp of the trace's lognormal durations; the whole fleet "
         "would need ten times the jobs for the same).",
+        f"- The nvl72 runs replay {NVL72_JOBS:,} jobs of the multi-node mix with policies (1), (6) and (4) (its "
+        "members asking required, then preferred placement) of `policies.group_policies`; their table is `report.group_table`, and the all-reduce figures behind the "
+        "modelled job time are `spans.ALLREDUCE` (" + "; ".join(
+            f"{platform}: {figures.domain_gbps:g} GB/s in one NVLink domain, {figures.leaf_gbps:g} within a leaf"
+            for platform, figures in ALLREDUCE.items())
+        + f"; across leaves x{SPINE_FACTOR:g}, an assumed 2:1 spine oversubscription).",
     ]
     if bench.quick:
         lines.append(f"- **Quick run**: {QUICK_FLEET_JOBS:,} synthetic jobs on the Alibaba fleet, every other workload "
@@ -292,12 +339,13 @@ def render(bench: Bench, root: Path, times: bool = True) -> str:
         spec = result.spec
         load = "" if spec.load is None else f", offered load {spec.load:g}"
         mix = f", {spec.mix_note}" if spec.workload == "synthetic" else ""
+        fleet = {"alibaba": f" at scale {spec.fleet_scale:g}", "mixed": " (4 nodes per pool)",
+                 "nvl72": f" ({Spans(cluster_of(spec)).outline()})"}[spec.cluster]
         lines += ["", f"### {spec.title}", "",
-                  f"- Cluster: {spec.cluster} fleet"
-                  + (f" at scale {spec.fleet_scale:g}" if spec.cluster == "alibaba" else " (4 nodes per pool)")
-                  + f", {result.nodes:,} nodes, {result.gpus:,} GPUs; workload {spec.workload}{mix}{load}: "
-                  + f"{result.jobs}." + (f" Run time {result.seconds:,.0f} s." if times else ""), "",
-                  markdown_table(result.summaries)]
+                  f"- Cluster: {spec.cluster} fleet{fleet}, {result.nodes:,} nodes, {result.gpus:,} GPUs; workload "
+                  f"{spec.workload}{mix}{load}: {result.jobs}." + (f" Run time {result.seconds:,.0f} s." if times else ""),
+                  "", group_table(list(zip(result.summaries, result.groups))) if result.groups
+                  else markdown_table(result.summaries)]
         if result.verdict is not None:
             lines += ["", result.verdict]
         if result.pools is not None:
