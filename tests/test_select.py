@@ -149,3 +149,11 @@ def test_bad_requests_are_clear_errors() -> None:
         Request(2, min_ring_gbps=float("nan"))
     with pytest.raises(ValueError, match="beyond"):
         Selector().select(compiled, [9], Request(1))
+
+
+def test_a_ring_of_the_kind_that_misses_only_the_bandwidth_is_reported_as_bandwidth() -> None:
+    # DGX H100: every pair is NVLink at 450 GB/s, so an NVLink ring of 4 exists; 1000 GB/s is what it misses.
+    compiled = compile_topology(PLATFORMS["dgx-h100"].topology())
+    result = Selector().select(compiled, compiled.full_mask, Request(4, Interconnect.NVLINK, 1000.0))
+    assert isinstance(result, NoFit) and result.reason is NoFitReason.BANDWIDTH
+    assert "needs 4 GPUs" not in result.message and "the pod needs at least 1000.0 GB/s" in result.message

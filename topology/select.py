@@ -164,8 +164,8 @@ class Selector:
                 f"over {_level_text(unconstrained.weakest)}")
         parts = [best]
         reason = NoFitReason.BANDWIDTH
-        if request.interconnect is not Interconnect.ANY:
-            largest = _largest_ring(query, self.budget)
+        largest = _largest_ring(query, self.budget) if request.interconnect is not Interconnect.ANY else query.count
+        if largest != query.count:  # a ring of the kind exists when it only misses the bandwidth
             free = "how many are free is past the work budget" if largest is None else f"{largest} free"
             parts.append(f"{request.interconnect.value} needs {query.count} GPUs on "
                          f"{_RING_OF[request.interconnect]}, {free}")
@@ -176,11 +176,11 @@ class Selector:
 
 
 def _largest_ring(query: _Query, budget: int) -> int | None:
-    """The most free GPUs on one ring at the query's level, with one budget for every size tried; None when
-    it runs out first."""
+    """The most free GPUs, up to the query's count, on one ring at the query's level, with one budget for every
+    size tried; None when it runs out first."""
     steps = WorkBudget(budget)
     try:
-        for count in range(query.count - 1, 1, -1):
+        for count in range(query.count, 1, -1):
             if _best(replace(query, count=count, min_mbps=0), steps) is not None:
                 return count
     except BudgetExhausted:
