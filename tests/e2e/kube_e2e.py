@@ -49,6 +49,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
 from extender.demo_cluster import with_uuids
 from extender.pod_request import DEFAULT_GPU_RESOURCE
@@ -889,9 +890,20 @@ class Cluster:
     processes: dict[str, Process] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     keys: AnnotationKeys = AnnotationKeys()
+    extender_url: str = ""
 
     def uuid_index(self, node: str) -> dict[str, int]:
         return {gpu.uuid: gpu.index for gpu in self.topologies[node].gpus}
+
+    def extender_metric(self, name: str, **labels: str) -> float:
+        """One sample of the extender's /metrics (0 when it has none yet), read over mTLS as the readiness probe
+        reads /readyz: what the extender did that the API server does not show, such as the binds it refused."""
+        status, body = local_get(int(self.extender_url.rsplit(":", 1)[1]), "/metrics",
+                                 client_context(self.pki, "extender"))
+        if status != 200:
+            raise StartupError(f"extender /metrics answered {status}: {body[:200]!r}")
+        return sum(sample.value for family in text_string_to_metric_families(body.decode())
+                   for sample in family.samples if sample.name == name and labels.items() <= sample.labels.items())
 
     def logs(self, lines: int = 40) -> list[tuple[str, str]]:
         return [(f"{process.name} log, last {lines} lines ({process.log_path})", process.tail(lines))
@@ -939,4 +951,5 @@ def start_cluster(binaries: KubeBinaries, workdir: Path, stack: ExitStack,
                                 feature_gates=spec.feature_gates)
     return Cluster(workdir=workdir, pki=pki, kube=kube, topologies=topologies, platforms=dict(spec.nodes),
                    scheduler_name=scheduler_name(config), namespace=spec.namespace, reporter=reporter,
-                   processes={p.name: p for p in (etcd, apiserver, extender, scheduler)}, versions=versions)
+                   processes={p.name: p for p in (etcd, apiserver, extender, scheduler)}, versions=versions,
+                   extender_url=extender_url)
