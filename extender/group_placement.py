@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from extender.domains import span_name
 from extender.drain import Drains
 from extender.filter import FilterOutcome
-from extender.group_plan import Layout, best_layout, capacity, drain_targets, layout
+from extender.group_plan import best_layout, capacity, drain_targets, layout
 from extender.group_plans import Plan
 from extender.pod_request import PodRequest
 from extender.state import ClusterState, NodeKey
@@ -140,24 +140,28 @@ class GroupPlacement:
         spans = (group.span,) if group.required else state.domains.outward(group.span)
         wait_at: _NoRoom | None = None
         for span in spans:
-            domains = self._domains(span, [members[uid] for uid in placed if members.get(uid)])
-            layouts: list[Layout | None] = []
-            nearest: tuple[int, tuple[tuple[str, NodeKey], ...]] | None = None
-            for domain, nodes in domains:
-                usable = self._usable(pod, key, nodes, now)
-                layouts.append(layout(self.selector, domain, usable, remaining, request.count))
-                if wait_at is None and capacity(self.selector, usable, request.count) >= remaining:
-                    ready, _ = drain_targets(self.selector, usable, remaining, request.count)
-                    if nearest is None or ready > nearest[0]:
-                        nearest = (ready, tuple(usable))
-            best = best_layout(layouts)
+            domains = [(domain, self._usable(pod, key, nodes, now))
+                       for domain, nodes in self._domains(span, [members[uid] for uid in placed if members.get(uid)])]
+            best = best_layout(layout(self.selector, domain, usable, remaining, request.count)
+                               for domain, usable in domains)
             if best is not None:
                 return Plan(key, span, best.domain, request.count, best.slots, now, now + state.plans.timeout)
-            if wait_at is None and nearest is not None:
-                wait_at = _NoRoom(span, nearest[1], remaining)
-                if group.required or self.wait.holds(key, self.wait.seconds(pod), now):
+            if wait_at is None:
+                wait_at = self._nearest(span, domains, remaining, request.count)
+                if wait_at is not None and (group.required or self.wait.holds(key, self.wait.seconds(pod), now)):
                     return wait_at
         return wait_at
+
+    def _nearest(self, span: str, domains: list[tuple[str, list[tuple[str, NodeKey]]]], members: int,
+                 count: int) -> _NoRoom | None:
+        """Among the domains that could hold the group with every GPU free, the one nearest to holding it now."""
+        nearest: tuple[int, list[tuple[str, NodeKey]]] | None = None
+        for _, usable in domains:
+            if capacity(self.selector, usable, count) >= members:
+                ready, _ = drain_targets(self.selector, usable, members, count)
+                if nearest is None or ready > nearest[0]:
+                    nearest = (ready, usable)
+        return None if nearest is None else _NoRoom(span, tuple(nearest[1]), members)
 
     def _domains(self, span: str, placed_nodes: list[str]) -> list[tuple[str, list[str]]]:
         """The span's domains as (domain, nodes); only the one most of the group's bound members are in, if any."""

@@ -47,8 +47,11 @@ class Layout:
 
 def node_sets(selector: Selector, key: NodeKey, count: int) -> tuple[int, ...]:
     """Disjoint full-bandwidth sets of `count` among the node's free GPUs, best first; remembered per key
-    (keys are interned, and few free masks recur), at most 65,536 answers."""
+    (keys are interned, and few free masks recur), at most 65,536 answers. One GPU has no ring: any free GPU
+    is a set of one."""
     found = _sets.get((key, count))
+    if found is None and count == 1:
+        found = tuple(1 << gpu for gpu in range(key.compiled.size) if key.free >> gpu & 1)
     if found is None:
         healthy = key.compiled.full_mask & ~key.unhealthy
         sets: list[int] = []
@@ -59,9 +62,10 @@ def node_sets(selector: Selector, key: NodeKey, count: int) -> tuple[int, ...]:
                 break
             sets.append(mask_of(choice.gpus))
             rest &= ~sets[-1]
-        if len(_sets) >= _SETS_LIMIT:
-            _sets.clear()
-        found = _sets[(key, count)] = tuple(sets)
+        found = tuple(sets)
+    if len(_sets) >= _SETS_LIMIT:
+        _sets.clear()
+    _sets[(key, count)] = found
     return found
 
 
@@ -93,8 +97,7 @@ def best_layout(layouts: Iterable[Layout | None]) -> Layout | None:
 
 def capacity(selector: Selector, nodes: Sequence[tuple[str, NodeKey]], count: int) -> int:
     """Members of `count` GPUs the domain holds with every healthy GPU free: whether the group could ever fit."""
-    return sum(len(_disjoint(full_set_masks(selector, key.compiled, key.compiled.full_mask & ~key.unhealthy,
-                                            count))) for _, key in nodes)
+    return sum(len(_healthy_sets(selector, key, count)) for _, key in nodes)
 
 
 def drain_targets(selector: Selector, nodes: Sequence[tuple[str, NodeKey]], members: int,
@@ -103,13 +106,21 @@ def drain_targets(selector: Selector, nodes: Sequence[tuple[str, NodeKey]], memb
     disjoint, and how many of their GPUs are free: what to drain so that departures complete the group."""
     candidates: list[tuple[int, str, int]] = []
     for name, key in nodes:
-        healthy = key.compiled.full_mask & ~key.unhealthy
-        ranked = sorted(full_set_masks(selector, key.compiled, healthy, count),
+        ranked = sorted(_healthy_sets(selector, key, count, disjoint=False),
                         key=lambda mask, free=key.free: -(mask & free).bit_count())
         candidates.extend(((mask & key.free).bit_count(), name, mask) for mask in _disjoint(ranked))
     candidates.sort(key=lambda candidate: (-candidate[0], candidate[1]))
     chosen = candidates[:members]
     return sum(ready for ready, _, _ in chosen), [Slot(name, mask) for _, name, mask in chosen]
+
+
+def _healthy_sets(selector: Selector, key: NodeKey, count: int, disjoint: bool = True) -> list[int]:
+    """The full-bandwidth sets of `count` among the node's healthy GPUs (single GPUs for one), disjoint or all."""
+    healthy = key.compiled.full_mask & ~key.unhealthy
+    if count == 1:
+        return [1 << gpu for gpu in range(key.compiled.size) if healthy >> gpu & 1]
+    masks = full_set_masks(selector, key.compiled, healthy, count)
+    return _disjoint(masks) if disjoint else list(masks)
 
 
 def _disjoint(masks: Iterable[int]) -> list[int]:

@@ -300,3 +300,11 @@ def test_a_member_asking_another_gpu_count_than_its_group_plan_is_told_why() -> 
     outcome = service.filter(ExtenderArgs(_pod(kube, "w1", 2, group="train"), ALL, None))
     assert outcome.unresolvable == {
         "group train: its members must request the same number of GPUs (the group's plan gives 4 to each)": ALL}
+
+
+def test_a_group_of_one_gpu_members_is_planned_on_single_gpus() -> None:
+    service, kube = _cluster(ManualClock(), busy={name: (0, 1) for name in _names("a")})
+    outcome = service.filter(ExtenderArgs(_pod(kube, "w0", 1, group="tiny", size=8,
+                                               **{"gpu-topology.io/group-placement": "required"}), ALL, None))
+    assert outcome.passed and {_domain(node) for node in outcome.passed} == {"a"}  # best fit: the used rack
+    assert sum(len(entry.gpus) for entry in service.state.ledger.pods() if entry.phase is Phase.PLANNED) == 8
