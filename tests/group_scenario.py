@@ -116,9 +116,14 @@ def domains_of_groups(pods: Iterable[Mapping[str, Any]], labels: Mapping[str, Ma
     return found
 
 
-def split_groups(pods: Iterable[Mapping[str, Any]], labels: Mapping[str, Mapping[str, str]]) -> dict[str, set[str]]:
-    """The groups whose bound members are in more than one domain: none, at every moment of the run."""
-    return {group: domains for group, domains in domains_of_groups(pods, labels).items() if len(domains) > 1}
+def moment_problems(pods: list[Mapping[str, Any]], labels: Mapping[str, Mapping[str, str]],
+                    waiting: Iterable[str]) -> list[str]:
+    """What must hold at every moment of the run: no group's bound members in two domains, and no bound member of
+    a group that cannot be placed now (`waiting`)."""
+    problems = [f"bound members of group {group} span two NVLink domains: {sorted(domains)}"
+                for group, domains in domains_of_groups(pods, labels).items() if len(domains) > 1]
+    return problems + [f"{pod['metadata']['name']} bound while its group {group} cannot be placed"
+                       for group in waiting for pod in bound_members(pods, group)]
 
 
 def gpus_given_twice(pods: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:

@@ -38,8 +38,8 @@ from group_scenario import (
     first_wave,
     gpus_given_twice,
     members_without_a_tray,
+    moment_problems,
     plan_problems,
-    split_groups,
     tray_labels,
     waiting_group,
 )
@@ -101,11 +101,8 @@ class KubeScheduler:
             effective_gpu_request(pod["spec"], DEFAULT_GPU_RESOURCE) for pod in self.server.pods_on(tray)) >= gpus]
 
     def _check(self) -> None:
-        pods = self.pods()
-        split = split_groups(pods, LABELS)
-        assert not split, f"cycle {self.cycles}: bound members of a group span two NVLink domains: {split}"
-        early = {group: [pod["metadata"]["name"] for pod in bound_members(pods, group)] for group in self.waiting}
-        assert not any(early.values()), f"cycle {self.cycles}: bound while their group cannot be placed: {early}"
+        problems = moment_problems(self.pods(), LABELS, self.waiting)
+        assert not problems, f"after cycle {self.cycles}: {problems}"
 
 
 @pytest.fixture(name="cluster")

@@ -51,10 +51,10 @@ from group_scenario import (
     first_wave,
     gpus_given_twice,
     members_without_a_tray,
+    moment_problems,
     node_of,
     plan_of,
     plan_problems,
-    split_groups,
     tray_labels,
     waiting_group,
 )
@@ -105,10 +105,8 @@ class Observer:
     def pods(self) -> list[dict[str, Any]]:
         pods = self.cluster.kube.list_pods(self.cluster.namespace)
         self.polls += 1
-        split = split_groups(pods, LABELS)
-        assert not split, f"poll {self.polls}: bound members of a group span two NVLink domains: {split}"
-        early = {group: [pod["metadata"]["name"] for pod in bound_members(pods, group)] for group in self.waiting}
-        assert not any(early.values()), f"poll {self.polls}: bound while their group cannot be placed: {early}"
+        problems = moment_problems(pods, LABELS, self.waiting)
+        assert not problems, f"poll {self.polls}: {problems}"
         return pods
 
     def until(self, what: str, done: Callable[[list[dict[str, Any]]], bool],
