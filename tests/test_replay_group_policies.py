@@ -72,6 +72,19 @@ def test_ours_keeps_a_rack_whole_so_the_group_starts_at_once_in_it() -> None:
         assert summarize_groups(run).groups_in_one_domain_share == 1.0
 
 
+def test_a_group_that_fits_one_hgx_node_asks_ours_for_its_leaf_and_is_placed() -> None:
+    """No clique label names an HGX node's NVLink domain, so the extender sees none there: a group small enough
+    for one node asks for the narrowest labelled span, its leaf, and is placed even when it requires it."""
+    fleet = nvl72_fleet(racks=1, hgx_leaves=1, hgx_per_leaf=2)
+    group = [Job(f"g-{m}", 0.0, 50.0, 2, "H100", group="g", pods=2) for m in range(2)]
+    spans = Spans(fleet)
+    assert (spans.tightest(group[0]), spans.tightest(group[0], labelled=True)) == (Span.DOMAIN, Span.LEAF)
+    run = replay(fleet, group, ExtenderPolicy("ours", fleet, delivery=True, topology_levels=TOPOLOGY_LEVELS,
+                                              group_placement="required"), 1)
+    assert [outcome.placed_s for outcome in run.outcomes] == [0.0, 0.0]
+    assert spans.span_of(outcome.placement.node for outcome in run.outcomes) <= Span.LEAF
+
+
 def test_kueue_takes_the_best_fit_block_then_fills_its_nodes_most_free_first() -> None:
     paths = {"a1": ("s", "a", "a1"), "a2": ("s", "a", "a2"), "b1": ("s", "b", "b1"), "c1": ("s", "c", "c1"),
              "c2": ("s", "c", "c2")}

@@ -169,8 +169,9 @@ class StockPluginCluster(DemoCluster):
 
 GROUP_SPAN: dict[Span, str] = {Span.DOMAIN: NVLINK_DOMAIN, Span.LEAF: LEAF_LABEL, Span.SPINE: SPINE_LABEL,
                                Span.FLEET: SPINE_LABEL}
-"""The group-span a group asks for, by the narrowest span that could hold it (spans.Spans.tightest); one that no
-spine holds asks for the widest level there is."""
+"""The group-span a group asks for, by the narrowest labelled span that could hold it (spans.Spans.tightest: a
+group that fits one HGX node, which no clique label names, asks for its leaf); one that no spine holds asks for
+the widest level there is."""
 
 
 class ExtenderPolicy(_KubeSearch):
@@ -230,7 +231,7 @@ class ExtenderPolicy(_KubeSearch):
             return {}
         keys = self.state.keys
         return {keys.group: job.group, keys.group_size: str(job.pods),
-                keys.group_span: GROUP_SPAN[self.spans.tightest(job)], keys.group_placement: self.group_placement}
+                keys.group_span: GROUP_SPAN[self.spans.tightest(job, labelled=True)], keys.group_placement: self.group_placement}
 
 
 def standard_policies(nodes: Sequence[ClusterNode], topology_wait: float = TOPOLOGY_WAIT_SECONDS

@@ -79,8 +79,9 @@ class Spans:
     def __init__(self, nodes: Sequence[ClusterNode]) -> None:
         self.nodes = tuple(nodes)
         self.blocks = {node.name: _blocks(node) for node in nodes}
+        self.labelled = {node.name: _labelled(node) for node in nodes}
         self.platform = {node.name: node.platform for node in nodes}
-        self._holds: dict[tuple[int, str | None, Span], int] = {}
+        self._holds: dict[tuple[int, str | None, Span, bool], int] = {}
 
     def outline(self) -> str:
         """The fleet's shape in words: its NVLink domains of more than one node, leaves and spines."""
@@ -97,21 +98,31 @@ class Spans:
         return next((span for span in (Span.DOMAIN, Span.LEAF, Span.SPINE)
                      if len({path[span] for path in paths}) <= 1), Span.FLEET)
 
-    def holds(self, job: Job, span: Span) -> int:
-        """The most members of the job's group (`gpus` each, in its pool) one empty block of the span holds."""
-        key = (job.gpus, job.gpu_model, span)
+    def holds(self, job: Job, span: Span, *, labelled: bool = False) -> int:
+        """The most members of the job's group (`gpus` each, in its pool) one empty block of the span holds;
+        `labelled`: of the blocks a node label names, the only ones the extender sees."""
+        key = (job.gpus, job.gpu_model, span, labelled)
         if key not in self._holds:
             per_block: dict[str, int] = {}
             for node in self.nodes:
-                if job.gpu_model is None or node.gpu_model == job.gpu_model:
+                if (job.gpu_model in (None, node.gpu_model)
+                        and (span is Span.FLEET or not labelled or self.labelled[node.name][span])):
                     block = "" if span is Span.FLEET else self.blocks[node.name][span]
                     per_block[block] = per_block.get(block, 0) + len(installed_gpus(node)) // job.gpus
             self._holds[key] = max(per_block.values(), default=0)
         return self._holds[key]
 
-    def tightest(self, job: Job) -> Span:
-        """The narrowest span one block of which could hold the whole group empty: what it asks for."""
-        return next(span for span in Span if span is Span.FLEET or self.holds(job, span) >= job.pods)
+    def tightest(self, job: Job, *, labelled: bool = False) -> Span:
+        """The narrowest span one block of which could hold the whole group empty: what it asks for;
+        `labelled`: among the blocks a node label names."""
+        return next(span for span in Span
+                    if span is Span.FLEET or self.holds(job, span, labelled=labelled) >= job.pods)
+
+
+def _labelled(node: ClusterNode) -> tuple[bool, bool, bool]:
+    """Whether a label names the node's NVLink domain, leaf and spine (indexed by Span)."""
+    labels = dict(node.labels)
+    return bool(labels.get(CLIQUE_LABEL)), bool(labels.get(LEAF_LABEL)), bool(labels.get(SPINE_LABEL))
 
 
 def _blocks(node: ClusterNode) -> tuple[str, str, str]:
