@@ -84,7 +84,9 @@ class Ledger:
             else:
                 self._uncertain.pop(assignment.pod_uid, None)
             released = self._released.get(assignment.node)
-            if released:
+            if released and assignment.phase is not Phase.PLANNED:
+                # A pod now holds these GPUs: the release before it no longer says they are free. A plan's slot
+                # holds them for a pod to come, and gives them back to it, so the release still stands.
                 for gpu in assignment.gpus:
                     released.pop(gpu, None)
 

@@ -12,7 +12,7 @@ bind, a deletion), as its Extender rejector makes kube-scheduler retry it then.
 After every cycle the pods are checked as the end-to-end test checks them at every poll: no group's bound members
 span two domains, and no member of the group that cannot be placed is bound. The scenario runs twice: with no
 report since the trays were created, and with the node agents' reports of the bound pods' GPUs read before the
-deletion, as the end-to-end test has them (the second is a known extender bug for now: its xfail says which).
+deletion, as the end-to-end test has them: a plan laid on GPUs freed since the node's last report must bind.
 """
 
 from __future__ import annotations
@@ -137,11 +137,7 @@ def report(server: FakeKubeApiServer, extender: Extender) -> None:
 
 @pytest.mark.parametrize("reported", [
     False,
-    pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=(
-        "extender bug: a plan laid on GPUs freed since the node's last report is refused at its first member's "
-        "bind ('the GPUs planned for pod ...'s group are no longer free') and planned again until the next "
-        "report: recording the PLANNED entry drops the GPUs' release marks (Ledger.record), and the claim's "
-        "release(freed=False) does not restore them, so the stale report's `used` takes them back"))),
+    True,
 ], ids=["before-any-report", "reported-before-the-deletion"])
 def test_groups_land_whole_and_a_waiting_group_takes_the_domain_a_deleted_group_frees(
         cluster: tuple[FakeKubeApiServer, Extender, KubeScheduler], reported: bool) -> None:
