@@ -3,7 +3,9 @@
 The NVLink domain (an NVL72 rack) is the innermost span; the levels (Topograph's spine and leaf, a cloud's
 block labels) follow, outermost first as Kueue's Topology levels list them. A node's domain at a level is the
 path of its label values from the outermost level down to that one, so two leaves that reuse a name under
-different spines stay two leaves. A node without the label of a level is in no domain there, and a group that
+different spines stay two leaves. A node whose GPUs reach no other node over NVLink (an HGX or DGX board, no
+fabric) is an NVLink domain of its own, as NCCL counts an NVLink clique as one node: a group spanning an NVLink
+domain there shares one node. A node whose fabric is in doubt is in no NVLink domain. A node without the label of a level is in no domain there, and a group that
 spans that level cannot be placed on it.
 
 The index is kept as nodes change (a watch event at a time), so the planner reads each domain's members
@@ -21,6 +23,8 @@ from extender.group_request import LABEL_KEY, NVLINK_DOMAIN
 from topology.bounds import MAX_DOMAIN_LENGTH
 
 _SPAN_NAMES = {NVLINK_DOMAIN: "NVLink domain"}
+OWN_DOMAIN = "node/"
+"""How the NVLink domain of a node that is its own is named: no clique string (a UUID and a number) starts so."""
 
 
 def span_name(span: str) -> str:
@@ -44,11 +48,16 @@ class DomainIndex:
         self._busy_in: dict[str, dict[str, int]] = {span: {} for span in self.spans}  # span -> domain -> busy nodes
         self.whole: set[str] = set()  # nodes whose innermost domain has every GPU free
         self._on_whole = on_whole
+        self._own: set[str] = set()  # nodes that are an NVLink domain of their own
 
-    def update(self, node: str, nvlink_domain: str | None, labels: Mapping[str, Any]) -> None:
+    def update(self, node: str, nvlink_domain: str | None, labels: Mapping[str, Any], doubt: bool = False) -> None:
+        """`nvlink_domain` the node's multi-node NVLink domain, None for none; `doubt` its fabric is in doubt."""
         busy = node in self._busy
         self.remove(node)
-        for span, domain in self._domains(nvlink_domain, labels).items():
+        own = nvlink_domain is None and not doubt
+        if own:
+            self._own.add(node)
+        for span, domain in self._domains(f"{OWN_DOMAIN}{node}" if own else nvlink_domain, labels).items():
             self._of[span][node] = domain
             self._members[span].setdefault(domain, set()).add(node)
         self.set_busy(node, busy)
@@ -57,6 +66,7 @@ class DomainIndex:
     def remove(self, node: str) -> None:
         self.set_busy(node, False)
         self._busy.discard(node)
+        self._own.discard(node)
         for span in self.spans:
             domain = self._of[span].pop(node, None)
             if domain is not None:
@@ -86,9 +96,10 @@ class DomainIndex:
                         self._recheck(member)
 
     def _recheck(self, node: str) -> None:
+        """Whole or not at the node's innermost multi-node span (a node's own NVLink domain is no rack to keep)."""
         for span in self.spans:
             domain = self._of[span].get(node)
-            if domain is not None:
+            if domain is not None and not (span == NVLINK_DOMAIN and node in self._own):
                 self._mark(node, self._busy_in[span].get(domain, 0) == 0)
                 return
         self._mark(node, False)

@@ -264,7 +264,7 @@ class ClusterState:
             labels = metadata.get("labels") if isinstance(metadata.get("labels"), dict) else {}
             view = self._decode_node(name, metadata.get("annotations") or {}, labels)
             self._store(view)
-            self.domains.update(name, view.domain.name, labels)
+            self.domains.update(name, view.domain.name, labels, doubt=view.domain.problem is not None)
             self._restale(name, stale=view.compiled is not None and self.is_stale(view, self.clock()))
             if view.observed is not None:
                 self.ledger.reporter_observed(name, view.observed)

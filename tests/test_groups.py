@@ -308,3 +308,15 @@ def test_a_group_of_one_gpu_members_is_planned_on_single_gpus() -> None:
                                                **{"gpu-topology.io/group-placement": "required"}), ALL, None))
     assert outcome.passed and {_domain(node) for node in outcome.passed} == {"a"}  # best fit: the used rack
     assert sum(len(entry.gpus) for entry in service.state.ledger.pods() if entry.phase is Phase.PLANNED) == 8
+
+
+def test_a_node_without_multi_node_nvlink_is_an_nvlink_domain_of_its_own() -> None:
+    # DGX H100s with no clique label and no levels: a group of two 4-GPU members spanning an NVLink domain shares
+    # one node's NVSwitch, and the fuller node is filled first.
+    state = reported_cluster({"h1": ("dgx-h100", (0,)), "h2": ("dgx-h100", ())}, clock=ManualClock(), seal=SEAL)
+    kube = _Kube()
+    kube.state = state
+    service = ExtenderService(state, kube, topology_wait=600.0)  # type: ignore[arg-type]
+    pod = _pod(kube, "w0", 3, group="pair", size=2)
+    assert service.filter(ExtenderArgs(pod, ["h1", "h2"], None)).passed == ["h1"]
+    assert not state.domains.whole  # a node's own domain is no rack to keep whole
