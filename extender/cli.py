@@ -32,6 +32,7 @@ from extender.seal import Seal
 from extender.state import BIND_OUTCOME_SECONDS, ClusterState
 from extender.wait import TOPOLOGY_WAIT_SECONDS
 from topology.annotations import DEFAULT_PREFIX, AnnotationKeys
+from topology.backoff import Backoff
 from topology.bounds import MAX_TOPOLOGY_WAIT_SECONDS
 
 log = logging.getLogger("gpu-topology-extender")
@@ -178,10 +179,11 @@ def _serve(args: argparse.Namespace) -> int:
                                   topology_wait=args.topology_wait)
         nodes.start()
         pods.start()
-        for kind in KINDS:
+        for kind in KINDS:  # a cluster without the CRD or the alpha API answers 404: ask every 5 minutes at most
             Reflector(lambda kind=kind: kube.list_pod_groups(kind),
                       lambda version, timeout, kind=kind: kube.watch_pod_groups(kind, version, timeout),
-                      GroupSizes(kind, state.group_sizes), name=f"{kind.plural}.{kind.group}").start()
+                      GroupSizes(kind, state.group_sizes), name=f"{kind.plural}.{kind.group}",
+                      backoff=Backoff(initial=5.0, maximum=300.0, jitter=0.2)).start()
         if elector is not None and own_pod is not None:
             label = LeaderLabel(kube, *own_pod, state.keys.leader, service.leads)
             label.start()
