@@ -20,7 +20,7 @@ cannot make a group fit (the preempt verb knows no groups yet).
 from __future__ import annotations
 
 import logging
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 ELSEWHERE = "not in the placement planned for the pod's group"
 PLAN_LIMIT = "too many group plans in force; the group waits for one to end"
 MAX_SCORE = 10
+NO_ROOM_SECONDS = 1.0
+MAX_REMEMBERED_GROUPS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,7 @@ class GroupPlacement:
         self.selector = selector
         self.wait = wait
         self.drains = drains
+        self._no_room: OrderedDict[str, tuple[int, float, _NoRoom | None]] = OrderedDict()
 
     def filter(self, pod: PodRequest, names: Sequence[str]) -> FilterOutcome | None:
         """The member's verdicts, or None when it is to be placed as a single pod."""
@@ -83,7 +86,7 @@ class GroupPlacement:
                 return _only(names, nodes)
             if state.plans.full and state.plans.get(key) is None:
                 return _refuse(names, PLAN_LIMIT, resolvable=True)
-            found = self._plan(pod, key, size, now)
+            found = self._plan_once(pod, key, size, now)
             if isinstance(found, Plan):
                 state.plans.install(found)
                 self.wait.forget(key)
@@ -128,6 +131,22 @@ class GroupPlacement:
         if claimed is not None:
             return frozenset({plan.slots[claimed].node})
         return frozenset(slot.node for _, slot in plans.open_slots(key))
+
+    def _plan_once(self, pod: PodRequest, key: str, size: int, now: float) -> Plan | _NoRoom | None:
+        """`_plan`, but a group found no room for is not searched again until a node changes or a second passes:
+        kube-scheduler may retry a waiting gang a thousand times a second (README, kube-scheduler's pod groups)."""
+        seen = self._no_room.get(key)
+        if seen is not None and seen[0] == self.state.version and now - seen[1] < NO_ROOM_SECONDS:
+            return seen[2]
+        found = self._plan(pod, key, size, now)
+        if isinstance(found, Plan):
+            self._no_room.pop(key, None)
+        else:
+            self._no_room[key] = (self.state.version, now, found)
+            self._no_room.move_to_end(key)
+            if len(self._no_room) > MAX_REMEMBERED_GROUPS:
+                self._no_room.popitem(last=False)
+        return found
 
     def _plan(self, pod: PodRequest, key: str, size: int, now: float) -> Plan | _NoRoom | None:
         """A plan for the members still to come; else the span to wait at, or None if no domain ever holds them."""

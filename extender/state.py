@@ -130,6 +130,7 @@ class ClusterState:
         self._interned_boards: set[CompiledTopology] = set()
         self._boards_limit = MAX_DEAD_BOARDS
         self.key_epoch = 0  # bumped when keys are forgotten: memos of answers per key must be emptied
+        self.version = 0  # bumped on every change of a node's view: what was worked out from the views is old
         self._observed: dict[str, float] = {}
         self._stale: tuple[float, frozenset[str]] = (float("-inf"), frozenset())  # (when checked, stale names)
         self._pods: dict[str, PodRecord] = {}
@@ -274,6 +275,7 @@ class ClusterState:
 
     def _store(self, view: NodeView) -> None:
         self._views[view.name] = view
+        self.version += 1
         if view.sharing.shared:
             # Its devices are replicas or slices: no free mask of ours means anything there, so it is never stale.
             self._keys[view.name] = SharedKey(view.sharing)
