@@ -320,3 +320,24 @@ def test_a_node_without_multi_node_nvlink_is_an_nvlink_domain_of_its_own() -> No
     pod = _pod(kube, "w0", 3, group="pair", size=2)
     assert service.filter(ExtenderArgs(pod, ["h1", "h2"], None)).passed == ["h1"]
     assert not state.domains.whole  # a node's own domain is no rack to keep whole
+
+
+def test_a_waiting_group_is_searched_again_only_once_a_node_changes_or_a_second_passes() -> None:
+    clock = ManualClock()
+    service, kube = _cluster(clock, busy={name: (0,) for name in ALL[::2]})
+    searches: list[str] = []
+    search = service.groups._plan
+    service.groups._plan = lambda *args: searches.append("plan") or search(*args)  # type: ignore[method-assign]
+    pod = _pod(kube, "w0", 4, group="big", **{"gpu-topology.io/group-placement": "required"})
+    for _ in range(5):  # kube-scheduler retrying a waiting gang back to back
+        assert not service.filter(ExtenderArgs(pod, ALL, None)).passed
+    assert len(searches) == 1
+    clock.now += 1.0
+    service.filter(ExtenderArgs(pod, ALL, None))
+    assert len(searches) == 2
+    service.state.release("nobody", freed=True)  # no view changes: still remembered
+    service.filter(ExtenderArgs(pod, ALL, None))
+    assert len(searches) == 2
+    assert _schedule(service, _pod(kube, "solo2", 1)) is not None  # a bind changes a node's view
+    service.filter(ExtenderArgs(pod, ALL, None))
+    assert len(searches) == 3
