@@ -86,7 +86,7 @@ class GroupPlacement:
                 return _only(names, nodes)
             if state.plans.full and state.plans.get(key) is None:
                 return _refuse(names, PLAN_LIMIT, resolvable=True)
-            found = self._plan_once(pod, key, size, now)
+            found = self._plan_once(pod, key, size, now, frozenset(names))
             if isinstance(found, Plan):
                 state.plans.install(found)
                 self.wait.forget(key)
@@ -132,13 +132,14 @@ class GroupPlacement:
             return frozenset({plan.slots[claimed].node})
         return frozenset(slot.node for _, slot in plans.open_slots(key))
 
-    def _plan_once(self, pod: PodRequest, key: str, size: int, now: float) -> Plan | _NoRoom | None:
+    def _plan_once(self, pod: PodRequest, key: str, size: int, now: float,
+                   candidates: frozenset[str]) -> Plan | _NoRoom | None:
         """`_plan`, but a group found no room for is not searched again until a node changes or a second passes:
         kube-scheduler may retry a waiting gang a thousand times a second (README, kube-scheduler's pod groups)."""
         seen = self._no_room.get(key)
         if seen is not None and seen[0] == self.state.version and now - seen[1] < NO_ROOM_SECONDS:
             return seen[2]
-        found = self._plan(pod, key, size, now)
+        found = self._plan(pod, key, size, now, candidates)
         if isinstance(found, Plan):
             self._no_room.pop(key, None)
         else:
@@ -148,8 +149,14 @@ class GroupPlacement:
                 self._no_room.popitem(last=False)
         return found
 
-    def _plan(self, pod: PodRequest, key: str, size: int, now: float) -> Plan | _NoRoom | None:
-        """A plan for the members still to come; else the span to wait at, or None if no domain ever holds them."""
+    def _plan(self, pod: PodRequest, key: str, size: int, now: float,
+              candidates: frozenset[str]) -> Plan | _NoRoom | None:
+        """A plan for the members still to come; else the span to wait at, or None if no domain ever holds them.
+
+        Only the candidates of this member's filter are planned on: kube-scheduler passed them by the pod's node
+        selector, affinity, taints and resources, which the members share and the extender does not evaluate. To
+        wait, only domains with a board of a candidate count (the pool a node selector picks is a GPU model), so
+        a rack of another pool is never drained for the group, while the pod's own racks are, busy or not."""
         group, request = pod.group, pod.request
         assert group is not None and request is not None
         state = self.state
@@ -158,10 +165,13 @@ class GroupPlacement:
         remaining = max(size - len(placed), 1)
         spans = (group.span,) if group.required else state.domains.outward(group.span)
         wait_at: _NoRoom | None = None
+        boards = {found.compiled for found in state.keys_for(list(candidates)) if isinstance(found, NodeKey)}
         for span in spans:
-            domains = [(domain, self._usable(pod, key, nodes, now))
-                       for domain, nodes in self._domains(span, [members[uid] for uid in placed if members.get(uid)])]
-            best = best_layout(layout(self.selector, domain, usable, remaining, request.count)
+            placed_nodes = [members[uid] for uid in placed if members.get(uid)]
+            every = [(domain, self._usable(pod, key, nodes, now)) for domain, nodes in self._domains(span, placed_nodes)]
+            domains = [(domain, usable) for domain, usable in every
+                       if any(found.compiled in boards for _, found in usable)]
+            best = best_layout(layout(self.selector, domain, usable, remaining, request.count, candidates)
                                for domain, usable in domains)
             if best is not None:
                 return Plan(key, span, best.domain, request.count, best.slots, now, now + state.plans.timeout)
@@ -187,10 +197,8 @@ class GroupPlacement:
         index = self.state.domains
         where = Counter(domain for node in placed_nodes if (domain := index.domain_of(span, node)) is not None)
         every = index.domains(span)
-        if where:
-            domain = where.most_common(1)[0][0]
-            return [(domain, sorted(every.get(domain, ())))]
-        return [(domain, sorted(nodes)) for domain, nodes in sorted(every.items())]
+        chosen = [where.most_common(1)[0][0]] if where else sorted(every)
+        return [(domain, sorted(every[domain])) for domain in chosen if domain in every]
 
     def _usable(self, pod: PodRequest, key: str, nodes: list[str], now: float) -> list[tuple[str, NodeKey]]:
         """The nodes' keys as the group sees them (fresh, whole GPUs, others' drains hidden), where a full set

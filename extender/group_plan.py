@@ -13,7 +13,7 @@ ledger sees it, and a node's sets are worked out once per key.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -70,15 +70,16 @@ def node_sets(selector: Selector, key: NodeKey, count: int) -> tuple[int, ...]:
 
 
 def layout(selector: Selector, domain: str, nodes: Iterable[tuple[str, NodeKey]], members: int,
-           count: int) -> Layout | None:
-    """The group's layout in this domain, or None when it has too few free full-bandwidth sets."""
+           count: int, allowed: Container[str] | None = None) -> Layout | None:
+    """The group's layout in this domain, or None when it has too few free full-bandwidth sets on the `allowed`
+    nodes (None: all). What is left over counts every node of the domain."""
     offers: list[tuple[int, str, tuple[int, ...]]] = []
     free = 0
     empty = True
     for name, key in nodes:
         free += key.free.bit_count()
         empty = empty and key.free == key.compiled.full_mask & ~key.unhealthy
-        sets = node_sets(selector, key, count)
+        sets = node_sets(selector, key, count) if allowed is None or name in allowed else ()
         if sets:
             offers.append((key.free.bit_count(), name, sets))
     slots: list[Slot] = []

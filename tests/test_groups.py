@@ -341,3 +341,13 @@ def test_a_waiting_group_is_searched_again_only_once_a_node_changes_or_a_second_
     assert _schedule(service, _pod(kube, "solo2", 1)) is not None  # a bind changes a node's view
     service.filter(ExtenderArgs(pod, ALL, None))
     assert len(searches) == 3
+
+
+def test_a_group_is_planned_only_on_the_nodes_kube_scheduler_passed_for_its_member() -> None:
+    # Rack a is the best fit, but the member's node selector (which kube-scheduler applies, not the extender)
+    # leaves only rack b's trays among the candidates.
+    service, kube = _cluster(ManualClock(), busy={"a00": (0, 1, 2, 3)})
+    pod = _pod(kube, "w0", 4, group="picky", size=3)
+    outcome = service.filter(ExtenderArgs(pod, _names("b"), None))
+    assert len(outcome.passed) == 3 and {_domain(node) for node in outcome.passed} == {"b"}
+    assert {entry.node[0] for entry in service.state.ledger.pods()} == {"b"}
