@@ -37,7 +37,7 @@ from extender.service import ExtenderService
 from extender.state import ClusterState
 from extender.wire import BindingArgs, parse_extender_args
 from kube_api_server import FakeKubeApiServer, make_node
-from kubelet_standin import Admission, KubeletStandIn
+from kubelet_standin import Admission, KubeletStandIn, pod_containers
 from topology.agent import deviceplugin_v1beta1 as dp
 from topology.agent.deviceplugin import DevicePlugin
 from topology.agent.kube import NodeApi
@@ -198,7 +198,8 @@ class DeliveryCluster:
         return dict(listed.get((pod["metadata"]["namespace"], pod["metadata"]["name"]), {}))
 
     def restart_kubelet(self, name: str) -> None:
-        """The kubelet restarts; its pod source resumes once our plugin has registered again."""
+        """The kubelet restarts and, once our plugin has registered again, admits its pods again (every container
+        of an admitted pod is running); then its pod source resumes."""
         rig = self.rigs[name]
         rig.running.clear()
         try:
@@ -206,6 +207,9 @@ class DeliveryCluster:
                 rig.kubelet.restart()
             rig.kubelet.wait_registered(GPU, timeout=15)
             self.wait(lambda: bool(rig.kubelet.healthy(GPU)), 15, f"{name}'s devices listed again")
+            with rig.busy:
+                rig.kubelet.readmit({entry.pod["metadata"]["uid"]: [c["name"] for c in pod_containers(entry.pod)]
+                                     for entry in rig.admitted if entry.admission.admitted})
         finally:
             rig.running.set()
 

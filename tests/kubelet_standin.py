@@ -10,10 +10,13 @@ pkg/kubelet/apis/podresources/server_v1.go. Error texts are the kubelet's, so te
 Where Go iterates a map (device sets, a container's limits), the order is arbitrary; here it is drawn from a
 `random.Random` seeded per stand-in, so a plugin that depends on order fails, reproducibly.
 
+A restarted kubelet admits its pods again before its sources are ready (`readmit`): a container the runtime
+reports running keeps its devices unchecked, any other needs its resource registered with healthy devices, or
+the pod is rejected; and no pod's devices are freed until then. A real kubelet v1.36 does this about a second
+after it starts, racing its plugins' registration (seen with tests/e2e/test_kubelet_delivery_e2e.py).
+
 Not modelled: node status (capacity, the stop grace period that drops a resource), the admission predicate
-(node allocatable), pod re-admission when the kubelet restarts (the kubelet then finds the containers
-running and, sources not being ready, skips them, which is what not re-admitting amounts to), the
-plugin-watcher registration path, CPU/memory/DRA in pod-resources, and `Get`.
+(node allocatable), the plugin-watcher registration path, CPU/memory/DRA in pod-resources, and `Get`.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,6 +172,7 @@ class KubeletStandIn:
         self._log: list[CallRecord] = []
         self._mutex = threading.Lock()  # the device manager's
         self._servers: list[grpc.Server] = []
+        self._sources_ready = True  # false from a restart until its pods are admitted again (`readmit`)
         self._streams: list[tuple[threading.Thread, _Endpoint]] = []  # every connected plugin, replaced or not
         self._reset()
 
@@ -242,12 +246,14 @@ class KubeletStandIn:
 
     def restart(self, lose_checkpoint: bool = False) -> None:
         """Stop, then start as a new kubelet process: state comes back only from the checkpoint, every
-        plugin must register again. Active pods stay active (they are the API server's)."""
+        plugin must register again. Active pods stay active (they are the API server's); the sources are not
+        ready until `readmit`."""
         self.stop()
         if lose_checkpoint:
             self.checkpoint_file.unlink(missing_ok=True)
         with self._mutex:
             self._reset()
+            self._sources_ready = False
         self.start()
 
     # -- registration (plugin/v1beta1/server.go, handler.go, client.go) ----------------------------------
@@ -400,19 +406,39 @@ class KubeletStandIn:
                 if uid in self._active:
                     raise ValueError(f"pod {uid} is already active")
                 self._active[uid] = pod
-            done: list[ContainerAdmission] = []
-            for container in _containers(pod):
-                try:
-                    self._allocate(pod, container)
-                except DeviceManagerError as error:
-                    done.append(self._container_admission(uid, container["name"], str(error)))
-                    with self._pods_lock:
-                        del self._active[uid]
-                    self._update_allocated_devices()
-                    return Admission(uid, False, UNEXPECTED_ADMISSION_ERROR,
-                                     f"Allocate failed due to {error}, which is unexpected", tuple(done))
-                done.append(self._container_admission(uid, container["name"]))
-            return Admission(uid, True, "", "", tuple(done))
+            return self._admit(pod, frozenset())
+
+    def readmit(self, running: Mapping[str, Collection[str]]) -> list[Admission]:
+        """What a restarted kubelet does with its active pods (in the order they came) before its sources are
+        ready: admits each again. A container in `running` (pod UID -> names the runtime reports running) keeps
+        what the checkpoint recorded without any check; any other needs its resource registered with healthy
+        devices (devicemanager `devicesToAllocate`), so a pod still starting is rejected when its plugin has not
+        registered again yet. Then the sources are ready."""
+        with self._admit_lock:
+            with self._pods_lock:
+                pods = list(self._active.values())
+            admissions = [self._admit(pod, frozenset(running.get(pod["metadata"]["uid"], ()))) for pod in pods]
+            with self._mutex:
+                self._sources_ready = True
+        self._update_allocated_devices()
+        return admissions
+
+    def _admit(self, pod: dict, running: frozenset[str]) -> Admission:
+        """Allocate an active pod's containers in order; the first error rejects it (it leaves the active pods)."""
+        uid = pod["metadata"]["uid"]
+        done: list[ContainerAdmission] = []
+        for container in pod_containers(pod):
+            try:
+                self._allocate(pod, container, container["name"] in running)
+            except DeviceManagerError as error:
+                done.append(self._container_admission(uid, container["name"], str(error)))
+                with self._pods_lock:
+                    del self._active[uid]
+                self._update_allocated_devices()
+                return Admission(uid, False, UNEXPECTED_ADMISSION_ERROR,
+                                 f"Allocate failed due to {error}, which is unexpected", tuple(done))
+            done.append(self._container_admission(uid, container["name"]))
+        return Admission(uid, True, "", "", tuple(done))
 
     def _container_admission(self, uid: str, name: str, error: str | None = None) -> ContainerAdmission:
         with self._mutex:
@@ -420,15 +446,16 @@ class KubeletStandIn:
             return ContainerAdmission(name, {r: tuple(sorted(a.ids())) for r, a in resources.items()},
                                       {r: a.response for r, a in resources.items()}, error)
 
-    def _allocate(self, pod: dict, container: dict) -> None:
+    def _allocate(self, pod: dict, container: dict, running: bool = False) -> None:
         """The device manager's Allocate for one container, with the pod's pool of init-container devices:
-        a plain init container adds to the pool, a sidecar or an app container takes from it."""
+        a plain init container adds to the pool, a sidecar or an app container takes from it. `running`: the
+        runtime reports the container running."""
         uid = pod["metadata"]["uid"]
         with self._mutex:
             reuse = self._reuse.setdefault(uid, {})
             for other in [u for u in self._reuse if u != uid]:
                 del self._reuse[other]
-        self._allocate_container_resources(pod, container, reuse)
+        self._allocate_container_resources(pod, container, reuse, running)
         init = next((c for c in pod["spec"].get("initContainers", []) if c["name"] == container["name"]), None)
         keep = init is not None and init.get("restartPolicy") != "Always"
         with self._mutex:
@@ -436,7 +463,8 @@ class KubeletStandIn:
                 pool = reuse.get(resource, set())
                 reuse[resource] = pool | allocation.ids() if keep else pool - allocation.ids()
 
-    def _allocate_container_resources(self, pod: dict, container: dict, reuse: dict[str, set[str]]) -> None:
+    def _allocate_container_resources(self, pod: dict, container: dict, reuse: dict[str, set[str]],
+                                      running: bool) -> None:
         uid, name = pod["metadata"]["uid"], container["name"]
         updated = written = False
         for resource, needed in self._limits(container):
@@ -445,7 +473,7 @@ class KubeletStandIn:
             if not updated:
                 self._update_allocated_devices()
                 updated = True
-            chosen = self._devices_to_allocate(pod, name, resource, needed, reuse.get(resource, set()))
+            chosen = self._devices_to_allocate(pod, name, resource, needed, reuse.get(resource, set()), running)
             if not chosen:
                 continue
             written = True
@@ -478,9 +506,10 @@ class KubeletStandIn:
             self._allocated = self._pod_devices_union()
 
     def _devices_to_allocate(self, pod: dict, name: str, resource: str, required: int,
-                             reusable: set[str]) -> set[str] | None:
+                             reusable: set[str], running: bool) -> set[str] | None:
         """Which devices a container gets for one resource: already recorded ones count, then the reuse pool,
-        then (with a NUMA hint) aligned devices, the plugin's preference, and the rest in arbitrary order.
+        then (with a NUMA hint) aligned devices, the plugin's preference, and the rest in arbitrary order. A
+        container running before the sources are ready (a kubelet restart) is left as it is, unchecked.
         Holds the device manager lock except while GetPreferredAllocation is in flight."""
         uid = pod["metadata"]["uid"]
         self._mutex.acquire()
@@ -493,6 +522,8 @@ class KubeletStandIn:
                     raise DeviceManagerError(f"pod {json.dumps(uid)} container {json.dumps(name)} changed request "
                                              f"for resource {json.dumps(resource)} from {len(recorded.ids())} "
                                              f"to {required}")
+            if running and not self._sources_ready:
+                return None
             healthy = self._healthy.get(resource)
             if healthy is None:
                 raise DeviceManagerError(f"cannot allocate unregistered device {resource}")
@@ -587,12 +618,13 @@ class KubeletStandIn:
 
     def _update_allocated_devices(self) -> None:
         """Forget the allocations of pods no longer active and rebuild the in-use set from the rest. Only
-        when some pod went: a rebuild drops devices chosen for an allocation in flight (kubelet #137534)."""
+        when some pod went: a rebuild drops devices chosen for an allocation in flight (kubelet #137534);
+        and only once the sources are ready, since until then a pod missing may just not be listed yet."""
         with self._pods_lock:
             active = set(self._active)
         with self._mutex:
             gone = set(self._pod_devices) - active
-            if not gone:
+            if not gone or not self._sources_ready:
                 return
             for uid in gone:
                 del self._pod_devices[uid]
@@ -636,7 +668,7 @@ class KubeletStandIn:
         recorded devices, as after a lost checkpoint. Returns the AllocateResponse per resource."""
         with self._pods_lock:
             pod = self._active[uid]
-        spec = next(c for c in _containers(pod) if c["name"] == container)
+        spec = next(c for c in pod_containers(pod) if c["name"] == container)
         reallocate = False
         for resource, quantity in self._limits(spec):
             if quantity == 0 or not self._is_device_plugin_resource(resource):
@@ -755,14 +787,15 @@ class KubeletStandIn:
             return [record for record in self._log if method is None or record.method == method]
 
 
-def _containers(pod: dict) -> list[dict]:
+def pod_containers(pod: dict) -> list[dict]:
+    """Init containers, then app containers: the kubelet's allocation order."""
     spec = pod["spec"]
     return [*spec.get("initContainers", []), *spec.get("containers", [])]
 
 
 def _validate(pod: dict) -> None:
     """What the API server would refuse: extended resources must have requests equal to limits."""
-    for container in _containers(pod):
+    for container in pod_containers(pod):
         resources = container.get("resources", {})
         limits, requests = resources.get("limits", {}), resources.get("requests", {})
         for resource, quantity in requests.items():

@@ -393,6 +393,41 @@ def test_restart_keeps_allocations_from_the_checkpoint_and_needs_reregistration(
     assert kubelet.start_container(kept.uid, "main")[GPU].envs["FAKE_DEVICES"] == "gpu-0,gpu-1"
 
 
+def test_a_restarted_kubelet_readmits_running_containers_unchecked_and_rejects_a_pod_still_starting(
+        kubelet: KubeletStandIn, plugin_for: Callable[..., FakePlugin]) -> None:
+    """As kubelet v1.36 did in the e2e suite: re-admitted before the plugin registered again, the pod whose app
+    container waited behind its init container was rejected, the running one kept its devices."""
+    plugin_for()
+    running = kubelet.admit(pod("running", container("main", 1)))
+    starting = kubelet.admit(pod("starting", container("main", 1), init=(container("setup", 1),)))
+    leaving = kubelet.admit(pod("leaving", container("main", 1)))
+    allocations = len(kubelet.calls("Allocate"))
+    kubelet.restart()
+    kubelet.remove(leaving.uid)
+    assert kubelet.in_use(GPU) >= set(leaving.container("main").devices[GPU])  # not freed before the sources are ready
+    kept, refused = kubelet.readmit({running.uid: ["main"], starting.uid: ["setup"]})
+    assert kept.admitted and kept.container("main").devices == running.container("main").devices
+    assert not refused.admitted and refused.reason == "UnexpectedAdmissionError"
+    assert "no healthy devices present" in refused.message
+    assert len(kubelet.calls("Allocate")) == allocations  # nothing asked of the (unregistered) plugin
+    assert listed(kubelet) == {"running": {"main": set(running.container("main").devices[GPU])}}
+    assert kubelet.in_use(GPU) == frozenset(running.container("main").devices[GPU])
+
+
+def test_a_pod_still_starting_survives_a_restart_when_its_plugin_registers_first(
+        kubelet: KubeletStandIn, plugin_for: Callable[..., FakePlugin]) -> None:
+    plugin = plugin_for()
+    starting = kubelet.admit(pod("starting", container("main", 1), init=(container("setup", 2),)))
+    allocations = len(kubelet.calls("Allocate"))
+    kubelet.restart()
+    plugin.stop()
+    plugin_for()
+    (again,) = kubelet.readmit({starting.uid: ["setup"]})
+    assert again.admitted
+    assert again.container("main").devices == starting.container("main").devices  # as recorded, no new choice
+    assert len(kubelet.calls("Allocate")) == allocations
+
+
 def test_restart_with_a_lost_checkpoint_reallocates_when_the_container_starts(
         kubelet: KubeletStandIn, plugin_for: Callable[..., FakePlugin]) -> None:
     plugin = plugin_for(prefer=lambda request: ["gpu-2"])
