@@ -84,10 +84,13 @@ class KubeletBinaries:
         return {"kubelet": binary_version(self.kubelet)}
 
 
-def find_kubelet_binaries(env: Mapping[str, str] | None = None) -> tuple[KubeletBinaries | None, str | None]:
+def find_kubelet_binaries(env: Mapping[str, str] | None = None,
+                          root: bool | None = None) -> tuple[KubeletBinaries | None, str | None]:
     """(the binaries, None) or (None, what is missing): the control plane's binaries first, then the kubelet's,
-    then what running a kubelet here takes (root, for its mount namespace and sysctls)."""
+    then what running a kubelet here takes (root, for its mount namespace and sysctls; `root` None: whether this
+    process runs as root)."""
     env = os.environ if env is None else env
+    root = os.geteuid() == 0 if root is None else root
     _, problem = find_kube_binaries(env)
     if problem is not None:
         return None, problem
@@ -100,7 +103,7 @@ def find_kubelet_binaries(env: Mapping[str, str] | None = None) -> tuple[Kubelet
     tools = [tool for tool in HOST_TOOLS if shutil.which(tool, path=env.get("PATH")) is None]
     if tools:
         return None, f"no {', '.join(tools)} on PATH (util-linux), needed for each kubelet's mount namespace"
-    if os.geteuid() != 0:
+    if not root:
         return None, "a kubelet needs root (its mount namespace, its sysctls); the suite is not running as root"
     return KubeletBinaries(directory / "kubelet", directory / "fakecri"), None
 
@@ -183,7 +186,7 @@ class KubeletNode:
     def start(self, stack: ExitStack) -> None:
         for directory in (self.root_dir, self.plugin_dir, self.base / "pod-logs"):
             directory.mkdir(parents=True, exist_ok=True)
-        self._write_config()
+        self.write_config()
         fakecri = Process(f"fakecri-{self.name}", [self.binaries.fakecri, "--endpoint",
                                                    f"unix://{self.runtime_socket}"],
                           self.logs / f"fakecri-{self.name}.log")
@@ -236,7 +239,7 @@ class KubeletNode:
         stack.callback(agent.stop)
         self.processes["agent"] = agent
 
-    def _write_config(self) -> None:
+    def write_config(self) -> None:
         port, self.healthz_port = free_ports(2)
         runtime = f"unix://{self.runtime_socket}"
         config = {
