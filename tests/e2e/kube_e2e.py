@@ -833,7 +833,10 @@ def start_extender(workdir: Path, admin_kubeconfig: Path, pki: Pki, stack: ExitS
 
 
 def start_scheduler(binary: Path, workdir: Path, config_path: Path, kubeconfig: Path,
-                    stack: ExitStack, feature_gates: Mapping[str, bool] | None = None) -> Process:
+                    stack: ExitStack, feature_gates: Mapping[str, bool] | None = None,
+                    on_start: Callable[[Process], None] | None = None) -> Process:
+    """kube-scheduler, once it answers /healthz; `on_start` is told of the process as soon as it runs, since it may
+    bind pods before it is healthy (loadtests/scheduler_throughput.py measures its CPU from the first bind)."""
     (port,) = free_ports(1)
     process = Process("kube-scheduler", [
         binary,
@@ -846,6 +849,8 @@ def start_scheduler(binary: Path, workdir: Path, config_path: Path, kubeconfig: 
         *feature_gates_flag(feature_gates),
     ], workdir / "logs" / "kube-scheduler.log")
     stack.callback(process.stop)
+    if on_start is not None:
+        on_start(process)
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE  # its serving certificate is self-signed in memory
