@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench bench-select bench-bind loadtest hostile soak failover fuzz clean
+.PHONY: demo test bench bench-select bench-bind loadtest throughput hostile soak failover fuzz clean
 
 $(BIN)/activate: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ loadtest: $(BIN)/activate
 
 bench-bind: $(BIN)/activate
 	$(BIN)/python loadtests/bind_throughput.py --write BENCHMARKS.md
+
+throughput: $(BIN)/activate  # needs KUBE_BIN_DIR (kube-apiserver, kube-scheduler; etcd there or on PATH)
+	$(BIN)/python loadtests/scheduler_throughput.py --write BENCHMARKS.md
 
 hostile: $(BIN)/activate
 	$(BIN)/python loadtests/hostile_node.py --write BENCHMARKS.md

@@ -1,0 +1,706 @@
+"""Throughput under a real kube-scheduler: 1,000 GPU nodes, 2,000 pods of 1 to 8 GPUs, kube-scheduler alone and
+with the extender, in one run (issue 18 item 2; DESIGN.md §9).
+
+The cluster is the e2e harness's (tests/e2e/kube_e2e.py): etcd, kube-apiserver and kube-scheduler v1.36 from
+KUBE_BIN_DIR (etcd there or on PATH) on 127.0.0.1, and the extender over HTTPS with mTLS. The nodes are Node objects
+created through the API as the e2e creates its fake ones: real platform topologies in the agent's annotations, a
+fresh state, `nvidia.com/gpu` allocatable; no kubelet, so a bound pod stays Pending and holds its GPUs.
+
+Configurations, in alternating rounds (the order rotates every round, so drift on the shared machine meets all):
+- `alone-qps50`: kube-scheduler with the shipped profile but no extender, at its default client rate (qps 50,
+  burst 100);
+- `alone-qps5000`: the same with `clientConnection` qps and burst 5,000: kube-scheduler's own capacity here;
+- `extender`: the shipped scheduler-config/kube-scheduler-config.yaml as it is (profile, extender, its
+  `clientConnection` rate), pointed at the extender, which runs with scheduler-config/extender.yaml's flags but
+  `--stale-after` (no agent refreshes the nodes' state here).
+Both `alone` configurations keep the profile's `percentageOfNodesToScore` and plugins, so the scheduler's own
+work per pod compares at the same setting.
+
+A round of one configuration: the extender started (its configuration only), the pods created while no
+scheduler runs, kube-scheduler started, then measured from the first pod bound to the last (a watch on the
+namespace's pods records when each is first bound), or until `--round-seconds`; then everything of the round is
+stopped and the pods and events deleted. Per round:
+- pods/s: (bound - 1) / (last bind - first bind);
+- CPU ms per pod of kube-apiserver, etcd, kube-scheduler and the extender (all of each process group, from
+  /proc/<pid>/stat utime + stime) over that window, divided by the pods bound in it;
+- the extender's server time per verb, p50 and p99 from its `gpu_topology_extender_request_seconds` histogram
+  (interpolated within buckets as Prometheus' histogram_quantile does), and kube-scheduler's own Bind extension
+  point (`scheduler_framework_extension_point_duration_seconds`, the Binding POST where it binds itself);
+- checks: no GPU given twice (each pod's `gpu-topology.io/gpus` on its node, disjoint, of its size) or, alone,
+  no node holding more than its GPUs by count; no event dropped: kube-scheduler's log has no "client rate limiter
+  Wait returned an error" nor an event write it gave up, and there is one `Scheduled` Event per bound pod.
+
+    python loadtests/scheduler_throughput.py [--nodes 1000] [--pods 2000] [--rounds 3] [--write BENCHMARKS.md]
+
+Without the binaries it prints that it skipped, and why, and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import http.client
+import math
+import os
+import random
+import re
+import ssl
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests" / "e2e"))
+
+from bench_select import run_header, write_section  # noqa: E402
+from kube_e2e import (  # noqa: E402
+    SCHEDULER_CONFIG_SOURCE,
+    Kube,
+    KubeBinaries,
+    Pki,
+    Process,
+    client_context,
+    derive_scheduler_config,
+    find_kube_binaries,
+    gpu_node,
+    gpu_pod,
+    local_get,
+    make_pki,
+    node_topologies,
+    scheduler_name,
+    start_apiserver,
+    start_etcd,
+    start_extender,
+    start_scheduler,
+    wait_until,
+    write_kubeconfig,
+)
+
+from extender.pod_request import DEFAULT_GPU_RESOURCE  # noqa: E402
+from topology.annotations import AnnotationKeys  # noqa: E402
+
+BEGIN, END = "<!-- scheduler_throughput:begin -->", "<!-- scheduler_throughput:end -->"
+CONFIGS = ("alone-qps50", "alone-qps5000", "extender")
+FAST_QPS = 5000
+PLATFORMS = ("dgx-h100", "dgx-a100", "hgx-a100-8gpu", "hgx-h20", "dgx1-v100", "rtx-a6000-pairs", "pcie-l40s",
+             "pcie-8gpu-switch-tree")  # 8-GPU boards, so every pod of 1 to 8 GPUs fits an empty node
+SIZES = {1: 4, 2: 3, 4: 2, 8: 1}  # GPUs: weight; mean 2.6 GPUs, 65 % of 8,000 GPUs for 2,000 pods
+NAMESPACE = "throughput"
+STALE_AFTER = "3600"  # no agent here: the nodes' state, written at creation, must stay fresh for the whole run
+VERBS = ("filter", "prioritize", "bind", "preempt")
+EXTENDER_LATENCY = "gpu_topology_extender_request_seconds"
+SCHEDULER_BIND = "scheduler_framework_extension_point_duration_seconds"
+# What kube-scheduler's log says when client-go's rate limiter refused a request or the event broadcaster gave
+# an event up (k8s.io/client-go/tools/events and tools/record).
+DROPS = re.compile(r"client rate limiter Wait returned an error|Server rejected event|Unable to write event|"
+                   r"dropped event|event.*(?:dropped|discarded)", re.IGNORECASE)
+ROLES = ("kube-apiserver", "etcd", "kube-scheduler", "extender")
+KEYS = AnnotationKeys()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CPU from /proc, metrics from /metrics
+# ---------------------------------------------------------------------------------------------------------
+
+def group_cpu_seconds(pgid: int) -> float:
+    """utime + stime of every process in the group (each process's figure covers all its threads)."""
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[2]) == pgid:  # field 5, pgrp
+            ticks += int(fields[11]) + int(fields[12])  # fields 14 and 15
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+Histogram = dict[tuple[str, ...], dict[float, float]]  # labels -> upper bound -> cumulative count
+
+
+def histograms(text: str, name: str, label: str, **match: str) -> dict[str, dict[float, float]]:
+    """`name`'s buckets by the value of `label`, among the series whose labels include `match`."""
+    found: dict[str, dict[float, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name != f"{name}_bucket" or not match.items() <= sample.labels.items():
+                continue
+            found.setdefault(sample.labels.get(label, ""), {})[float(sample.labels["le"])] = sample.value
+    return found
+
+
+def subtract(after: Mapping[str, Mapping[float, float]],
+             before: Mapping[str, Mapping[float, float]]) -> dict[str, dict[float, float]]:
+    return {key: {bound: count - before.get(key, {}).get(bound, 0.0) for bound, count in buckets.items()}
+            for key, buckets in after.items()}
+
+
+def add(total: dict[str, dict[float, float]], more: Mapping[str, Mapping[float, float]]) -> None:
+    for key, buckets in more.items():
+        into = total.setdefault(key, {})
+        for bound, count in buckets.items():
+            into[bound] = into.get(bound, 0.0) + count
+
+
+def quantile(buckets: Mapping[float, float], q: float) -> float | None:
+    """Prometheus' histogram_quantile: linear within the bucket holding rank q; None without samples. A rank in
+    the +Inf bucket answers the highest finite bound."""
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]] if bounds else 0.0
+    if total <= 0:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if math.isinf(bound):
+                return lower
+            return lower + (bound - lower) * ((rank - below) / (count - below) if count > below else 1.0)
+        lower, below = bound, count
+    return lower
+
+
+def scrape(port: int, context: ssl.SSLContext) -> str:
+    status, body = local_get(port, "/metrics", context, timeout=30)
+    if status != 200:
+        raise RuntimeError(f"/metrics on port {port} answered {status}: {body[:200]!r}")
+    return body.decode()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Watching binds
+# ---------------------------------------------------------------------------------------------------------
+
+class BindWatch:
+    """A watch on the namespace's pods from `resource_version`: when each pod is first seen bound, and a callback
+    at the first bind and at the `expected`-th."""
+
+    def __init__(self, port: int, context: ssl.SSLContext, resource_version: str, expected: int,
+                 on_first: Callable[[], None], on_last: Callable[[], None]) -> None:
+        self.bound: dict[str, float] = {}
+        self.expected = expected
+        self.done = threading.Event()
+        self.error: str | None = None
+        self._on_first, self._on_last = on_first, on_last
+        self._connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=600)
+        self._connection.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods?watch=1&timeoutSeconds=3600"
+                                        f"&resourceVersion={resource_version}")
+        self._response = self._connection.getresponse()
+        if self._response.status != 200:
+            raise RuntimeError(f"watch answered {self._response.status}: {self._response.read(300)!r}")
+        self._thread = threading.Thread(target=self._run, name="bind-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for line in self._response:
+                event = orjson.loads(line)
+                pod = event.get("object") or {}
+                name = (pod.get("metadata") or {}).get("name")
+                if event.get("type") == "ERROR":
+                    self.error = str(pod.get("message"))
+                    break
+                if name and (pod.get("spec") or {}).get("nodeName") and name not in self.bound:
+                    self.bound[name] = time.monotonic()
+                    if len(self.bound) == 1:
+                        self._on_first()
+                    if len(self.bound) == self.expected:
+                        self._on_last()
+                        break
+        except (OSError, http.client.HTTPException, ValueError) as error:
+            self.error = repr(error)
+        finally:
+            self.done.set()
+
+    def close(self) -> None:
+        self._connection.close()
+        self._thread.join(10)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The cluster
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Snapshot:
+    at: float
+    cpu: dict[str, float]
+
+
+@dataclass
+class RoundResult:
+    config: str
+    round: int
+    pods: int
+    bound: int
+    first: Snapshot | None
+    last: Snapshot | None
+    makespan: float  # from kube-scheduler started to the last bind
+    verbs: dict[str, dict[float, float]]  # extender verb -> bucket deltas
+    scheduler_bind: dict[float, float]  # kube-scheduler's Bind extension point, bucket deltas
+    double_given: list[str]
+    overcommitted: list[str]
+    scheduled_events: int
+    drop_lines: list[str]
+    qps: str
+
+    @property
+    def window(self) -> float:
+        return self.last.at - self.first.at if self.first and self.last else 0.0
+
+    @property
+    def rate(self) -> float:
+        return (self.bound - 1) / self.window if self.window > 0 else 0.0
+
+    def cpu_ms_per_pod(self, role: str) -> float | None:
+        if not (self.first and self.last) or role not in self.first.cpu or self.bound < 2:
+            return None
+        return 1000 * (self.last.cpu[role] - self.first.cpu[role]) / (self.bound - 1)
+
+
+@dataclass
+class Bench:
+    args: argparse.Namespace
+    binaries: KubeBinaries
+    workdir: Path
+    stack: ExitStack
+    pki: Pki = field(init=False)
+    kube: Kube = field(init=False)
+    processes: dict[str, Process] = field(default_factory=dict)
+
+    def start(self) -> None:
+        """etcd, kube-apiserver, the namespace and the nodes: what every round shares."""
+        self.pki = make_pki(self.workdir / "pki")
+        etcd, etcd_url = start_etcd(self.binaries.etcd, self.workdir, self.stack)
+        apiserver, self.api_port = start_apiserver(self.binaries.apiserver, self.workdir, etcd_url, self.pki,
+                                                   self.stack)
+        self.processes.update({"etcd": etcd, "kube-apiserver": apiserver})
+        server = f"https://127.0.0.1:{self.api_port}"
+        self.admin = write_kubeconfig(self.workdir / "admin.kubeconfig", server, self.pki, "admin")
+        self.scheduler_kubeconfig = write_kubeconfig(self.workdir / "scheduler.kubeconfig", server, self.pki,
+                                                     "scheduler")
+        self.kube = Kube(self.admin, timeout=120)
+        self.stack.callback(self.kube.close)
+        self.kube.create_namespace(NAMESPACE)
+        self.kube.create_service_account(NAMESPACE)
+        started = time.monotonic()
+        self.create_nodes()
+        print(f"{self.args.nodes} nodes created in {time.monotonic() - started:.0f} s", flush=True)
+
+    def create_nodes(self) -> None:
+        names = {f"gpu-{i:04d}": PLATFORMS[i % len(PLATFORMS)] for i in range(self.args.nodes)}
+        topologies = node_topologies(names)
+
+        def create(chunk: Sequence[str]) -> None:
+            kube = Kube(self.admin, timeout=120)
+            try:
+                for name in chunk:
+                    node = gpu_node(name, names[name], topologies[name])
+                    kube.create_node(node)
+                    kube.patch_node_status(name, {"status": node["status"]})
+                    kube.patch_node(name, {"spec": {"taints": None}})
+            finally:
+                kube.close()
+
+        ordered = sorted(names)
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(create, [ordered[i::8] for i in range(8)]))
+
+    def pods(self, round_: int) -> list[dict[str, Any]]:
+        rng = random.Random(self.args.seed + round_)
+        sizes = rng.choices(list(SIZES), weights=list(SIZES.values()), k=self.args.pods)
+        return [gpu_pod(f"p-{i:05d}", size, scheduler=self.scheduler_name, namespace=NAMESPACE)
+                for i, size in enumerate(sizes)]
+
+    def create_pods(self, pods: Sequence[dict[str, Any]]) -> None:
+        def create(chunk: Sequence[dict[str, Any]]) -> None:
+            kube = Kube(self.admin, timeout=120)
+            try:
+                for pod in chunk:
+                    kube.create_pod(pod)
+            finally:
+                kube.close()
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(create, [pods[i::8] for i in range(8)]))
+
+    def clean(self) -> None:
+        """Every pod and event of the namespace gone, so the next round starts alike."""
+        core = self.kube.core
+        core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0, _preload_content=False)
+        core.delete_collection_namespaced_event(NAMESPACE, _preload_content=False)
+        wait_until(lambda: not self._list("pods", limit=1)["items"], 300, "the round's pods deleted",
+                   watch=self.processes.values(), interval=1.0)
+
+    def _list(self, what: str, **params: Any) -> dict[str, Any]:
+        method = {"pods": self.kube.core.list_namespaced_pod, "events": self.kube.core.list_namespaced_event}[what]
+        return orjson.loads(method(NAMESPACE, _preload_content=False, _request_timeout=120, **params).data)
+
+    @property
+    def scheduler_name(self) -> str:
+        return scheduler_name(yaml.safe_load(SCHEDULER_CONFIG_SOURCE.read_text()))
+
+    def scheduler_config(self, config: str, extender_url: str | None) -> dict[str, Any]:
+        """The shipped configuration pointed here; without the extender for the `alone` ones, at the default client
+        rate or at FAST_QPS."""
+        source = yaml.safe_load(SCHEDULER_CONFIG_SOURCE.read_text())
+        derived = derive_scheduler_config(source, kubeconfig=self.scheduler_kubeconfig,
+                                          extender_url=extender_url or "https://127.0.0.1:1",
+                                          tls={"caFile": str(self.pki.ca), "certFile": str(self.pki.cert("scheduler")),
+                                               "keyFile": str(self.pki.key("scheduler"))})
+        shipped = {key: value for key, value in (source.get("clientConnection") or {}).items() if key != "kubeconfig"}
+        if config == "extender":
+            derived["clientConnection"].update(shipped)
+            return derived
+        alone = copy.deepcopy(derived)
+        alone.pop("extenders")
+        if config == "alone-qps5000":
+            alone["clientConnection"].update(qps=FAST_QPS, burst=FAST_QPS)
+        return alone
+
+    # -- one round -------------------------------------------------------------------------------------
+
+    def run(self, config: str, round_: int) -> RoundResult:
+        with ExitStack() as stack:
+            roles = {"kube-apiserver": self.processes["kube-apiserver"], "etcd": self.processes["etcd"]}
+            extender_url = None
+            if config == "extender":
+                extender, extender_url = start_extender(self.workdir, self.admin, self.pki, stack,
+                                                        ("--stale-after", STALE_AFTER))
+                roles["extender"] = extender
+            extender_context = client_context(self.pki, "extender")
+            pods = self.pods(round_)
+            self.create_pods(pods)
+            resource_version = self._list("pods", limit=1)["metadata"]["resourceVersion"]
+            verbs_before = (histograms(scrape(_port(extender_url), extender_context), EXTENDER_LATENCY, "verb")
+                            if extender_url else {})
+            scheduler_config = self.scheduler_config(config, extender_url)
+            path = self.workdir / f"kube-scheduler-{config}.yaml"
+            path.write_text(yaml.safe_dump(scheduler_config, sort_keys=False))
+            snapshots: list[Snapshot] = []
+
+            def snap() -> None:
+                snapshots.append(Snapshot(time.monotonic(), {role: group_cpu_seconds(process.pgid)
+                                                             for role, process in list(roles.items())}
+                                          | {"harness": own_cpu_seconds()}))
+
+            watch = BindWatch(self.api_port, client_context(self.pki, "admin"), resource_version, len(pods), snap,
+                              snap)
+            stack.callback(watch.close)
+            log_dir = self.workdir / f"{config}-{round_}"
+            log_dir.mkdir()
+            started = time.monotonic()
+            scheduler = start_scheduler(self.binaries.scheduler, log_dir, path, self.scheduler_kubeconfig, stack,
+                                        on_start=lambda process: roles.update({"kube-scheduler": process}))
+            watch.done.wait(self.args.round_seconds)
+            if len(snapshots) == 1:
+                snap()  # out of time: the window ends now
+            makespan = (max(watch.bound.values()) - started) if watch.bound else 0.0
+            verbs = (subtract(histograms(scrape(_port(extender_url), extender_context), EXTENDER_LATENCY, "verb"),
+                              verbs_before) if extender_url else {})
+            scheduler_bind = self._scheduler_bind(scheduler)
+            bound_pods = [pod for pod in self._list("pods")["items"] if pod["spec"].get("nodeName")]
+            events = self._scheduled_events(len(bound_pods))
+            drops = [line for line in scheduler.log_path.read_text(errors="replace").splitlines()
+                     if DROPS.search(line)]
+        qps = str(scheduler_config["clientConnection"].get("qps", 50))
+        double, over = check_gpus(bound_pods, config == "extender")
+        return RoundResult(config, round_, len(pods), len(watch.bound), snapshots[0] if snapshots else None,
+                           snapshots[-1] if len(snapshots) > 1 else None, makespan, verbs, scheduler_bind, double, over,
+                           events, drops, qps)
+
+    def _scheduler_bind(self, scheduler: Process) -> dict[float, float]:
+        """kube-scheduler's Bind extension point histogram, read from its log's secure port (empty if unreadable)."""
+        text = scheduler.log_path.read_text(errors="replace")
+        port = re.search(r"--secure-port=(\d+)", text)
+        if port is None:
+            return {}
+        try:
+            body = scrape(int(port.group(1)), _insecure_admin(self.pki))
+        except (OSError, RuntimeError, http.client.HTTPException):
+            return {}
+        return histograms(body, SCHEDULER_BIND, "extension_point", extension_point="Bind").get("Bind", {})
+
+    def _scheduled_events(self, bound: int) -> int:
+        """Scheduled Events once they stop coming (kube-scheduler writes them asynchronously), at most 60 s on."""
+        deadline, last, since = time.monotonic() + 60, -1, time.monotonic()
+        while time.monotonic() < deadline:
+            count = sum(1 for event in self._list("events")["items"] if event.get("reason") == "Scheduled")
+            if count >= bound:
+                return count
+            if count != last:
+                last, since = count, time.monotonic()
+            elif time.monotonic() - since > 10:
+                return count
+            time.sleep(2)
+        return last
+
+
+def _port(url: str | None) -> int:
+    assert url is not None
+    return int(url.rsplit(":", 1)[1])
+
+
+def _insecure_admin(pki: Pki) -> ssl.SSLContext:
+    """The admin's client certificate towards kube-scheduler, whose serving certificate is self-signed."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.load_cert_chain(str(pki.cert("admin")), str(pki.key("admin")))
+    return context
+
+
+def check_gpus(pods: Sequence[Mapping[str, Any]], exact: bool) -> tuple[list[str], list[str]]:
+    """(GPUs given twice, nodes over their GPUs by count). `exact`: the pods carry the extender's GPU ids."""
+    holders: dict[tuple[str, str], str] = {}
+    twice: list[str] = []
+    counted: dict[str, int] = {}
+    for pod in pods:
+        node, name = pod["spec"]["nodeName"], pod["metadata"]["name"]
+        size = int(pod["spec"]["containers"][0]["resources"]["limits"][DEFAULT_GPU_RESOURCE])
+        counted[node] = counted.get(node, 0) + size
+        if not exact:
+            continue
+        gpus = [gpu for gpu in ((pod["metadata"].get("annotations") or {}).get(KEYS.gpus) or "").split(",") if gpu]
+        if len(set(gpus)) != size:
+            twice.append(f"{name} holds {gpus} for {size} GPUs")
+        for gpu in gpus:
+            if (node, gpu) in holders:
+                twice.append(f"{gpu} on {node}: {holders[node, gpu]} and {name}")
+            holders[node, gpu] = name
+    over = [f"{node}: {count} GPUs" for node, count in counted.items() if count > 8]
+    return twice, over
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------------------
+
+def _median(values: Sequence[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return statistics.median(known) if known else None
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1000 * seconds:.2f}"
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def by_config(results: Sequence[RoundResult]) -> dict[str, list[RoundResult]]:
+    return {config: [r for r in results if r.config == config] for config in CONFIGS
+            if any(r.config == config for r in results)}
+
+
+def tables(results: Sequence[RoundResult]) -> list[str]:
+    grouped = by_config(results)
+    lines = ["| configuration | client qps | rounds | pods bound | pods/s (median; min-max) | makespan s | "
+             + " | ".join(f"{role} CPU ms/pod" for role in ROLES) + " | harness CPU ms/pod | kube-scheduler Bind "
+             "p50 / p99 ms | GPUs given twice | nodes over count | Scheduled events / bound | dropped-event lines |",
+             "|---|---:|---:|---:|---:|---:|" + "---:|" * len(ROLES) + "---:|---:|---:|---:|---:|---:|"]
+    for config, rounds in grouped.items():
+        rates = [r.rate for r in rounds]
+        binds: dict[str, dict[float, float]] = {}
+        for r in rounds:
+            add(binds, {"Bind": r.scheduler_bind})
+        bind = binds.get("Bind", {})
+        lines.append(
+            f"| {config} | {rounds[0].qps} | {len(rounds)} "
+            f"| {sum(r.bound for r in rounds)}/{sum(r.pods for r in rounds)} "
+            f"| {_num(statistics.median(rates), 1)} ({_num(min(rates), 1)}-{_num(max(rates), 1)}) "
+            f"| {_num(_median([r.makespan for r in rounds]), 1)} | "
+            + " | ".join(_num(_median([r.cpu_ms_per_pod(role) for r in rounds])) for role in ROLES)
+            + f" | {_num(_median([r.cpu_ms_per_pod('harness') for r in rounds]))} "
+            f"| {_ms(quantile(bind, 0.5))} / {_ms(quantile(bind, 0.99))} "
+            f"| {sum(len(r.double_given) for r in rounds)} | {sum(len(r.overcommitted) for r in rounds)} "
+            f"| {sum(r.scheduled_events for r in rounds)}/{sum(r.bound for r in rounds)} "
+            f"| {sum(len(r.drop_lines) for r in rounds)} |")
+    verbs: dict[str, dict[float, float]] = {}
+    for r in grouped.get("extender", []):
+        add(verbs, r.verbs)
+    if verbs:
+        lines += ["", "Extender, server side per verb, over every `extender` round (bucket bounds 0.1, 0.25, 0.5, 1, "
+                  "2, 5, 10, 25, 50, 100, 250 ms, 1 s; interpolated within a bucket):", "",
+                  "| verb | requests | p50 ms | p99 ms |", "|---|---:|---:|---:|"]
+        for verb in VERBS:
+            buckets = verbs.get(verb)
+            if buckets and max(buckets.values()) > 0:
+                lines.append(f"| {verb} | {int(max(buckets.values()))} | {_ms(quantile(buckets, 0.5))} "
+                             f"| {_ms(quantile(buckets, 0.99))} |")
+    lines += ["", "Per round:", "", "| round | configuration | pods/s | bound | "
+              + " | ".join(f"{role} ms/pod" for role in ROLES) + " |", "|---:|---|---:|---:|" + "---:|" * len(ROLES)]
+    for r in sorted(results, key=lambda r: (r.round, CONFIGS.index(r.config))):
+        lines.append(f"| {r.round} | {r.config} | {_num(r.rate, 1)} | {r.bound}/{r.pods} | "
+                     + " | ".join(_num(r.cpu_ms_per_pod(role)) for role in ROLES) + " |")
+    return lines
+
+
+def ratios(results: Sequence[RoundResult]) -> list[str]:
+    """The issue's acceptance figures, from this run's medians."""
+    grouped = by_config(results)
+    if not {"extender", "alone-qps5000"} <= set(grouped):
+        return []
+    ours, fast = grouped["extender"], grouped["alone-qps5000"]
+    rate = statistics.median(r.rate for r in ours) / statistics.median(r.rate for r in fast)
+    cpu = (_median([r.cpu_ms_per_pod("kube-scheduler") for r in ours]) or 0) / (
+        _median([r.cpu_ms_per_pod("kube-scheduler") for r in fast]) or math.inf)
+    extender = _median([r.cpu_ms_per_pod("extender") for r in ours])
+    verbs: dict[str, dict[float, float]] = {}
+    for r in ours:
+        add(verbs, r.verbs)
+    bind = quantile(verbs.get("bind", {}), 0.99)
+    double = sum(len(r.double_given) for r in ours)
+    dropped = sum(len(r.drop_lines) for r in ours) + sum(r.bound - r.scheduled_events for r in ours)
+    return ["| target (issue 18) | measured | met |", "|---|---:|---|",
+            f"| extender CPU <= 1.5 ms per pod | {_num(extender)} ms "
+            f"| {_yes(extender is not None and extender <= 1.5)} |",
+            f"| bind p99 <= 50 ms (extender, server side) | {_ms(bind)} ms "
+            f"| {_yes(bind is not None and bind <= 0.05)} |",
+            f"| pods/s with the extender >= 0.6x alone at qps {FAST_QPS} | {rate:.2f}x | {_yes(rate >= 0.6)} |",
+            f"| kube-scheduler CPU per pod with the extender <= 1.3x alone (qps {FAST_QPS}, same profile) "
+            f"| {cpu:.2f}x | {_yes(cpu <= 1.3)} |",
+            f"| no GPU given twice, no event dropped | {double} twice, {dropped} dropped | "
+            f"{_yes(double == 0 and dropped == 0)} |"]
+
+
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "**no**"
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, as `uptime` prints them."""
+    return ", ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def section(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float, results: Sequence[RoundResult],
+            versions: Mapping[str, str], load_before: str, load_after: str) -> str:
+    source = yaml.safe_load(SCHEDULER_CONFIG_SOURCE.read_text())
+    profile = next(p for p in source["profiles"] if p.get("schedulerName") != "default-scheduler")
+    shipped = {k: v for k, v in (source.get("clientConnection") or {}).items() if k != "kubeconfig"}
+    lines = run_header("kube-scheduler throughput with and without the extender", "scheduler_throughput.py", argv,
+                       elapsed, f"; load average {load_before} before, {load_after} after") + [
+        f"- Binaries: {', '.join(f'{name} `{version}`' for name, version in versions.items())}.",
+        f"- Cluster: {args.nodes} Node objects created through the API ({', '.join(PLATFORMS)} in turn, 8 GPUs "
+        "each, the agent's topology and state annotations, `nvidia.com/gpu` allocatable; no kubelet, so bound pods "
+        f"stay Pending and hold their GPUs), {args.pods} pods per round of "
+        + ", ".join(f"{gpus} GPU{'s' if gpus > 1 else ''} (weight {weight})" for gpus, weight in SIZES.items())
+        + f", seed {args.seed} + round; every process on this machine's {os.cpu_count()} CPUs.",
+        f"- Configurations: **alone-qps50**: the shipped profile (`percentageOfNodesToScore: "
+        f"{profile.get('percentageOfNodesToScore', 'default')}`, its plugins) without the extender, "
+        "`clientConnection` at kube-scheduler's default (qps 50, burst 100); **alone-qps5000**: the same at qps and "
+        f"burst {FAST_QPS}; **extender**: `scheduler-config/kube-scheduler-config.yaml` as shipped (its "
+        f"`clientConnection` {shipped or 'has no qps or burst: the default, qps 50 and burst 100'}), the extender "
+        f"over HTTPS with mTLS, run with `--stale-after {STALE_AFTER}` (no agent refreshes the state here) and "
+        "otherwise the defaults of `scheduler-config/extender.yaml`.",
+        f"- Rounds: {len({r.round for r in results})}, each running every configuration once, the order rotated "
+        f"every round; a round of one configuration is bounded by {args.round_seconds:g} s from kube-scheduler's "
+        "start. Its pods are created before kube-scheduler starts; the window runs from the first pod bound to the "
+        "last, as a watch on the pods sees them; pods/s is (bound - 1) over that window, CPU the growth of "
+        "/proc/<pid>/stat utime + stime of each process group over it, per pod bound. `harness` is this script "
+        "(its watch).",
+        "- Checks: GPUs given twice (the extender's `gpu-topology.io/gpus` per node, of each pod's size); nodes "
+        "holding more than 8 GPUs by count; `Scheduled` Events against pods bound; lines of kube-scheduler's log "
+        "saying a request was refused by the client rate limiter or an event was given up.", "",
+        *tables(results)]
+    acceptance = ratios(results)
+    if acceptance:
+        lines += ["", "### Against issue 18's targets (medians of this run)", "", *acceptance]
+    drops = [line for r in results for line in r.drop_lines[:2]]
+    if drops:
+        lines += ["", "First dropped-event lines of kube-scheduler's log:", "", "```", *drops[:4], "```"]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------------------
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--pods", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every configuration once")
+    parser.add_argument("--round-seconds", type=float, default=180.0,
+                        help="a configuration's round ends this long after kube-scheduler starts (default 180)")
+    parser.add_argument("--max-seconds", type=float, default=1500.0,
+                        help="start no further round once the run would pass this (default 1500)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--workdir", type=Path, help="keep certificates, configurations and logs here")
+    parser.add_argument("--write", type=Path, metavar="BENCHMARKS.md", help="rewrite this script's section there")
+    args = parser.parse_args(argv)
+    if not (1 <= args.nodes <= 5000 and 2 <= args.pods <= 20000 and 1 <= args.rounds <= 10):
+        parser.error("nodes 1-5000, pods 2-20000, rounds 1-10")
+    return args
+
+
+def rounds(args: argparse.Namespace) -> Iterator[tuple[int, str]]:
+    for round_ in range(args.rounds):
+        shift = round_ % len(CONFIGS)
+        for config in CONFIGS[shift:] + CONFIGS[:shift]:
+            yield round_, config
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    binaries, problem = find_kube_binaries()
+    if binaries is None:
+        print(f"scheduler_throughput: skipped: {problem}. It needs kube-apiserver and kube-scheduler (v1.36) in "
+              "KUBE_BIN_DIR, and etcd there or on PATH.")
+        return 0
+    began, load_before = time.monotonic(), load_average()
+    results: list[RoundResult] = []
+    with ExitStack() as stack:
+        workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="throughput-")))
+        workdir.mkdir(parents=True, exist_ok=True)
+        bench = Bench(args, binaries, workdir, stack)
+        bench.start()
+        round_seconds: dict[int, float] = {}
+        for round_, config in rounds(args):
+            if round_ not in round_seconds and round_ and time.monotonic() - began + max(
+                    round_seconds.values()) > args.max_seconds:
+                print(f"stopping after {round_} rounds: another would pass --max-seconds {args.max_seconds:g}")
+                break
+            round_seconds.setdefault(round_, 0.0)
+            started = time.monotonic()
+            result = bench.run(config, round_)
+            bench.clean()
+            round_seconds[round_] += time.monotonic() - started
+            results.append(result)
+            print(f"round {round_} {config:14s} {result.rate:7.1f} pods/s, {result.bound}/{result.pods} bound, "
+                  + ", ".join(f"{role} {_num(result.cpu_ms_per_pod(role))} ms/pod" for role in ROLES)
+                  + f", {len(result.double_given)} given twice, {result.scheduled_events} Scheduled events, "
+                  f"{len(result.drop_lines)} drop lines", flush=True)
+        versions = binaries.versions()
+    elapsed = time.monotonic() - began
+    text = section(args, argv, elapsed, results, versions, load_before, load_average())
+    print()
+    print(text)
+    if args.write:
+        write_section(args.write, text, BEGIN, END)
+    failed = [r for r in results if r.double_given or r.overcommitted]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
