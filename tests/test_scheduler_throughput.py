@@ -1,0 +1,77 @@
+"""What loadtests/scheduler_throughput.py computes without a cluster: quantiles from histogram buckets as Prometheus
+computes them, the GPU checks, the three scheduler configurations, and the skip without binaries."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "loadtests"))
+
+import scheduler_throughput as throughput  # noqa: E402
+
+from kube_e2e import Pki  # noqa: E402
+
+
+def test_quantiles_interpolate_within_a_bucket_as_histogram_quantile_does() -> None:
+    buckets = {0.001: 50.0, 0.01: 90.0, 0.1: 100.0, float("inf"): 100.0}
+    assert throughput.quantile(buckets, 0.5) == pytest.approx(0.001)
+    assert throughput.quantile(buckets, 0.7) == pytest.approx(0.001 + 0.009 * 20 / 40)
+    assert throughput.quantile(buckets, 0.99) == pytest.approx(0.01 + 0.09 * 9 / 10)
+    assert throughput.quantile({0.001: 0.0, float("inf"): 0.0}, 0.5) is None
+    assert throughput.quantile({0.001: 0.0, float("inf"): 4.0}, 0.99) == 0.001  # beyond the last finite bound
+
+
+def test_histograms_are_read_by_label_and_subtracted() -> None:
+    text = "\n".join([
+        "# TYPE gpu_topology_extender_request_seconds histogram",
+        'gpu_topology_extender_request_seconds_bucket{verb="bind",le="0.01"} 3.0',
+        'gpu_topology_extender_request_seconds_bucket{verb="bind",le="+Inf"} 4.0',
+        'gpu_topology_extender_request_seconds_bucket{verb="filter",le="0.01"} 7.0',
+        'gpu_topology_extender_request_seconds_bucket{verb="filter",le="+Inf"} 7.0',
+        "gpu_topology_extender_request_seconds_count{verb=\"bind\"} 4.0", ""])
+    found = throughput.histograms(text, throughput.EXTENDER_LATENCY, "verb")
+    assert found == {"bind": {0.01: 3.0, float("inf"): 4.0}, "filter": {0.01: 7.0, float("inf"): 7.0}}
+    assert throughput.subtract(found, {"bind": {0.01: 1.0, float("inf"): 1.0}})["bind"] == {0.01: 2.0,
+                                                                                          float("inf"): 3.0}
+
+
+def _pod(name: str, node: str, size: int, gpus: str | None = None) -> dict:
+    annotations = {} if gpus is None else {"gpu-topology.io/gpus": gpus}
+    return {"metadata": {"name": name, "annotations": annotations},
+            "spec": {"nodeName": node, "containers": [{"resources": {"limits": {"nvidia.com/gpu": str(size)}}}]}}
+
+
+def test_gpus_given_twice_and_nodes_over_count_are_found() -> None:
+    pods = [_pod("a", "n1", 2, "G0,G1"), _pod("b", "n1", 1, "G1"), _pod("c", "n2", 2, "G0"),
+            _pod("d", "n3", 8, "H0,H1,H2,H3,H4,H5,H6,H7"), _pod("e", "n3", 1, "H8")]
+    twice, over = throughput.check_gpus(pods, exact=True)
+    assert twice == ["G1 on n1: a and b", "c holds ['G0'] for 2 GPUs"]
+    assert over == ["n3: 9 GPUs"]
+    assert throughput.check_gpus([_pod("a", "n1", 8), _pod("b", "n2", 8)], exact=False) == ([], [])
+
+
+def test_the_three_configurations_differ_only_as_described(tmp_path: Path) -> None:
+    bench = object.__new__(throughput.Bench)
+    bench.scheduler_kubeconfig = tmp_path / "scheduler.kubeconfig"
+    bench.pki = Pki(tmp_path)
+    ours = bench.scheduler_config("extender", "https://127.0.0.1:8443")
+    slow = bench.scheduler_config("alone-qps50", None)
+    fast = bench.scheduler_config("alone-qps5000", None)
+    assert ours["extenders"][0]["urlPrefix"] == "https://127.0.0.1:8443"
+    assert "extenders" not in slow and "extenders" not in fast
+    assert ours["profiles"] == slow["profiles"] == fast["profiles"]  # the same percentageOfNodesToScore and plugins
+    assert "qps" not in slow["clientConnection"]
+    assert fast["clientConnection"]["qps"] == fast["clientConnection"]["burst"] == throughput.FAST_QPS
+    assert ours["clientConnection"]["kubeconfig"] == str(bench.scheduler_kubeconfig)
+
+
+def test_without_binaries_it_says_it_skipped_and_exits_0() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "loadtests" / "scheduler_throughput.py")], cwd=ROOT,
+                          env={"PATH": "/nonexistent"}, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("scheduler_throughput: skipped: KUBE_BIN_DIR is not set")
