@@ -197,21 +197,33 @@ class DeliveryCluster:
                     holders[device] = f"{namespace}/{name}/{container}"
         return dict(listed.get((pod["metadata"]["namespace"], pod["metadata"]["name"]), {}))
 
-    def restart_kubelet(self, name: str) -> None:
-        """The kubelet restarts and, once our plugin has registered again, admits its pods again (every container
-        of an admitted pod is running); then its pod source resumes."""
+    def restart_kubelet(self, name: str, readmit: bool = True) -> None:
+        """The kubelet restarts and admits its pods again at once (every container of an admitted pod runs); its
+        pod source resumes once our plugin has registered again. A real kubelet gets its first pod list about a
+        second after it starts, and lists no pod until then: `readmit=False` leaves it so, its pod source paused,
+        until `readmit_all`."""
         rig = self.rigs[name]
         rig.running.clear()
-        try:
-            with rig.busy:
-                rig.kubelet.restart()
-            rig.kubelet.wait_registered(GPU, timeout=15)
-            self.wait(lambda: bool(rig.kubelet.healthy(GPU)), 15, f"{name}'s devices listed again")
-            with rig.busy:
-                rig.kubelet.readmit({entry.pod["metadata"]["uid"]: [c["name"] for c in pod_containers(entry.pod)]
-                                     for entry in rig.admitted if entry.admission.admitted})
-        finally:
+        with rig.busy:
+            rig.kubelet.restart()
+            if readmit:
+                self._readmit(rig)
+        rig.kubelet.wait_registered(GPU, timeout=15)
+        self.wait(lambda: bool(rig.kubelet.healthy(GPU)), 15, f"{name}'s devices listed again")
+        if readmit:
             rig.running.set()
+
+    def readmit_all(self, name: str) -> None:
+        """The restarted kubelet's first pod list: its pods admitted again, every container running; its pod
+        source resumes."""
+        rig = self.rigs[name]
+        with rig.busy:
+            self._readmit(rig)
+        rig.running.set()
+
+    def _readmit(self, rig: NodeRig) -> None:
+        rig.kubelet.readmit({entry.pod["metadata"]["uid"]: [c["name"] for c in pod_containers(entry.pod)]
+                             for entry in rig.admitted if entry.admission.admitted})
 
     # -- plumbing ----------------------------------------------------------------------------------------
 

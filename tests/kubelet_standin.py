@@ -10,10 +10,11 @@ pkg/kubelet/apis/podresources/server_v1.go. Error texts are the kubelet's, so te
 Where Go iterates a map (device sets, a container's limits), the order is arbitrary; here it is drawn from a
 `random.Random` seeded per stand-in, so a plugin that depends on order fails, reproducibly.
 
-A restarted kubelet admits its pods again before its sources are ready (`readmit`): a container the runtime
-reports running keeps its devices unchecked, any other needs its resource registered with healthy devices, or
-the pod is rejected; and no pod's devices are freed until then. A real kubelet v1.36 does this about a second
-after it starts, racing its plugins' registration (seen with tests/e2e/test_kubelet_delivery_e2e.py).
+A restarted kubelet starts with no pod: pod-resources `List` shows none until its first pod list arrives and it
+admits them again before its sources are ready (`readmit`). There a container the runtime reports running keeps
+its devices unchecked, any other needs its resource registered with healthy devices, or the pod is rejected; and
+no pod's devices are freed until then (the checkpoint's allocations stay in use). A real kubelet v1.36 does this
+about a second after it starts, racing its plugins' registration (seen with tests/e2e/test_kubelet_delivery_e2e.py).
 
 Not modelled: node status (capacity, the stop grace period that drops a resource), the admission predicate
 (node allocatable), the plugin-watcher registration path, CPU/memory/DRA in pod-resources, and `Get`.
@@ -165,7 +166,8 @@ class KubeletStandIn:
         self._rng = random.Random(seed)
         self._admit_lock = threading.Lock()  # the sync loop admits one pod at a time
         self._pods_lock = threading.Lock()  # the pod manager's
-        self._active: dict[str, dict] = {}  # uid -> pod; survives restarts (the pods come from the API server)
+        self._active: dict[str, dict] = {}  # uid -> pod: the pod manager's
+        self._awaiting: dict[str, dict] = {}  # the API server's pods a restarted kubelet has not been given yet
         self._clients_lock = threading.Lock()  # the registration server's
         self._log_lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()
@@ -246,11 +248,14 @@ class KubeletStandIn:
 
     def restart(self, lose_checkpoint: bool = False) -> None:
         """Stop, then start as a new kubelet process: state comes back only from the checkpoint, every
-        plugin must register again. Active pods stay active (they are the API server's); the sources are not
-        ready until `readmit`."""
+        plugin must register again, and the pods are not known (nor listed) until `readmit`, which makes the
+        sources ready."""
         self.stop()
         if lose_checkpoint:
             self.checkpoint_file.unlink(missing_ok=True)
+        with self._pods_lock:
+            self._awaiting.update(self._active)
+            self._active = {}
         with self._mutex:
             self._reset()
             self._sources_ready = False
@@ -409,14 +414,16 @@ class KubeletStandIn:
             return self._admit(pod, frozenset())
 
     def readmit(self, running: Mapping[str, Collection[str]]) -> list[Admission]:
-        """What a restarted kubelet does with its active pods (in the order they came) before its sources are
-        ready: admits each again. A container in `running` (pod UID -> names the runtime reports running) keeps
-        what the checkpoint recorded without any check; any other needs its resource registered with healthy
-        devices (devicemanager `devicesToAllocate`), so a pod still starting is rejected when its plugin has not
-        registered again yet. Then the sources are ready."""
+        """What a restarted kubelet does when its first pod list arrives, before its sources are ready: admits
+        each pod it had again, in the order they came. A container in `running` (pod UID -> names the runtime
+        reports running) keeps what the checkpoint recorded without any check; any other needs its resource
+        registered with healthy devices (devicemanager `devicesToAllocate`), so a pod still starting is rejected
+        when its plugin has not registered again yet. Then the sources are ready."""
         with self._admit_lock:
             with self._pods_lock:
-                pods = list(self._active.values())
+                pods = list(self._awaiting.values())
+                self._awaiting = {}
+                self._active.update((pod["metadata"]["uid"], pod) for pod in pods)
             admissions = [self._admit(pod, frozenset(running.get(pod["metadata"]["uid"], ()))) for pod in pods]
             with self._mutex:
                 self._sources_ready = True
@@ -657,9 +664,10 @@ class KubeletStandIn:
     # -- pods ------------------------------------------------------------------------------------------
 
     def remove(self, uid: str) -> None:
-        """The pod terminated: it leaves the active pods and its devices are freed."""
+        """The pod terminated: it leaves the active pods and its devices are freed (once the sources are ready)."""
         with self._pods_lock:
             self._active.pop(uid, None)
+            self._awaiting.pop(uid, None)
         self._update_allocated_devices()
 
     def start_container(self, uid: str, container: str) -> dict[str, Message]:

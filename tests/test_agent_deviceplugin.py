@@ -297,6 +297,7 @@ def test_after_a_kubelet_restart_that_lost_its_checkpoint_a_restarted_container_
                                                         2))
     kubelet.restart(lose_checkpoint=True)
     kubelet.wait_registered(GPU, timeout=10)
+    kubelet.readmit({pod["metadata"]["uid"]: ["main"]})  # its first pod list: running, nothing recorded to check
     responses = kubelet.start_container(pod["metadata"]["uid"], "main")
     assert {d.name for d in responses[GPU].cdi_devices} == {f"{DEFAULT_CDI_KIND}={g}" for g in planned(pod)["main"]}
     assert set(kubelet.devices(pod["metadata"]["uid"])["main"]) == planned(pod)["main"]
