@@ -24,13 +24,14 @@ beside its app container.
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from kube_e2e import PAUSE_IMAGE, Cluster, ClusterSpec, Process, node_topologies, wait_until
+from kube_e2e import PAUSE_IMAGE, Cluster, ClusterSpec, Kube, Process, node_topologies, wait_until
 from kubelets import (
     KubeletNode,
     Recorded,
@@ -323,21 +324,58 @@ def test_after_churn_new_pods_get_theirs_and_old_ones_keep_theirs(kubelets: Kube
     check_all(kubelets, len(live) - len(leaving) + len(names))
 
 
-def test_a_kubelet_restart_keeps_every_running_pod_and_its_gpus(kubelets: KubeletCluster) -> None:
-    """Every pod survives both kubelets' restarts with its GPUs, and pods created after get theirs.
+class UsedWatch:
+    """Each node's published `used`, read every 0.1 s in a thread of its own: the GPUs of `held` (node -> GPUs of
+    pods that run throughout) that the agent published as free meanwhile."""
 
-    Except, as a known failure, a pod with a GPU container not running yet (here: behind a plain init container,
-    which the fake runtime never ends; in production an init container still at work, or a container between two
-    restarts): a restarted kubelet admits its pods again about a second after it starts, and only a container the
-    runtime reports running skips the device checks (devicemanager `devicesToAllocate`). The others need the
-    device plugin registered with healthy devices by then, or the pod is rejected for good (UnexpectedAdmissionError,
-    "no healthy devices present"). The agent notices a restarted kubelet by polling its device-plugin directory
-    once a second (topology/agent/deviceplugin.py, `poll`), so whether it registers in time is a race."""
+    def __init__(self, kubelets: KubeletCluster, held: Mapping[str, set[str]]) -> None:
+        self.held = held
+        self.freed: dict[str, set[str]] = {name: set() for name in held}
+        self._kube = Kube(kubelets.cluster.workdir / "admin.kubeconfig")
+        self._keys = kubelets.cluster.keys
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="used-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            for name, gpus in self.held.items():
+                state = (self._kube.get_node(name)["metadata"].get("annotations") or {}).get(self._keys.state)
+                if state is not None:
+                    self.freed[name] |= gpus - decode_state(state).used
+
+    def stop(self) -> dict[str, set[str]]:
+        self._stop.set()
+        self._thread.join(10)
+        self._kube.close()
+        return {name: gpus for name, gpus in self.freed.items() if gpus}
+
+
+def test_a_kubelet_restart_keeps_every_running_pod_and_its_gpus(kubelets: KubeletCluster) -> None:
+    """Every pod survives both kubelets' restarts with its GPUs, and pods created once the agents report them
+    again get theirs. Two known failures, each made an expected one here, with what happened:
+
+    - a pod with a GPU container not running yet (here behind a plain init container, which the fake runtime
+      never ends; in production an init container at work, or a container between two restarts) is rejected for
+      good (UnexpectedAdmissionError, "no healthy devices present") when the restarted kubelet admits its pods
+      again (about a second after it starts) before the agent registered again: only a container the runtime
+      reports running skips the device checks (devicemanager `devicesToAllocate`), and the agent notices a new
+      kubelet by polling its device-plugin directory once a second (topology/agent/deviceplugin.py, `poll`);
+    - until that first pod list, the restarted kubelet's pod-resources `List` shows no pod, and the agent
+      publishes it as `used` without the running pods' GPUs: the extender may bind them again meanwhile
+      (tests/test_delivery_cluster.py reproduces it with the kubelet stand-in)."""
     pods = kubelets.pods()
     before = {pod["metadata"]["uid"]: pod["metadata"]["name"] for pod in pods}
     initialising = {pod["metadata"]["name"] for pod in pods if plain_init_containers(pod)}
-    for node in kubelets.nodes.values():
-        kubelets.restart_kubelet(node)
+    running = {pod["metadata"]["uid"] for pod in pods if not plain_init_containers(pod)}
+    watch = UsedWatch(kubelets, {name: {gpu for (uid, _), entry in node.checkpoint().items() if uid in running
+                                        for gpu in entry.ids} for name, node in kubelets.nodes.items()})
+    try:
+        for node in kubelets.nodes.values():
+            kubelets.restart_kubelet(node)
+        wait_reported(kubelets)
+    finally:
+        freed = watch.stop()
     names = [kubelets.create(stem, shape, *gpus) for stem, shape, *gpus in AFTER_RESTART]
     wait_admitted(kubelets, names)
 
@@ -347,6 +385,9 @@ def test_a_kubelet_restart_keeps_every_running_pod_and_its_gpus(kubelets: Kubele
                 if (pod.get("status") or {}).get("phase") in FINISHED}
     assert set(rejected) <= initialising, f"pods whose containers all ran were rejected: {rejected}"
     check_all(kubelets, len(before) + len(names) - len(rejected), frozenset(rejected))
-    if rejected:
-        pytest.xfail("a kubelet restart rejected pods still initialising, before the agent registered again: "
-                     + "; ".join(f"{name}: {message}" for name, message in sorted(rejected.items())))
+    known = [f"the restarted kubelet rejected {name} before the agent registered again: {message}"
+             for name, message in sorted(rejected.items())]
+    known += [f"the agent on {name} published {len(gpus)} GPUs of running pods as free after the kubelet restarted"
+              for name, gpus in sorted(freed.items())]
+    if known:
+        pytest.xfail("; ".join(known))
