@@ -156,11 +156,6 @@ def test_scheduling_only_with_a_plugin_that_ignores_us_leaves_no_pod_pending_on_
         cluster.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a restarted kubelet lists no pod until its first pod list arrives (about a second with kubelet v1.36, "
-    "tests/e2e/test_kubelet_delivery_e2e.py); the agent publishes that as used=[] (topology/agent/devices.py "
-    "observe), and the extender, which trusts the report for the pods it saw allocated (extender/ledger.py "
-    "`taken`), binds their GPUs again: the kubelet then gives the new pod other GPUs, or rejects it"))
 def test_a_restarted_kubelet_that_lists_no_pod_yet_frees_no_gpu() -> None:
     cluster = DeliveryCluster(short_tmpdir(), (("h100", "dgx-h100"),))
     try:

@@ -95,6 +95,12 @@ class PrintingNode:
         return dict(self._annotations)
 
 
+RESTART_HOLD_SECONDS = 15.0
+"""How long the pods of a List that emptied at once stay in the report: three polls at the default interval, well
+past the kubelet's first pod list after a restart, which the kubelet v1.36 in the e2e suite took about a second
+for. A node whose last pods end is seen free that much later."""
+
+
 class Reporter:
     """Publishes one node's topology and GPU state. `run()` blocks until `stop` is set (or one round with
     `once`). `fabric` reads the node's NVLink domain each round (None: the topology's stays). `monotonic`, `wall`
@@ -126,6 +132,8 @@ class Reporter:
         self.last_error: str | None = None  # the last failed patch or read of the node, None after a success
         self._said: dict[str, object] = {}
         self._retrying = True
+        self._emptied: float | None = None  # when the List lost every pod at once (_hold_over_restart)
+        self._known: Observation | None = None  # the last List read, as reported
 
     # -- the loop ----------------------------------------------------------------------------------------
 
@@ -172,7 +180,7 @@ class Reporter:
             self.devices_backoff.reset()
         health = self._health.check(self.topology) if self._health is not None else {}
         if devices is not None:
-            observation = observe(self._ids, devices, health, self.gpu_resource)
+            observation = self._hold_over_restart(observe(self._ids, devices, health, self.gpu_resource), now)
         if self._fabric is not None:
             self._follow(self._fabric())
         self.observation = observation
@@ -197,6 +205,30 @@ class Reporter:
                 log.log(logging.DEBUG if decided.why == ("heartbeat",) else logging.INFO, "wrote annotations: %s",
                         "; ".join(decided.why))
         return max(retry) if retry else self.interval
+
+    def _hold_over_restart(self, observation: Observation | Unknown, now: float) -> Observation | Unknown:
+        """A restarted kubelet lists no pod until its first pod list arrives (about a second with v1.36), though
+        its checkpoint keeps every allocation and the containers run on: published as is, that empty List would
+        free every GPU of the node to the extender, which would bind them again. So when the List loses every pod
+        at once, the last pods stay in the report until the List shows a pod again or RESTART_HOLD_SECONDS pass.
+        Pods that all end together are then freed that much later: never a GPU given twice."""
+        if not isinstance(observation, Observation):
+            return observation  # a kubelet down between its runs: what it listed last still counts
+        previous, self._known = self._known, observation
+        if observation.pods:
+            self._emptied = None
+            return observation
+        if previous is None or not previous.pods:
+            return observation
+        if self._emptied is None:
+            self._emptied = now
+            log.warning("the kubelet lists no pod while %d held GPUs: a restart? keeping them used for up to %g s",
+                        len(previous.pods), RESTART_HOLD_SECONDS)
+        if now - self._emptied >= RESTART_HOLD_SECONDS:
+            return observation
+        held = replace(observation, used=observation.used | previous.used, pods=previous.pods)
+        self._known = held
+        return held
 
     def _follow(self, domain: Domain) -> None:
         """Carry a new domain reading in the topology annotation; one that would not fit its budget is left out."""
