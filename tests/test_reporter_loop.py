@@ -11,6 +11,7 @@ import threading
 import time
 from dataclasses import replace
 
+import grpc
 import pytest
 from fake_nvml import gpu_uuid, make_fake_nvml
 from kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node, wait_until
@@ -343,3 +344,25 @@ def test_the_extender_sees_the_reporters_used_and_unhealthy_gpus(kube_server, no
     reporter.round()
     state.nodes.replace([kube_server.node(NODE)])
     assert state.is_stale(state.view(NODE), time.time())
+
+
+def test_a_kubelet_down_between_rounds_then_listing_no_pod_keeps_the_pods_gpus_used(kube_server, node_api, kubelet):
+    """A restart as the agent may see it: a round that cannot read pod-resources at all, then an empty List while
+    the kubelet has not yet listed its pods again. The GPUs stay used until the hold ends or the pods come back."""
+    clock = Clock()
+    kubelet.allocate("ns", "a", [U[0], U[1]])
+    reporter = make_reporter(node_api, kubelet.socket_path, clock)
+    reporter.load()
+    reporter.round()
+    assert published_state(kube_server).used == {U[0], U[1]}
+    kubelet.fail(grpc.StatusCode.UNAVAILABLE)
+    kubelet.free("ns", "a")  # the restarted kubelet lists nothing yet
+    clock.now += INTERVAL
+    reporter.round()
+    clock.now += INTERVAL
+    reporter.round()
+    assert published_state(kube_server).used == {U[0], U[1]}
+    kubelet.allocate("ns", "a", [U[0], U[1]])  # its first pod list: the pod is back
+    clock.now += INTERVAL
+    reporter.round()
+    assert published_state(kube_server).used == {U[0], U[1]}
