@@ -86,7 +86,7 @@ class GroupPlacement:
                 return _only(names, nodes)
             if state.plans.full and state.plans.get(key) is None:
                 return _refuse(names, PLAN_LIMIT, resolvable=True)
-            found = self._plan_once(pod, key, size, now, frozenset(names))
+            found = self._plan_once(pod, key, size, now, names)
             if isinstance(found, Plan):
                 state.plans.install(found)
                 self.wait.forget(key)
@@ -133,13 +133,13 @@ class GroupPlacement:
         return frozenset(slot.node for _, slot in plans.open_slots(key))
 
     def _plan_once(self, pod: PodRequest, key: str, size: int, now: float,
-                   candidates: frozenset[str]) -> Plan | _NoRoom | None:
+                   names: Sequence[str]) -> Plan | _NoRoom | None:
         """`_plan`, but a group found no room for is not searched again until a node changes or a second passes:
         kube-scheduler may retry a waiting gang a thousand times a second (README, kube-scheduler's pod groups)."""
         seen = self._no_room.get(key)
         if seen is not None and seen[0] == self.state.version and now - seen[1] < NO_ROOM_SECONDS:
             return seen[2]
-        found = self._plan(pod, key, size, now, candidates)
+        found = self._plan(pod, key, size, now, frozenset(names))
         if isinstance(found, Plan):
             self._no_room.pop(key, None)
         else:

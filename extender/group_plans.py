@@ -111,12 +111,16 @@ class GroupPlans:
             return slot if slot.node == node else None
         for index, slot in self.open_slots(group):
             if slot.node == node:
-                self._state.release(_slot_uid(group, index), freed=False)
-                self._claims[group][index] = uid
-                self._claimed_by[uid] = (group, index)
+                self._take(group, index, uid)
                 self._plans[group] = replace(plan, expires=max(plan.expires, now + self.timeout))
                 return slot
         return None
+
+    def _take(self, group: str, index: int, uid: str) -> None:
+        """Member `uid` holds slot `index`: the slot's PLANNED entry gives way to the member's own."""
+        self._state.release(_slot_uid(group, index), freed=False)
+        self._claims[group][index] = uid
+        self._claimed_by[uid] = (group, index)
 
     def unclaim(self, uid: str) -> None:
         """The member's Binding was refused: its slot is open again while the plan lasts."""
@@ -190,9 +194,7 @@ class GroupPlans:
         view = self._state.view(node)
         for index, slot in self.open_slots(group):
             if slot.node == node and view is not None and frozenset(view.gpu_ids(slot.gpus)) == held:
-                self._state.release(_slot_uid(group, index), freed=False)
-                self._claims[group][index] = uid
-                self._claimed_by[uid] = (group, index)
+                self._take(group, index, uid)
                 return
 
     def _unseal(self, group: str, uid: str, node: str, value: object) -> Plan | None:
