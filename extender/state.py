@@ -330,8 +330,9 @@ class ClusterState:
         view = self._decode_annotations(name, annotations)
         sharing = combine(from_labels(labels), view.sharing)
         domain = reconcile(view.reported_domain, labels.get(CLIQUE_LABEL))
-        if domain.problem is not None:
-            log.warning("node %s: no NVLink domain: %s", name, domain.problem)
+        previous = self._views.get(name)
+        if domain.problem is not None and (previous is None or previous.domain != domain):
+            log.warning("node %s: no NVLink domain: %s", name, domain.problem)  # once per change, not per heartbeat
         return replace(view, sharing=sharing, domain=domain)
 
     def _decode_annotations(self, name: str, annotations: Mapping[str, Any]) -> NodeView:
