@@ -10,7 +10,6 @@ import threading
 import orjson
 import pytest
 from fastapi.testclient import TestClient
-from starlette.requests import Request
 
 from extender.app import BodyTooLarge, create_app, read_body
 from extender.demo_cluster import DemoCluster
@@ -65,9 +64,9 @@ def test_a_chunked_body_is_refused_as_soon_as_it_passes_the_limit() -> None:
         pulled.append(1)
         return {"type": "http.request", "body": b"x" * 1000, "more_body": len(pulled) < 100}
 
-    request = Request({"type": "http", "method": "POST", "path": "/filter", "headers": []}, receive)
+    scope = {"type": "http", "method": "POST", "path": "/filter", "headers": []}
     with pytest.raises(BodyTooLarge, match="over the extender's limit of 10000 bytes"):
-        asyncio.run(read_body(request, 10_000))
+        asyncio.run(read_body(scope, receive, 10_000))
     assert len(pulled) == 11, "the eleventh chunk passes 10,000 bytes; nothing after it is read"
 
 
@@ -141,4 +140,4 @@ def test_fastapis_own_telemetry_is_off_even_with_a_global_tracer_provider(monkey
     monkeypatch.setattr(trace, "get_tracer_provider", Installed)
     state = ClusterState()
     app = create_app(ExtenderService(state, DemoCluster(state)))
-    assert not app._native_telemetry.enabled()
+    assert not app.web._native_telemetry.enabled()
