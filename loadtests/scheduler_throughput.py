@@ -108,6 +108,7 @@ SCHEDULER_BIND = "scheduler_framework_extension_point_duration_seconds"
 DROPS = re.compile(r"client rate limiter Wait returned an error|Server rejected event|Unable to write event|"
                    r"dropped event|event.*(?:dropped|discarded)", re.IGNORECASE)
 ROLES = ("kube-apiserver", "etcd", "kube-scheduler", "extender")
+PPROF_SECONDS = 8  # with --pprof: within the shortest round's binding window here
 KEYS = AnnotationKeys()
 
 
@@ -411,7 +412,11 @@ class Bench:
             started = time.monotonic()
             scheduler = start_scheduler(self.binaries.scheduler, log_dir, path, self.scheduler_kubeconfig, stack,
                                         on_start=lambda process: roles.update({"kube-scheduler": process}))
+            profiler = (self._profile(scheduler, self.args.pprof / f"kube-scheduler-{config}-{round_}.pprof")
+                        if self.args.pprof else None)
             watch.done.wait(self.args.round_seconds)
+            if profiler is not None:
+                profiler.join()
             if len(snapshots) == 1:
                 snap()  # out of time: the window ends now
             makespan = (max(watch.bound.values()) - started) if watch.bound else 0.0
@@ -428,14 +433,41 @@ class Bench:
                            snapshots[-1] if len(snapshots) > 1 else None, makespan, verbs, scheduler_bind, double, over,
                            events, drops, qps)
 
+    def _profile(self, scheduler: Process, path: Path) -> threading.Thread:
+        """kube-scheduler's CPU profile over the next PPROF_SECONDS, then its allocations since it started, saved to
+        `path` and `*.allocs.pprof` by a thread (nothing if unread)."""
+        port = _secure_port(scheduler)
+
+        def save() -> None:
+            if port is None:
+                print("pprof: kube-scheduler's log names no --secure-port", flush=True)
+                return
+            try:
+                status, body = local_get(port, f"/debug/pprof/profile?seconds={PPROF_SECONDS}",
+                                         _insecure_admin(self.pki), timeout=PPROF_SECONDS + 30)
+            except (OSError, http.client.HTTPException) as error:
+                print(f"pprof: {error}", flush=True)
+                return
+            if status != 200:
+                print(f"pprof: kube-scheduler answered {status}: {body[:200]!r}", flush=True)
+                return
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(body)
+            status, body = local_get(port, "/debug/pprof/allocs", _insecure_admin(self.pki), timeout=30)
+            if status == 200:
+                path.with_suffix(".allocs.pprof").write_bytes(body)
+
+        thread = threading.Thread(target=save, name="pprof", daemon=True)
+        thread.start()
+        return thread
+
     def _scheduler_bind(self, scheduler: Process) -> dict[float, float]:
         """kube-scheduler's Bind extension point histogram, read from its log's secure port (empty if unreadable)."""
-        text = scheduler.log_path.read_text(errors="replace")
-        port = re.search(r"--secure-port=(\d+)", text)
+        port = _secure_port(scheduler)
         if port is None:
             return {}
         try:
-            body = scrape(int(port.group(1)), _insecure_admin(self.pki))
+            body = scrape(port, _insecure_admin(self.pki))
         except (OSError, RuntimeError, http.client.HTTPException):
             return {}
         return histograms(body, SCHEDULER_BIND, "extension_point", extension_point="Bind").get("Bind", {})
@@ -453,6 +485,12 @@ class Bench:
                 return count
             time.sleep(2)
         return last
+
+
+def _secure_port(scheduler: Process) -> int | None:
+    """kube-scheduler's secure port, from its command line as its log records it."""
+    found = re.search(r"--secure-port=(\d+)", scheduler.log_path.read_text(errors="replace"))
+    return int(found.group(1)) if found else None
 
 
 def _port(url: str | None) -> int:
@@ -677,7 +715,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workdir", type=Path, help="keep certificates, configurations and logs here")
     parser.add_argument("--write", type=Path, metavar="BENCHMARKS.md", help="rewrite this script's section there")
+    parser.add_argument("--configs", default=",".join(CONFIGS),
+                        help=f"the configurations to run, comma-separated (default all: {','.join(CONFIGS)})")
+    parser.add_argument("--pprof", type=Path, metavar="DIR",
+                        help="save kube-scheduler's CPU profile of each round here (its /debug/pprof/profile, "
+                             "read with `go tool pprof`)")
     args = parser.parse_args(argv)
+    args.configs = tuple(config for config in CONFIGS if config in args.configs.split(","))
+    if not args.configs:
+        parser.error(f"--configs: none of {', '.join(CONFIGS)}")
     if not (1 <= args.nodes <= 5000 and 2 <= args.pods <= 20000 and 1 <= args.rounds <= 10):
         parser.error("nodes 1-5000, pods 2-20000, rounds 1-10")
     return args
@@ -685,8 +731,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def rounds(args: argparse.Namespace) -> Iterator[tuple[int, str]]:
     for round_ in range(args.rounds):
-        shift = round_ % len(CONFIGS)
-        for config in CONFIGS[shift:] + CONFIGS[:shift]:
+        shift = round_ % len(args.configs)
+        for config in args.configs[shift:] + args.configs[:shift]:
             yield round_, config
 
 
