@@ -24,9 +24,20 @@ from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from extender.service import ExtenderService
-from extender.wire import (MAX_BODY_BYTES, BadRequest, ExtenderArgs, NotJson, binding_result, filter_error,
-                           filter_result, parse_binding_args, parse_extender_args, parse_preemption_args,
-                           preemption_result, PrioritizeEncoder)
+from extender.wire import (
+    MAX_BODY_BYTES,
+    BadRequest,
+    ExtenderArgs,
+    NotJson,
+    PrioritizeEncoder,
+    binding_result,
+    filter_error,
+    filter_result,
+    parse_binding_args,
+    parse_extender_args,
+    parse_preemption_args,
+    preemption_result,
+)
 
 log = logging.getLogger(__name__)
 JSON = "application/json"

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from datetime import datetime
 
 import pytest
-from kube_api_server import NODES, PODS, FakeKubeApiServer, kube_server_fixture, make_node, make_pod, wait_until
+from kube_api_server import (
+    NODES,
+    PODS,
+    FakeKubeApiServer,
+    kube_server_fixture,
+    make_node,
+    make_pod,
+    wait_until,
+)
 from kubernetes import client as k8s
 
 from extender.kube import (
@@ -78,22 +87,50 @@ def test_a_plain_api_client_works_too(kube_server):
     assert names(api.list_nodes()[0]) == ["gpu-a"]
 
 
-def test_from_kubeconfig_uses_the_server_and_credentials(kube_server, tmp_path):
+def _token_kubeconfig(tmp_path, url: str):
+    """A kubeconfig for `url` whose user authenticates with the token s3cret."""
     kubeconfig = tmp_path / "config"
     kubeconfig.write_text(
         f"""
 apiVersion: v1
 kind: Config
-clusters: [{{name: test, cluster: {{server: "{kube_server.url}"}}}}]
+clusters: [{{name: test, cluster: {{server: "{url}"}}}}]
 users: [{{name: sched, user: {{token: s3cret}}}}]
 contexts: [{{name: test, context: {{cluster: test, user: sched}}}}]
 current-context: test
 """
     )
+    return kubeconfig
+
+
+def test_from_kubeconfig_uses_the_server_and_credentials(kube_server, tmp_path):
+    kubeconfig = _token_kubeconfig(tmp_path, kube_server.url)
     kube_server.add_node(make_node("gpu-a"))
     api = KubernetesApi.from_kubeconfig(str(kubeconfig))
     assert names(api.list_nodes()[0]) == ["gpu-a"]
     assert kube_server.requests[-1].headers["authorization"] == "Bearer s3cret"
+
+
+def test_a_bind_carries_the_same_credentials_as_every_other_call(kube_server, tmp_path):
+    """bind posts bytes of its own, not through the generated method: it must still send the token."""
+    kubeconfig = _token_kubeconfig(tmp_path, kube_server.url)
+    uid = kube_server.add_pod(make_pod("train"))["metadata"]["uid"]
+    KubernetesApi.from_kubeconfig(str(kubeconfig)).bind("default", "train", uid, "gpu-a", {})
+    request = kube_server.requests[-1]
+    assert request.path == "/api/v1/namespaces/default/pods/train/binding"
+    assert request.headers["authorization"] == "Bearer s3cret"
+    assert request.headers["content-type"] == "application/json"
+
+
+def test_a_bind_to_an_api_server_that_is_gone_is_unreachable():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]  # closed when the block ends: nothing listens there
+    api = KubernetesApi.from_configuration(k8s.Configuration(host=f"http://127.0.0.1:{port}"), timeout=2.0)
+    with pytest.raises(Unreachable) as caught:
+        api.bind("default", "train", "uid", "gpu-a", {})
+    assert caught.value.status is None and "bind pod default/train to gpu-a" in str(caught.value)
+    assert_clean(caught.value)
 
 
 def test_a_missing_kubeconfig_is_a_kube_error(tmp_path):
