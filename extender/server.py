@@ -62,7 +62,11 @@ def server_config(service: ExtenderService, options: ServeOptions) -> uvicorn.Co
     protocol = limited_protocol(options.limits, frozenset(options.client_names),
                                 lambda reason: refused.labels("connection", reason).inc())
     # No access log: kube-scheduler calls several times per pod; the metrics count and time every verb.
+    # The event loop by measurement (a 20 KB request and its answer on a keep-alive connection, server CPU per
+    # request): over TLS, asyncio's 90 us against uvloop's 140 us, as uvloop's TLS layer costs more than the
+    # standard library's; in plain HTTP, uvloop's 65 us against asyncio's 75 to 110 us.
     return uvicorn.Config(create_app(service), host=options.host, port=options.port, log_level=options.log_level,
+                          loop="asyncio" if options.tls_cert else "uvloop",
                           access_log=False, http=protocol, limit_concurrency=options.limits.max_connections,
                           timeout_keep_alive=int(options.limits.idle_seconds),
                           ssl_certfile=options.tls_cert, ssl_keyfile=options.tls_key, ssl_ca_certs=options.client_ca,
