@@ -151,6 +151,23 @@ def test_a_lost_binding_answer_keeps_the_gpus_until_the_watch_tells(extender, tr
     assert [b["metadata"]["name"] for b in server.bindings] == [f"first-{trial}"]
 
 
+def test_a_binding_lost_on_a_kept_alive_connection_is_sent_again_and_known_as_ours(extender) -> None:
+    """The connection ends after the Binding committed: the writer sends it once more on a new connection, the
+    API server refuses that 409, and the pod, read back, is ours on this node: bound, with its GPUs, no second
+    Binding and no wait for the watch."""
+    service, server = extender
+    warm = _watched(service, server.add_pod(make_pod("warm", gpus=1)))
+    lost = _watched(service, server.add_pod(make_pod("lost", gpus=4)))
+    assert _bind(service, warm, "gpu-1") == ""  # its connection is kept for the next Binding
+    server.watch_delay = 0.5
+    server.lose("POST", "/api/v1/namespaces/default/pods/lost/binding")
+    assert _bind(service, lost, "gpu-1") == ""
+    entry = service.state.ledger.get(lost["metadata"]["uid"])
+    assert entry.phase is Phase.BOUND and len(entry.gpus) == 4
+    assert [b["metadata"]["name"] for b in server.bindings] == ["warm", "lost"]
+    assert len([r for r in server.requests if r.path.endswith("/lost/binding")]) == 2
+
+
 def test_a_stale_bind_never_writes_on_the_recreated_pod(extender) -> None:
     service, server = extender
     old = _watched(service, server.add_pod(make_pod("db-0", gpus=2, uid="old-uid")))
