@@ -29,6 +29,10 @@ class Metrics:
                                         "Requests refused at the HTTP edge, by verb (or connection) and reason: "
                                         "too_large, not_json, bad_shape, timeout, head_too_large, client_name",
                                         ["verb", "reason"], registry=self.registry)
+        self.connections = Counter("gpu_topology_extender_connections_opened_total",
+                                   "Connections accepted. Each costs a TLS handshake; kube-scheduler keeps 2 idle "
+                                   "connections to an extender, so one per request means it opens more than it keeps",
+                                   registry=self.registry)
         self.mismatches = Counter("gpu_topology_extender_allocation_mismatches_total",
                                   "Pods the kubelet gave other GPUs than they were bound to (the ledger followed it)",
                                   ["node"], registry=self.registry)

@@ -60,7 +60,8 @@ class ServeOptions:
 def server_config(service: ExtenderService, options: ServeOptions) -> uvicorn.Config:
     refused = service.metrics.requests_refused
     protocol = limited_protocol(options.limits, frozenset(options.client_names),
-                                lambda reason: refused.labels("connection", reason).inc())
+                                lambda reason: refused.labels("connection", reason).inc(),
+                                service.metrics.connections.inc)
     # No access log: kube-scheduler calls several times per pod; the metrics count and time every verb.
     # The event loop by measurement (a 20 KB request and its answer on a keep-alive connection, server CPU per
     # request): over TLS, asyncio's 90 us against uvloop's 140 us, as uvloop's TLS layer costs more than the
@@ -86,8 +87,8 @@ def certificate_names(peercert: dict[str, Any] | None) -> set[str]:
     return names
 
 
-def limited_protocol(limits: Limits, client_names: frozenset[str],
-                     refused: Callable[[str], None]) -> type[HttpToolsProtocol]:
+def limited_protocol(limits: Limits, client_names: frozenset[str], refused: Callable[[str], None],
+                     opened: Callable[[], None]) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with a deadline per request, a bounded head and the client's name checked."""
 
     class LimitedProtocol(HttpToolsProtocol):
@@ -95,6 +96,7 @@ def limited_protocol(limits: Limits, client_names: frozenset[str],
         _head_bytes: int | None = 0  # bytes of an unfinished head; None while a body arrives
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            opened()
             super().connection_made(transport)
             self._arm(limits.idle_seconds, "sent no request")
             if client_names:

@@ -102,6 +102,7 @@ NAMESPACE = "throughput"
 STALE_AFTER = "3600"  # no agent here: the nodes' state, written at creation, must stay fresh for the whole run
 VERBS = ("filter", "prioritize", "bind", "preempt")
 EXTENDER_LATENCY = "gpu_topology_extender_request_seconds"
+CONNECTIONS = "gpu_topology_extender_connections_opened"
 SCHEDULER_BIND = "scheduler_framework_extension_point_duration_seconds"
 # What kube-scheduler's log says when client-go's rate limiter refused a request or the event broadcaster gave
 # an event up (k8s.io/client-go/tools/events and tools/record).
@@ -146,6 +147,15 @@ def histograms(text: str, name: str, label: str, **match: str) -> dict[str, dict
                 continue
             found.setdefault(sample.labels.get(label, ""), {})[float(sample.labels["le"])] = sample.value
     return found
+
+
+def counter(text: str, name: str) -> float:
+    """A counter's value (its `_total` sample), 0 when the text has none."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == f"{name}_total":
+                return sample.value
+    return 0.0
 
 
 def subtract(after: Mapping[str, Mapping[float, float]],
@@ -263,6 +273,7 @@ class RoundResult:
     scheduled_events: int
     drop_lines: list[str]
     qps: str
+    connections: float  # connections the extender accepted in the round (kube-scheduler's, each a TLS handshake)
 
     @property
     def window(self) -> float:
@@ -392,8 +403,8 @@ class Bench:
             pods = self.pods(round_)
             self.create_pods(pods)
             resource_version = self._list("pods", limit=1)["metadata"]["resourceVersion"]
-            verbs_before = (histograms(scrape(_port(extender_url), extender_context), EXTENDER_LATENCY, "verb")
-                            if extender_url else {})
+            before = scrape(_port(extender_url), extender_context) if extender_url else ""
+            verbs_before = histograms(before, EXTENDER_LATENCY, "verb")
             scheduler_config = self.scheduler_config(config, extender_url)
             path = self.workdir / f"kube-scheduler-{config}.yaml"
             path.write_text(yaml.safe_dump(scheduler_config, sort_keys=False))
@@ -420,8 +431,9 @@ class Bench:
             if len(snapshots) == 1:
                 snap()  # out of time: the window ends now
             makespan = (max(watch.bound.values()) - started) if watch.bound else 0.0
-            verbs = (subtract(histograms(scrape(_port(extender_url), extender_context), EXTENDER_LATENCY, "verb"),
-                              verbs_before) if extender_url else {})
+            after = scrape(_port(extender_url), extender_context) if extender_url else ""
+            verbs = subtract(histograms(after, EXTENDER_LATENCY, "verb"), verbs_before)
+            connections = counter(after, CONNECTIONS) - counter(before, CONNECTIONS)
             scheduler_bind = self._scheduler_bind(scheduler)
             bound_pods = [pod for pod in self._list("pods")["items"] if pod["spec"].get("nodeName")]
             events = self._scheduled_events(len(bound_pods))
@@ -431,7 +443,7 @@ class Bench:
         double, over = check_gpus(bound_pods, config == "extender")
         return RoundResult(config, round_, len(pods), len(watch.bound), snapshots[0] if snapshots else None,
                            snapshots[-1] if len(snapshots) > 1 else None, makespan, verbs, scheduler_bind, double, over,
-                           events, drops, qps)
+                           events, drops, qps, connections)
 
     def _profile(self, scheduler: Process, path: Path) -> threading.Thread:
         """kube-scheduler's CPU profile over the next PPROF_SECONDS, then its allocations since it started, saved to
@@ -764,6 +776,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.append(result)
             print(f"round {round_} {config:14s} {result.rate:7.1f} pods/s, {result.bound}/{result.pods} bound, "
                   + ", ".join(f"{role} {_num(result.cpu_ms_per_pod(role))} ms/pod" for role in ROLES)
+                  + f", {result.connections:.0f} extender connections"
                   + f", {len(result.double_given)} given twice, {result.scheduled_events} Scheduled events, "
                   f"{len(result.drop_lines)} drop lines", flush=True)
         versions = binaries.versions()

@@ -141,3 +141,13 @@ def test_fastapis_own_telemetry_is_off_even_with_a_global_tracer_provider(monkey
     state = ClusterState()
     app = create_app(ExtenderService(state, DemoCluster(state)))
     assert not app.web._native_telemetry.enabled()
+
+
+def test_each_connection_accepted_is_counted() -> None:
+    """kube-scheduler keeps 2 idle connections to an extender: the count shows how many more it opens."""
+    service = _service()
+    with running_server(service) as port:
+        for _ in range(3):
+            assert _exchange(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(
+                b"HTTP/1.1 200 ")
+    assert service.metrics.registry.get_sample_value("gpu_topology_extender_connections_opened_total") == 3.0
