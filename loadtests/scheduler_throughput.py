@@ -54,6 +54,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +209,7 @@ class BindWatch:
     def __init__(self, port: int, context: ssl.SSLContext, resource_version: str, expected: int,
                  on_first: Callable[[], None], on_last: Callable[[], None]) -> None:
         self.bound: dict[str, float] = {}
+        self.bound_wall: dict[str, float] = {}  # the same moments by the wall clock, to compare with the server's
         self.expected = expected
         self.done = threading.Event()
         self.error: str | None = None
@@ -232,6 +234,7 @@ class BindWatch:
                     break
                 if name and (pod.get("spec") or {}).get("nodeName") and name not in self.bound:
                     self.bound[name] = time.monotonic()
+                    self.bound_wall[name] = time.time()
                     if len(self.bound) == 1:
                         self._on_first()
                     if len(self.bound) == self.expected:
@@ -274,6 +277,7 @@ class RoundResult:
     drop_lines: list[str]
     qps: str
     connections: float  # connections the extender accepted in the round (kube-scheduler's, each a TLS handshake)
+    event_lags: list[float]  # seconds from each pod's bind to its Scheduled Event's creation (to within 1 s)
 
     @property
     def window(self) -> float:
@@ -436,14 +440,14 @@ class Bench:
             connections = counter(after, CONNECTIONS) - counter(before, CONNECTIONS)
             scheduler_bind = self._scheduler_bind(scheduler)
             bound_pods = [pod for pod in self._list("pods")["items"] if pod["spec"].get("nodeName")]
-            events = self._scheduled_events(len(bound_pods))
+            events, event_lags = self._scheduled_events(len(bound_pods), watch.bound_wall)
             drops = [line for line in scheduler.log_path.read_text(errors="replace").splitlines()
                      if DROPS.search(line)]
         qps = str(scheduler_config["clientConnection"].get("qps", 50))
         double, over = check_gpus(bound_pods, config == "extender")
         return RoundResult(config, round_, len(pods), len(watch.bound), snapshots[0] if snapshots else None,
                            snapshots[-1] if len(snapshots) > 1 else None, makespan, verbs, scheduler_bind, double, over,
-                           events, drops, qps, connections)
+                           events, drops, qps, connections, event_lags)
 
     def _profile(self, scheduler: Process, path: Path) -> threading.Thread:
         """kube-scheduler's CPU profile over the next PPROF_SECONDS, then its allocations since it started, saved to
@@ -484,19 +488,28 @@ class Bench:
             return {}
         return histograms(body, SCHEDULER_BIND, "extension_point", extension_point="Bind").get("Bind", {})
 
-    def _scheduled_events(self, bound: int) -> int:
-        """Scheduled Events once they stop coming (kube-scheduler writes them asynchronously), at most 60 s on."""
+    def _scheduled_events(self, bound: int, bound_at: Mapping[str, float]) -> tuple[int, list[float]]:
+        """Scheduled Events once they stop coming (kube-scheduler writes them asynchronously), at most 60 s on;
+        and for each, how long after its pod was seen bound the API server stored it (its creationTimestamp, in
+        whole seconds, against `bound_at`'s wall clock: a lag is known to within a second)."""
         deadline, last, since = time.monotonic() + 60, -1, time.monotonic()
-        while time.monotonic() < deadline:
-            count = sum(1 for event in self._list("events")["items"] if event.get("reason") == "Scheduled")
-            if count >= bound:
-                return count
+        while True:
+            events = [event for event in self._list("events")["items"] if event.get("reason") == "Scheduled"]
+            count = len(events)
+            if count >= bound or time.monotonic() >= deadline:
+                break
             if count != last:
                 last, since = count, time.monotonic()
             elif time.monotonic() - since > 10:
-                return count
+                break
             time.sleep(2)
-        return last
+        lags = []
+        for event in events:
+            name = (event.get("involvedObject") or event.get("regarding") or {}).get("name")
+            created = (event.get("metadata") or {}).get("creationTimestamp")
+            if name in bound_at and created:
+                lags.append(datetime.fromisoformat(created).timestamp() - bound_at[name])
+        return count, lags
 
 
 def _secure_port(scheduler: Process) -> int | None:
@@ -576,8 +589,9 @@ def tables(results: Sequence[RoundResult]) -> list[str]:
     grouped = by_config(results)
     lines = ["| configuration | client qps | rounds | pods bound | pods/s (median; min-max) | makespan s | "
              + " | ".join(f"{role} CPU ms/pod" for role in ROLES) + " | harness CPU ms/pod | kube-scheduler Bind "
-             "p50 / p99 ms | GPUs given twice | nodes over count | Scheduled events / bound | dropped-event lines |",
-             "|---|---:|---:|---:|---:|---:|" + "---:|" * len(ROLES) + "---:|---:|---:|---:|---:|---:|"]
+             "p50 / p99 ms | GPUs given twice | nodes over count | Scheduled events / bound | event lag p50 / max s "
+             "| dropped-event lines | extender connections per pod |",
+             "|---|---:|---:|---:|---:|---:|" + "---:|" * len(ROLES) + "---:|---:|---:|---:|---:|---:|---:|---:|"]
     for config, rounds in grouped.items():
         rates = [r.rate for r in rounds]
         binds: dict[str, dict[float, float]] = {}
@@ -594,7 +608,9 @@ def tables(results: Sequence[RoundResult]) -> list[str]:
             f"| {_ms_quantile(bind, 0.5)} / {_ms_quantile(bind, 0.99)} "
             f"| {sum(len(r.double_given) for r in rounds)} | {sum(len(r.overcommitted) for r in rounds)} "
             f"| {sum(r.scheduled_events for r in rounds)}/{sum(r.bound for r in rounds)} "
-            f"| {sum(len(r.drop_lines) for r in rounds)} |")
+            f"| {_lags([lag for r in rounds for lag in r.event_lags])} "
+            f"| {sum(len(r.drop_lines) for r in rounds)} "
+            f"| {_connections(rounds)} |")
     verbs: dict[str, dict[float, float]] = {}
     for r in grouped.get("extender", []):
         add(verbs, r.verbs)
@@ -613,6 +629,20 @@ def tables(results: Sequence[RoundResult]) -> list[str]:
         lines.append(f"| {r.round} | {r.config} | {_num(r.rate, 1)} | {r.bound}/{r.pods} | "
                      + " | ".join(_num(r.cpu_ms_per_pod(role)) for role in ROLES) + " |")
     return lines
+
+
+def _lags(lags: Sequence[float]) -> str:
+    """Event lags in whole seconds (the server stamps creation to the second): p50 / max."""
+    if not lags:
+        return "-"
+    ordered = sorted(lags)
+    return f"{max(0, round(ordered[len(ordered) // 2]))} / {max(0, round(ordered[-1]))}"
+
+
+def _connections(rounds: Sequence[RoundResult]) -> str:
+    if rounds[0].config != "extender":
+        return "-"
+    return f"{sum(r.connections for r in rounds) / max(1, sum(r.bound for r in rounds)):.2f}"
 
 
 def ratios(results: Sequence[RoundResult]) -> list[str]:
