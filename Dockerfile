@@ -2,11 +2,15 @@
 # agent (scheduler-config/agent.yaml and agent-deliver.yaml run its other console script, gpu-topology-agent, as
 # uid 0 with every capability dropped, for the kubelet's root-owned sockets).
 #   docker build -t gpu-topology-extender:0.1.0 .
-# Two stages on the same base: the first installs the package into a virtual environment, the second copies
-# only that environment, so no build tools or sources end up in the image.
+# Two stages on the same base: the first installs the package into a virtual environment, compiling its C
+# extension (extender/_names.c) with gcc, the second copies only that environment, so no build tools or sources
+# end up in the image.
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY topology ./topology

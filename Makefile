@@ -4,7 +4,8 @@ BIN := $(VENV)/bin
 
 .PHONY: demo test bench bench-select bench-bind loadtest throughput hostile soak failover fuzz clean
 
-$(BIN)/activate: pyproject.toml
+# Rebuilt when the C extension's source changes too: `pip install -e` compiles it into extender/.
+$(BIN)/activate: pyproject.toml extender/_names.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test,harness]'  # the suite runs the replay harness too
@@ -45,4 +46,4 @@ fuzz: $(BIN)/activate
 	$(BIN)/python loadtests/fuzz.py --write FUZZING.md
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info extender/_names.*.so
