@@ -7,12 +7,10 @@ topology, or a node that could not serve the pod even with every healthy GPU fre
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import compress
-from operator import eq
 
+from extender._names import group, lookup, unique
 from extender.drain import Drains
 from extender.memo import ShapeMemo
 from extender.pod_request import PodRequest
@@ -57,13 +55,13 @@ class FilterOutcome:
 Verdict = tuple[str, bool] | None
 
 
-def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: Sequence[str],
+def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: list[str],
                  memo: ShapeMemo[Verdict] | None = None, wait: WaitClock | None = None,
                  drains: Drains | None = None) -> FilterOutcome:
     """One verdict per distinct node key (remembered across requests in `memo`); every pass over the names
-    runs in C builtins, not Python loops. A pod within its topology wait (extender/wait.py) passes only nodes
-    that can give it a full-bandwidth set; GPUs drained for other waiting pods (extender/drain.py) are not
-    free to it."""
+    runs in C (extender/_names.c), not Python loops. A pod within its topology wait (extender/wait.py) passes
+    only nodes that can give it a full-bandwidth set; GPUs drained for other waiting pods (extender/drain.py)
+    are not free to it."""
     if pod.problem is not None:
         return FilterOutcome([], {}, {pod.problem: list(names)})
     if pod.request is None:
@@ -73,21 +71,20 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
         keys = drains.hide(state, names, keys, pod.uid, state.clock())
     stale = state.stale_names()
     if stale:
-        keys = [STALE if name in stale else key for name, key in zip(names, keys, strict=True)]
-    distinct = set(keys)
+        keys = lookup(names, dict.fromkeys(stale, STALE), keys)
+    distinct = set(unique(keys))
     waiting = wait is not None and wait.waits(pod, state.clock())
     known = (memo or ShapeMemo()).answers((pod.request, pod.required, waiting), distinct,
                                           partial(_verdict, selector, pod, waiting), state.key_epoch)
-    # Number the distinct verdicts (0 = pass) so that each pass over the names compares small ints.
+    # Number the distinct verdicts (0 = pass), then sort the names into one list per number in one C pass.
     numbers: dict[Verdict, int] = {None: 0}
     number_of = {key: numbers.setdefault(known[key], len(numbers)) for key in distinct}
-    per_name = list(map(number_of.__getitem__, keys))
-    outcome = FilterOutcome(list(compress(names, map(partial(eq, 0), per_name))), {}, {})
-    if len(outcome.passed) < len(names):
-        for verdict, number in numbers.items():
-            if verdict is not None:
-                target = outcome.failed if verdict[1] else outcome.unresolvable
-                target.setdefault(verdict[0], []).extend(compress(names, map(partial(eq, number), per_name)))
+    groups = group(names, keys, number_of, len(numbers))
+    outcome = FilterOutcome(groups[0], {}, {})
+    for verdict, number in numbers.items():
+        if verdict is not None:
+            target = outcome.failed if verdict[1] else outcome.unresolvable
+            target.setdefault(verdict[0], []).extend(groups[number])
     return outcome
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from extender._names import first_bad
 from extender.pod_request import MAX_NAME_CHARS, MAX_UID_CHARS, json_type, pod_shape_problem
 
 # The largest body we read, refused with 413 while reading (never buffered past it). What kube-scheduler sends
@@ -82,11 +83,9 @@ def parse_extender_args(body: bytes) -> ExtenderArgs:
     if names is not None:
         if not isinstance(names, list):
             raise BadRequest(f"NodeNames: expected an array of node names, got {json_type(names)}")
-        # Thousands of names on the hot path: checked with C builtins, walked in Python only to say which is wrong.
-        if names and (set(map(type, names)) != {str} or min(map(len, names)) == 0
-                      or max(map(len, names)) > MAX_NAME_CHARS):
-            for index, name in enumerate(names):
-                _check_name(name, f"NodeNames[{index}]")
+        bad = first_bad(names, MAX_NAME_CHARS)  # thousands of names on the hot path: one C pass
+        if bad >= 0:
+            _check_name(names[bad], f"NodeNames[{bad}]")
         return ExtenderArgs(pod, names, None)
     if nodes is not None:
         if not isinstance(nodes, dict):

@@ -9,10 +9,10 @@ kube-scheduler's MostAllocated packs too.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from extender._names import lookup, lookup_few, unique
 from extender.drain import Drains
 from extender.memo import ShapeMemo
 from extender.pod_request import PodRequest
@@ -29,19 +29,21 @@ WEIGHTS = {"bandwidth": 0.6, "packing": 0.1, "fragmentation": 0.3}
 
 @dataclass(frozen=True, slots=True)
 class Offer:
-    """What a node can give the pod now: the chosen set, whether it meets the pod's preferences, and the GPUs
-    of the full-bandwidth sets it breaks among those left free (scoring.fragmentation)."""
+    """What a node can give the pod now: the chosen set, whether it meets the pod's preferences, the GPUs of
+    the full-bandwidth sets it breaks among those left free (scoring.fragmentation), and its packing score
+    (scoring.packing), which depends on the node and the pod alone."""
 
     choice: Choice
     meets_preferences: bool
     lost_gpus: int
+    packing: float
 
 
-def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: Sequence[str],
+def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: list[str],
                      memo: ShapeMemo[Offer | None] | None = None, drains: Drains | None = None) -> list[int]:
     """A score per name. Scores depend only on the node key, so each distinct key is scored once; what each
-    node key offers the pod is remembered across requests in `memo`. GPUs drained for other pods
-    (extender/drain.py) are not free to this one."""
+    node key offers the pod is remembered across requests in `memo`. The passes over the names run in C
+    (extender/_names.c). GPUs drained for other pods (extender/drain.py) are not free to this one."""
     if pod.request is None:
         return [0] * len(names)
     keys = state.keys_for(names)
@@ -49,8 +51,8 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
         keys = drains.hide(state, names, keys, pod.uid, state.clock())
     stale = state.stale_names()
     if stale:
-        keys = [None if name in stale else key for name, key in zip(names, keys, strict=True)]
-    distinct = set(keys)
+        keys = lookup(names, dict.fromkeys(stale), keys)
+    distinct = set(unique(keys))
     boards = [key for key in distinct if isinstance(key, NodeKey)]
     known = (memo or ShapeMemo()).answers(pod.request, boards, partial(_offer, selector, pod.request),
                                           state.key_epoch)
@@ -63,7 +65,7 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
     for key, offer in offers.items():
         if offer is not None:
             value = (WEIGHTS["bandwidth"] * bandwidth_score(offer.choice, offer.meets_preferences, best_ring)
-                     + WEIGHTS["packing"] * packing_score(key.compiled, key.free, key.unhealthy, pod.request.count)
+                     + WEIGHTS["packing"] * offer.packing
                      + WEIGHTS["fragmentation"] * fragmentation_score(offer.lost_gpus, most_lost))
             score_of[key] = max(0, round(MAX_SCORE * value) - domain_penalty(key.whole, choice))
     shared = [key for key in distinct if isinstance(key, SharedKey)]
@@ -73,18 +75,19 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
         # interconnect keeps 0 there: replicas and MIG slices offer no ring (topology/sharing.py).
         level = max((score_of[key] for key in boards), default=MAX_SCORE)
         score_of.update(dict.fromkeys(shared, level))
-    return list(map(score_of.__getitem__, keys))
+    return lookup_few(keys, score_of)
 
 
 def _offer(selector: Selector, request: Request, key: NodeKey) -> Offer | None:
     if request.constrained:
         constrained = selector.select(key.compiled, key.free, request)
         if isinstance(constrained, Choice):
-            return _offered(selector, key, constrained, True)
+            return _offered(selector, key, request.count, constrained, True)
     plain = selector.select(key.compiled, key.free, Request(request.count))
-    return _offered(selector, key, plain, not request.constrained) if isinstance(plain, Choice) else None
+    return _offered(selector, key, request.count, plain, not request.constrained) if isinstance(plain, Choice) else None
 
 
-def _offered(selector: Selector, key: NodeKey, choice: Choice, meets_preferences: bool) -> Offer:
+def _offered(selector: Selector, key: NodeKey, count: int, choice: Choice, meets_preferences: bool) -> Offer:
     healthy = key.compiled.full_mask & ~key.unhealthy
-    return Offer(choice, meets_preferences, lost_gpus(selector, key.compiled, key.free, healthy, mask_of(choice.gpus)))
+    return Offer(choice, meets_preferences, lost_gpus(selector, key.compiled, key.free, healthy, mask_of(choice.gpus)),
+                 packing_score(key.compiled, key.free, key.unhealthy, count))
