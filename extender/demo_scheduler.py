@@ -46,7 +46,9 @@ def running_server(service: ExtenderService) -> Iterator[int]:
 @dataclass(frozen=True, slots=True)
 class Cycle:
     """One scheduling cycle: the node the pod was bound to (None: it was not), prioritize's scores of the nodes
-    filter passed (in filter's order), filter's reason for each node it refused, and bind's error if any."""
+    filter passed (in filter's order) as kube-scheduler reads them (relative to the least, 0 for a node the
+    answer leaves out), filter's reason for each node it refused (answered only when none passed: extender/wire.py
+    says why), and bind's error if any."""
 
     node: str | None
     scores: Mapping[str, int]
@@ -79,7 +81,7 @@ class Scheduler:
             return Cycle(None, {}, refused)
         ranked = self._post("/prioritize", {"Pod": pod, "Nodes": None, "NodeNames": passed})
         given = {entry["Host"]: entry["Score"] for entry in ranked}
-        scores = {name: given[name] for name in passed}
+        scores = {name: given.get(name, 0) for name in passed}
         node = max(passed, key=lambda name: scores[name])
         meta = pod["metadata"]
         answer = self._post("/bind", {"PodName": meta["name"], "PodNamespace": meta["namespace"],

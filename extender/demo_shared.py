@@ -3,7 +3,8 @@
 A time-sliced H100 (one GPU, four replicas) and a MIG A100 (one GPU as seven 1g.10gb slices) carry GPU feature
 discovery's labels, and their agents see replica and MIG device ids. Pods that ask nothing of topology are placed
 there as kube-scheduler alone would place them (a plain Binding; the kubelet picks the replicas or slices); a pod
-that requires an NVLink ring is refused there with the stable reason and goes to the whole-GPU node.
+that requires an NVLink ring is refused there and goes to the whole-GPU node (the stable reason is answered, and
+shown, only when no node passes: kube-scheduler reads it only then, extender/wire.py).
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ def _place(cluster: DemoCluster, scheduler: Scheduler, name: str, gpus: int, ann
     created = cluster.create_pod(name, gpus, annotations)
     uid = created["metadata"]["uid"]
     label = f"{name:<10} {gpus} GPU{'s' if gpus > 1 else ' '}{' nvlink required' if annotations else ''}"
-    cycle = scheduler.cycle(created, fits_by_count(cluster, gpus))
-    why = "".join(f"; {node} refused: {reason}" for node, reason in cycle.refused.items())
+    candidates = fits_by_count(cluster, gpus)
+    cycle = scheduler.cycle(created, candidates)
+    refused = cycle.refused or {node: "" for node in candidates if node not in cycle.scores}
+    why = "".join(f"; {node} refused{f': {reason}' if reason else ''}" for node, reason in refused.items())
     if cycle.error:
         return f"{label:<28} bind refused: {cycle.error}{why}"
     if cycle.node is None:

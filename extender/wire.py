@@ -5,6 +5,17 @@ case-insensitively, and so do we; we answer in PascalCase with every field prese
 Bodies that are JSON but not the expected shape raise `BadRequest` with the field and what was expected,
 which the app turns into an `Error` answer with HTTP 200, because kube-scheduler reads no message from any
 other status. Only bytes that are not JSON at all raise `NotJson`, answered with HTTP 400.
+
+Two answers say less than they could, because kube-scheduler (v1.36, pkg/scheduler/schedule_one.go and
+extender.go) reads no more, and thousands of names cost time on every cycle:
+- filter: FailedNodes and FailedAndUnresolvableNodes are read only to explain a pod that no node passes
+  (schedulePod builds its FitError diagnosis when the feasible nodes are none; otherwise it only counts the
+  statuses for its log). So while one node passes, both maps are empty; when none does, every reason is there.
+- prioritize: kube-scheduler adds score x weight x 10 to each host listed and nothing to a host left out, and
+  the same number taken from every host changes no ranking. So each score is answered less the least of the
+  request, and a host whose result is 0 is left out (a request whose scores are all equal answers `[]`). One
+  side effect: kube-scheduler draws its random tie-break (Randomizer) only for the hosts listed.
+What the verbs decided stays whole inside (FilterOutcome, prioritize_nodes' scores), for metrics, logs and tests.
 """
 
 from __future__ import annotations
@@ -15,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from extender._names import first_bad
+from extender._names import first_bad, scores_json
 from extender.pod_request import MAX_NAME_CHARS, MAX_UID_CHARS, json_type, pod_shape_problem
 
 # The largest body we read, refused with 413 while reading (never buffered past it). What kube-scheduler sends
@@ -150,11 +161,15 @@ def filter_result(args: ExtenderArgs, passed: Sequence[str], failed: Mapping[str
                   unresolvable: Mapping[str, Sequence[str]]) -> bytes:
     """Answer in the form the request came in: NodeNames for nodeCacheCapable, else the passing Nodes.
 
-    Failing nodes arrive grouped by reason (reason -> names) and are written as the `node: reason` objects
-    kube-scheduler reads, one group at a time at C speed.
+    The reasons are written only when no node passes (the module's docstring says why). Failing nodes arrive
+    grouped by reason (reason -> names) and are written as the `node: reason` objects kube-scheduler reads, one
+    group at a time at C speed.
     """
-    tail = (b',"FailedNodes":' + _reason_object(failed) + b',"FailedAndUnresolvableNodes":'
-            + _reason_object(unresolvable) + b',"Error":""}')
+    if passed:
+        tail = b',"FailedNodes":{},"FailedAndUnresolvableNodes":{},"Error":""}'
+    else:
+        tail = (b',"FailedNodes":' + _reason_object(failed) + b',"FailedAndUnresolvableNodes":'
+                + _reason_object(unresolvable) + b',"Error":""}')
     if args.node_names is not None:
         return b'{"NodeNames":' + orjson.dumps(list(passed)) + tail
     keep = set(passed)
@@ -187,47 +202,11 @@ def filter_error(message: str) -> bytes:
 
 
 class PrioritizeEncoder:
-    """Writes `[{"Host":…,"Score":…},…]` for thousands of hosts without a Python loop per host.
+    """Writes `[{"Host":…,"Score":…},…]`, each score less the least and the hosts at the least left out (the
+    module's docstring says why), in one C pass over the hosts (extender/_names.c)."""
 
-    Each host's `{"Host":"…","Score":` is encoded once and kept; an answer is then joined from those pieces
-    and a piece per score, with C builtins only. What is kept is bounded: names are at most MAX_NAME_CHARS
-    (the parser refuses longer ones), the pieces at most `max_hosts` (emptied whole past it), and a request
-    with more hosts than that is encoded without keeping anything.
-    """
-
-    def __init__(self, max_hosts: int = 20_000) -> None:
-        self._max_hosts = max_hosts
-        self._heads: dict[str, bytes] = {}
-        self._tails = [b"%d}," % score for score in range(11)]
-
-    def __len__(self) -> int:
-        return len(self._heads)
-
-    def encode(self, hosts: Sequence[str], scores: Sequence[int]) -> bytes:
-        if not hosts:
-            return b"[]"
-        if min(scores) < 0 or max(scores) > 10:
-            raise ValueError("extender scores run from 0 to 10")
-        pieces: list[bytes] = [b""] * (2 * len(hosts))
-        try:
-            pieces[0::2] = map(self._heads.__getitem__, hosts)
-        except KeyError:
-            pieces[0::2] = map(self._pieces(hosts).__getitem__, hosts)
-        pieces[1::2] = map(self._tails.__getitem__, scores)
-        return b"[" + b"".join(pieces)[:-1] + b"]"
-
-    def _pieces(self, hosts: Sequence[str]) -> dict[str, bytes]:
-        heads = self._heads
-        if len(hosts) > self._max_hosts:
-            heads = {}
-            missing = set(hosts)
-        else:
-            missing = set(hosts) - heads.keys()
-            if len(heads) + len(missing) > self._max_hosts:
-                heads.clear()
-                missing = set(hosts)
-        heads.update((host, b'{"Host":' + orjson.dumps(host) + b',"Score":') for host in missing)
-        return heads
+    def encode(self, hosts: list[str], scores: list[int]) -> bytes:
+        return scores_json(hosts, scores)
 
 
 def binding_result(error: str = "") -> bytes:

@@ -140,11 +140,13 @@ class Client:
         else:
             passed_json = orjson.dumps(passed)
             cycle.prioritize_body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + passed_json + b"}"
-        scores = orjson.loads(_post(self.ours, "/prioritize", cycle.prioritize_body, samples, "prioritize"))
-        if len(scores) > len(passed):
+        # As kube-scheduler reads the answer: a host left out adds 0, so the first top-scored host listed, or with
+        # none listed (all equal), the first that passed.
+        ranked = orjson.loads(_post(self.ours, "/prioritize", cycle.prioritize_body, samples, "prioritize"))
+        if cycle.prioritize_body is cycle.filter_body and len(passed) < len(names):
             feasible = set(passed)
-            scores = [score for score in scores if score["Host"] in feasible]
-        node = max(scores, key=itemgetter("Score"))["Host"]
+            ranked = [entry for entry in ranked if entry["Host"] in feasible]
+        node = max(ranked, key=itemgetter("Score"))["Host"] if ranked else passed[0]
         binding = orjson.dumps({"PodName": pod["metadata"]["name"], "PodNamespace": LOAD_NAMESPACE,
                                 "PodUID": pod["metadata"]["uid"], "Node": node})
         error = orjson.loads(_post(self.ours, "/bind", binding, samples, "bind"))["Error"]

@@ -51,18 +51,24 @@ class Replay:
         names = request["NodeNames"]
         assert set(answer) == FILTER_KEYS and answer["Error"] == ""
         assert set(answer["NodeNames"]) <= set(names), "filter must never claim a node it was not sent"
-        decided = answer["NodeNames"] + list(answer["FailedNodes"]) + list(answer["FailedAndUnresolvableNodes"])
-        assert sorted(decided) == sorted(names), "every candidate gets exactly one verdict"
+        failed = list(answer["FailedNodes"]) + list(answer["FailedAndUnresolvableNodes"])
+        if answer["NodeNames"]:
+            assert failed == [], "reasons only when no node passes: kube-scheduler reads them only then"
+        else:
+            assert sorted(failed) == sorted(names), "when none passes, every candidate gets its reason"
         return answer
 
     def prioritize(self, name: str) -> dict[str, int]:
+        """The scores as kube-scheduler reads them: a host left out adds 0."""
         request = orjson.loads(self.body(name))
         answer = self.post("prioritize", name)
         assert isinstance(answer, list)
-        assert [entry["Host"] for entry in answer] == request["NodeNames"]
+        hosts = [entry["Host"] for entry in answer]
+        assert hosts == [host for host in request["NodeNames"] if host in hosts], "only candidates, in their order"
         for entry in answer:
-            assert set(entry) == {"Host", "Score"} and isinstance(entry["Score"], int) and 0 <= entry["Score"] <= 10
-        return {entry["Host"]: entry["Score"] for entry in answer}
+            assert set(entry) == {"Host", "Score"} and isinstance(entry["Score"], int) and 1 <= entry["Score"] <= 10
+        given = {entry["Host"]: entry["Score"] for entry in answer}
+        return {host: given.get(host, 0) for host in request["NodeNames"]}
 
     def bind(self, name: str) -> dict[str, Any]:
         answer = self.post("bind", name)

@@ -176,7 +176,7 @@ def test_the_demo_places_plain_pods_on_shared_nodes_and_the_ring_pod_on_whole_gp
     assert "-> h100-sliced  plain binding, the kubelet gave GPU-" in placed["notebook"]
     assert "::0" in placed["notebook"]
     assert "-> a6000-whole  GPUs chosen by the extender" in placed["allreduce"]
-    assert "a100-mig refused: GPUs on this node are shared (mig-single): no topology guarantee" in placed["allreduce"]
+    assert placed["allreduce"].endswith("; a100-mig refused")  # no reason on the wire: another node passed
     assert "-> a100-mig     plain binding, the kubelet gave MIG-" in placed["batch"]
 
 

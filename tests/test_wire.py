@@ -1,5 +1,5 @@
-"""The wire format's own edge cases: key case, odd host names in the C-speed prioritize serializer, and a precise
-reason for every wrongly shaped request."""
+"""The wire format's own edge cases: key case, odd host names in the C prioritize serializer, what filter and
+prioritize leave out of their answers, and a precise reason for every wrongly shaped request."""
 
 from __future__ import annotations
 
@@ -18,16 +18,18 @@ from extender.state import ClusterState
 from extender.wire import BadRequest, PrioritizeEncoder, filter_result, parse_binding_args, parse_extender_args
 
 
-@pytest.mark.parametrize(("hosts", "scores"), [
-    (["node-a", "node-b", "node-c"], [7, 7, 0]),
-    (['we"ird', "com,ma", '","', 'x","Score":9},{"Host":"y', "ünï", "back\\slash"], [3, 10, 0, 1, 2, 3]),
-    ([], []),
+@pytest.mark.parametrize(("hosts", "scores", "answered"), [
+    (["node-a", "node-b", "node-c"], [7, 7, 0], {"node-a": 7, "node-b": 7}),
+    (['we"ird', "com,ma", '","', 'x","Score":9},{"Host":"y', "ünï", "back\\slash"], [3, 10, 1, 1, 2, 3],
+     {'we"ird': 2, "com,ma": 9, "ünï": 1, "back\\slash": 2}),
+    (["a", "b"], [4, 4], {}),
+    ([], [], {}),
 ])
-def test_prioritize_encoder_writes_exactly_the_entries(hosts: list[str], scores: list[int]) -> None:
-    encoder = PrioritizeEncoder()
-    for _ in range(2):  # the second time from the cached pieces
-        decoded = orjson.loads(encoder.encode(hosts, scores))
-        assert decoded == [{"Host": host, "Score": score} for host, score in zip(hosts, scores, strict=True)]
+def test_prioritize_answers_scores_above_the_least_and_leaves_the_rest_out(
+        hosts: list[str], scores: list[int], answered: dict[str, int]) -> None:
+    """kube-scheduler adds nothing for a host left out, and the same number less on every host ranks them alike."""
+    decoded = orjson.loads(PrioritizeEncoder().encode(hosts, scores))
+    assert decoded == [{"Host": host, "Score": score} for host, score in answered.items()]
 
 
 def test_prioritize_encoder_refuses_scores_out_of_range() -> None:
@@ -52,12 +54,15 @@ def test_nodes_without_names_are_refused() -> None:
     {"not enough free GPUs": ["a", "b"], "no GPU topology reported": ["c"]},
     {'odd "reason"': ['we"ird', "com,ma", '","', 'x","y'], "empty group": []},
 ])
-def test_filter_result_writes_reason_groups_as_node_objects(groups: dict[str, list[str]]) -> None:
+def test_filter_result_writes_reasons_only_when_no_node_passes(groups: dict[str, list[str]]) -> None:
+    """kube-scheduler reads them only to explain a pod that fits nowhere."""
     names = [name for members in groups.values() for name in members]
-    args = parse_extender_args(orjson.dumps({"Pod": {"metadata": {}}, "NodeNames": names + ["ok"]}))
-    answer = orjson.loads(filter_result(args, ["ok"], groups, {"unresolvable": ["u"]}))
-    assert answer == {"NodeNames": ["ok"], "Error": "", "FailedAndUnresolvableNodes": {"u": "unresolvable"},
+    args = parse_extender_args(orjson.dumps({"Pod": {"metadata": {}}, "NodeNames": names + ["ok", "u"]}))
+    answer = orjson.loads(filter_result(args, [], groups, {"unresolvable": ["u"]}))
+    assert answer == {"NodeNames": [], "Error": "", "FailedAndUnresolvableNodes": {"u": "unresolvable"},
                       "FailedNodes": {name: reason for reason, members in groups.items() for name in members}}
+    passing = orjson.loads(filter_result(args, ["ok"], groups, {"unresolvable": ["u"]}))
+    assert passing == {"NodeNames": ["ok"], "Error": "", "FailedNodes": {}, "FailedAndUnresolvableNodes": {}}
 
 
 BODIES = Path(__file__).parent / "fixtures" / "kube-scheduler"  # real kube-scheduler v1.36 bodies
@@ -140,17 +145,6 @@ def test_nesting_past_what_can_be_answered_is_a_reason(caplog: pytest.LogCapture
     answer = _client().post("/filter", content=json.dumps(body)).json()
     assert answer["Error"].startswith("Nodes: cannot be answered back (Recursion limit reached)")
     assert not [record for record in caplog.records if record.exc_info]
-
-
-def test_prioritize_encoder_keeps_a_bounded_number_of_hosts() -> None:
-    encoder = PrioritizeEncoder(max_hosts=100)
-    for round_ in range(30):  # new names every time, as a client sending fresh megabytes of them would
-        hosts = [f"r{round_}-n{index}" for index in range(60)]
-        assert orjson.loads(encoder.encode(hosts, [5] * 60))[0] == {"Host": hosts[0], "Score": 5}
-        assert len(encoder) <= 100
-    many = [f"big-{index}" for index in range(150)]
-    assert len(orjson.loads(encoder.encode(many, [1] * 150))) == 150
-    assert len(encoder) <= 100, "a request larger than the bound is encoded without keeping its names"
 
 
 def _client() -> TestClient:

@@ -4,8 +4,10 @@ against policy (4), the same extender in-process.
 Both runs replay the same jobs with the same seed. (5) is policy (4) whose filter, prioritize and bind travel as
 JSON bodies through the app of `serve --demo` (uvicorn on a local port, extender.demo.running_server) instead
 of method calls: kube-scheduler's bodies with nodeCacheCapable (`NodeNames`, no NodeList), its answers read
-back as kube-scheduler reads them. Any difference, a node, a GPU or a time, is a mismatch: what the HTTP layer
-parses, remembers (the prioritize body memo) or serialises must change no decision.
+back as kube-scheduler reads them (filter's reasons come only when no node passes; prioritize leaves out the hosts
+at the request's least score, which add 0, and lowers the others by it: extender/wire.py). Any difference, a node,
+a GPU or a time, is a mismatch: what the HTTP layer parses, remembers (the prioritize body memo) or serialises must
+change no decision.
 """
 
 from __future__ import annotations
@@ -54,8 +56,10 @@ class ExtenderOverHttp:
                              _by_reason(answer["FailedAndUnresolvableNodes"]))
 
     def prioritize(self, args: ExtenderArgs) -> tuple[list[str], list[int]]:
-        answer = self._post("prioritize", {"Pod": args.pod, "Nodes": None, "NodeNames": args.candidates()})
-        return [entry["Host"] for entry in answer], [entry["Score"] for entry in answer]
+        names = args.candidates()
+        answer = self._post("prioritize", {"Pod": args.pod, "Nodes": None, "NodeNames": names})
+        given = {entry["Host"]: entry["Score"] for entry in answer}
+        return names, [given.get(name, 0) for name in names]
 
     def bind(self, args: BindingArgs) -> str:
         return str(self._post("bind", {"PodName": args.pod_name, "PodNamespace": args.pod_namespace,
