@@ -378,9 +378,10 @@ def plans_in_force(service: ExtenderService) -> dict[str, int]:
 
 def serve(service: ExtenderService, cluster: LoadCluster, churn: Churn, facts: dict, port: int) -> None:
     app = create_app(service)
+    web = app.web  # the FastAPI app behind the verbs' routes, which serves every other path
     pauses = GcPauses()
 
-    @app.get("/loadtest/stats")
+    @web.get("/loadtest/stats")
     async def stats() -> JSONResponse:
         return JSONResponse({"api_calls": cluster.api_calls, "api_seconds": cluster.api_seconds,
                              "pending_created": churn.created, "pods_ended": churn.ended,
@@ -392,13 +393,13 @@ def serve(service: ExtenderService, cluster: LoadCluster, churn: Churn, facts: d
 
     replacements = random.Random(facts["nodes"])
 
-    @app.post("/loadtest/replace-board")
+    @web.post("/loadtest/replace-board")
     async def replace_board() -> JSONResponse:
         return JSONResponse({"node": cluster.replace_board(replacements)})
 
     hostile_states = random.Random(facts["nodes"] + 1)
 
-    @app.post("/loadtest/hostile-rotate")
+    @web.post("/loadtest/hostile-rotate")
     async def hostile_rotate() -> JSONResponse:
         return JSONResponse({"free": cluster.rotate_hostile(hostile_states)})
 
@@ -407,14 +408,14 @@ def serve(service: ExtenderService, cluster: LoadCluster, churn: Churn, facts: d
 
     # Both run on the event-loop thread, so `loop` covers that thread: all HTTP handling. filter and prioritize
     # run on the verbs' thread, which `verbs` profiles. Each start begins a new profile.
-    @app.post("/loadtest/profile/start")
+    @web.post("/loadtest/profile/start")
     async def profile_start() -> JSONResponse:
         loop[0] = cProfile.Profile()
         loop[0].enable()
         verbs.start()
         return JSONResponse({})
 
-    @app.post("/loadtest/profile/stop")
+    @web.post("/loadtest/profile/stop")
     async def profile_stop() -> JSONResponse:
         loop[0].disable()
         verbs.on = False
