@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import os
 import signal
 import socket
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from extender.collector import settle_when_synced
 from extender.demo import run_demo
 from extender.demo_cluster import DemoCluster
 from extender.demo_groups import run_groups_demo
@@ -188,7 +187,7 @@ def _serve(args: argparse.Namespace) -> int:
             label = LeaderLabel(kube, *own_pod, state.keys.leader, service.leads)
             label.start()
             elector.start()
-    threading.Thread(target=freeze_when_synced, args=(state,), name="gc-freeze", daemon=True).start()
+    threading.Thread(target=settle_when_synced, args=(state,), name="gc-settle", daemon=True).start()
     # uvicorn stops serving on SIGTERM, then raises it again: exit cleanly, through the `finally` below.
     signal.signal(signal.SIGTERM, _exit)
     try:
@@ -228,19 +227,6 @@ def _service_account_namespace() -> str:
         return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
     except OSError:
         return "default"
-
-
-def freeze_when_synced(state: ClusterState) -> None:
-    """Move the synced cluster state out of the collector's reach.
-
-    Thousands of nodes are hundreds of thousands of long-lived objects; a full collection over them stalls
-    the event loop for hundreds of milliseconds, on kube-scheduler's hot path. Frozen objects are never
-    scanned again; what changes later is young and cheap to collect.
-    """
-    while not state.ready:
-        time.sleep(0.2)
-    gc.collect()
-    gc.freeze()
 
 
 def _demo(_: argparse.Namespace) -> int:

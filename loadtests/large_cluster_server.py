@@ -60,7 +60,7 @@ import uvicorn
 from fastapi.responses import JSONResponse
 
 from extender.app import create_app
-from extender.cli import freeze_when_synced
+from extender.collector import settle_when_synced
 from extender.demo_cluster import DEMO_NODES, DemoCluster, with_uuids
 from extender.ledger import Phase
 from extender.service import ExtenderService
@@ -427,7 +427,7 @@ def serve(service: ExtenderService, cluster: LoadCluster, churn: Churn, facts: d
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     config = uvicorn.Config(app, log_level="warning", access_log=False)
-    freeze_when_synced(service.state)  # as `gpu-topology-extender serve` does once its watches have synced
+    settle_when_synced(service.state)  # as `gpu-topology-extender serve` does once its watches have synced
     churn.thread.start()
     print("READY " + json.dumps({**facts, "port": sock.getsockname()[1], "http": _http_impl()}), flush=True)
     uvicorn.Server(config).run(sockets=[sock])
