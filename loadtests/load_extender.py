@@ -64,7 +64,7 @@ from large_cluster_server import KEYS, LEAF, LOAD_NAMESPACE, SPINE, load_pod, no
 BEGIN, END = "<!-- load_extender:begin -->", "<!-- load_extender:end -->"
 VERBS = ("filter", "prioritize", "bind")
 HEADERS = {"Content-Type": "application/json"}
-SERVER_P99_TARGET_MS = 2.0
+SERVER_P99_TARGET_MS = 1.0
 FLOOR_RATIO_TARGET = 1.5
 CYCLES_TARGET = 300.0
 TARGET_NAMES = 5000
@@ -632,7 +632,7 @@ class Report:
                 "| target | measured | verdict |", "|---|---:|---|"]
         point = self.latency.get(TARGET_NAMES)
         if point is not None:
-            for verb in VERBS:
+            for verb in VERBS[:2]:  # §9 bounds filter and prioritize here; bind's bound is under a real scheduler
                 figures = self.figures(point, verb)
                 if "server_p99" in figures:
                     p99 = figures["server_p99"]
