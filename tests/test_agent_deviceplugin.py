@@ -126,7 +126,8 @@ def running() -> Iterator[list[Running]]:
 def start(running: list[Running], topology: Topology, plugin_dir: Path, listing: Any, pods: Any,
           **kwargs: Any) -> Running:
     plugin_dir.mkdir(parents=True, exist_ok=True)
-    item = Running(DevicePlugin(topology, listing, pods, plugin_dir=str(plugin_dir), poll=0.05, **kwargs))
+    kwargs.setdefault("poll", 0.05)
+    item = Running(DevicePlugin(topology, listing, pods, plugin_dir=str(plugin_dir), **kwargs))
     running.append(item)
     return item
 
@@ -351,6 +352,25 @@ def test_a_recreated_kubelet_socket_alone_is_registered_with_again(root, running
     finally:
         second.stop()
     assert item.plugin.stats["registrations"] == 2 and os.stat(item.plugin.socket_path).st_ino == served
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify is Linux's")
+def test_a_restarted_kubelet_is_registered_with_at_once_not_at_the_next_poll(root, running):
+    """The kubelet re-admits its pods right after it starts: the directory watch, not the poll, must wake us."""
+    plugin_dir = root / "device-plugins"
+    plugin_dir.mkdir()
+    first = Registrar(plugin_dir)
+    item = start(running, uuids("dgx-h100"), plugin_dir, Listing(), Pods(), poll=120.0)
+    wait_until(lambda: first.requests, 10, "the first registration")
+    first.stop()
+    for entry in plugin_dir.iterdir():  # what a starting kubelet does: every socket removed, its own made anew
+        entry.unlink()
+    second = Registrar(plugin_dir)
+    try:
+        wait_until(lambda: second.requests, 10, "the registration with the restarted kubelet, long before 120 s")
+    finally:
+        second.stop()
+    assert item.plugin.stats["registrations"] == 2 and os.path.exists(item.plugin.socket_path)
 
 
 # -- ListAndWatch -------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ The edges, the only modules that import gRPC or the Kubernetes client:
 | `kube.py` | GET and merge-PATCH of this node through the official `kubernetes` client |
 | `pods.py` | the pods bound to this node (field selector), bounded, through the same client |
 | `deviceplugin.py` | the device plugin API v1beta1 over gRPC: serve, register, re-register, the four calls |
+| `dir_watch.py` | inotify on the device-plugins directory (libc through ctypes), so a kubelet restart is seen at once |
 | `deviceplugin_v1beta1/` | that API's messages, built from the committed descriptor of `api.proto` |
 | `proto.py`, `regenerate.py` | message classes from a committed descriptor; `regenerate.py` remakes the descriptors |
 | `cli.py` | argument parsing, wiring, signals, exit codes |

@@ -12,9 +12,9 @@ resource on the kubelet's `kubelet.sock`, so the kubelet allocates exactly the G
   cannot get a device we do not have) and attributed; other ids than planned are delivered, logged and
   counted. The answer's form is `allocate.Delivery`'s.
 
-The kubelet deletes every socket in its device-plugins directory when it starts, so `run` polls (each
-`poll` seconds) for our socket vanishing or `kubelet.sock` being recreated, then serves again and registers
-again, with jittered backoff on failures. Every input is bounded: message size, container requests per
+The kubelet deletes every socket in its device-plugins directory when it starts, so `run` looks for our
+socket vanishing or `kubelet.sock` being recreated whenever the directory changes (inotify, `dir_watch.py`)
+and at least every `poll` seconds, then serves again and registers again, with jittered backoff on failures. Every input is bounded: message size, container requests per
 call, ids per request, id length.
 """
 
@@ -40,6 +40,7 @@ from topology.model import Topology
 from topology.select import Selector
 from topology.agent import deviceplugin_v1beta1 as api
 from topology.agent.allocate import ContainerAnswer, Delivery
+from topology.agent.dir_watch import DirectoryWatch
 from topology.agent.claims import (
     MAX_IDS,
     Allocation,
@@ -166,6 +167,7 @@ class DevicePlugin:
     def run(self, stop: threading.Event) -> None:
         """Serve and stay registered until `stop` is set; failures are retried with backoff, never raised."""
         self._check_cdi()
+        watch = DirectoryWatch(os.path.dirname(self.socket_path))
         try:
             while not stop.is_set():
                 delay = self.poll
@@ -178,8 +180,9 @@ class DevicePlugin:
                 else:
                     self.backoff.reset()
                     self._say("plugin", None, logging.INFO, "device plugin serving and registered again")
-                stop.wait(delay)
+                watch.wait(delay, stop)
         finally:
+            watch.close()
             self.close()
 
     def close(self) -> None:
