@@ -313,17 +313,15 @@ group(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "group: count must not be negative");
         return NULL;
     }
-    PyObject *lists = PyList_New(count);
+    /* First each item's number and each list's length, then the lists at their final length: no list grows. */
+    Py_ssize_t *numbers = PyMem_Malloc((size > 0 ? (size_t)size : 1) * sizeof(Py_ssize_t));
+    Py_ssize_t *filled = PyMem_Calloc(count > 0 ? (size_t)count : 1, sizeof(Py_ssize_t));
+    PyObject *lists = NULL;
     Identity seen;
-    if (lists == NULL || identity_init(&seen, 1) < 0) {
-        Py_XDECREF(lists);
-        return NULL;
-    }
-    for (Py_ssize_t n = 0; n < count; n++) {
-        PyObject *list = PyList_New(0);
-        if (list == NULL)
-            goto fail;
-        PyList_SET_ITEM(lists, n, list);
+    if (numbers == NULL || filled == NULL || identity_init(&seen, 1) < 0) {
+        PyMem_Free(numbers);
+        PyMem_Free(filled);
+        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
     }
     for (Py_ssize_t i = 0; i < size; i++) {
         PyObject *label = PyList_GET_ITEM(labels, i);
@@ -340,15 +338,32 @@ group(PyObject *module, PyObject *args)
             PyErr_Format(PyExc_ValueError, "group: number %zd is outside 0 to %zd", n, count - 1);
             goto fail;
         }
-        if (PyList_Append(PyList_GET_ITEM(lists, n), PyList_GET_ITEM(items, i)) < 0)
-            goto fail;
+        numbers[i] = n;
+        filled[n]++;
     }
-    identity_free(&seen);
-    return lists;
+    lists = PyList_New(count);
+    if (lists == NULL)
+        goto fail;
+    for (Py_ssize_t n = 0; n < count; n++) {
+        PyObject *list = PyList_New(filled[n]);
+        if (list == NULL)
+            goto fail;
+        PyList_SET_ITEM(lists, n, list);
+        filled[n] = 0;
+    }
+    for (Py_ssize_t i = 0; i < size; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        Py_INCREF(item);
+        PyList_SET_ITEM(PyList_GET_ITEM(lists, numbers[i]), filled[numbers[i]]++, item);
+    }
+    goto done;
 fail:
+    Py_CLEAR(lists);
+done:
     identity_free(&seen);
-    Py_DECREF(lists);
-    return NULL;
+    PyMem_Free(numbers);
+    PyMem_Free(filled);
+    return lists;
 }
 
 /* What escaping adds to `text` in JSON (RFC 8259: quote, backslash and U+0000 to U+001F escaped; the rest
