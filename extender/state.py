@@ -160,12 +160,14 @@ class ClusterState:
         Names that all stand, in this order, among those of the last lookup, while no node's key has changed since,
         are found there instead: kube-scheduler sends prioritize the names filter passed, in filter's order, a
         moment later, and that pass compares names the processor has just read where a lookup would read the
-        table's entries and keys, cold by then.
+        table's entries and keys, cold by then. Once found, the last lookup is let go, so that its thousands of
+        names are freed before the next request's are parsed.
         """
         changed, last = self._keys_changed, self._last_keys
         if last is not None and last[0] == changed:
             keys = pick(names, last[1], last[2])
             if keys is not None:
+                self._last_keys = None
                 return keys
         keys = lookup(names, self._keys)
         self._last_keys = (changed, names, keys)
