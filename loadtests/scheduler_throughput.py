@@ -104,6 +104,7 @@ STALE_AFTER = "3600"  # no agent here: the nodes' state, written at creation, mu
 VERBS = ("filter", "prioritize", "bind", "preempt")
 EXTENDER_LATENCY = "gpu_topology_extender_request_seconds"
 CONNECTIONS = "gpu_topology_extender_connections_opened"
+RING = "gpu_topology_extender_granted_ring_gbps"
 SCHEDULER_BIND = "scheduler_framework_extension_point_duration_seconds"
 # What kube-scheduler's log says when client-go's rate limiter refused a request or the event broadcaster gave
 # an event up (k8s.io/client-go/tools/events and tools/record).
@@ -157,6 +158,16 @@ def counter(text: str, name: str) -> float:
             if sample.name == f"{name}_total":
                 return sample.value
     return 0.0
+
+
+def summed(text: str, name: str) -> tuple[float, float]:
+    """A histogram's (_sum, _count), zeros when the text has none."""
+    values = {"sum": 0.0, "count": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in (f"{name}_sum", f"{name}_count"):
+                values[sample.name.rsplit("_", 1)[1]] = sample.value
+    return values["sum"], values["count"]
 
 
 def subtract(after: Mapping[str, Mapping[float, float]],
@@ -278,6 +289,7 @@ class RoundResult:
     qps: str
     connections: float  # connections the extender accepted in the round (kube-scheduler's, each a TLS handshake)
     event_lags: list[float]  # seconds from each pod's bind to its Scheduled Event's creation (to within 1 s)
+    ring: tuple[float, ...]  # (sum, count) of the ring bandwidth the extender granted multi-GPU pods, GB/s
 
     @property
     def window(self) -> float:
@@ -384,6 +396,9 @@ class Bench:
                                           tls={"caFile": str(self.pki.ca), "certFile": str(self.pki.cert("scheduler")),
                                                "keyFile": str(self.pki.key("scheduler"))})
         shipped = {key: value for key, value in (source.get("clientConnection") or {}).items() if key != "kubeconfig"}
+        if self.args.percentage is not None:
+            for profile in derived["profiles"]:
+                profile["percentageOfNodesToScore"] = self.args.percentage
         if config == "extender":
             derived["clientConnection"].update(shipped)
             return derived
@@ -438,6 +453,7 @@ class Bench:
             after = scrape(_port(extender_url), extender_context) if extender_url else ""
             verbs = subtract(histograms(after, EXTENDER_LATENCY, "verb"), verbs_before)
             connections = counter(after, CONNECTIONS) - counter(before, CONNECTIONS)
+            ring = tuple(a - b for a, b in zip(summed(after, RING), summed(before, RING), strict=True))
             scheduler_bind = self._scheduler_bind(scheduler)
             bound_pods = [pod for pod in self._list("pods")["items"] if pod["spec"].get("nodeName")]
             events, event_lags = self._scheduled_events(len(bound_pods), watch.bound_wall)
@@ -447,7 +463,7 @@ class Bench:
         double, over = check_gpus(bound_pods, config == "extender")
         return RoundResult(config, round_, len(pods), len(watch.bound), snapshots[0] if snapshots else None,
                            snapshots[-1] if len(snapshots) > 1 else None, makespan, verbs, scheduler_bind, double, over,
-                           events, drops, qps, connections, event_lags)
+                           events, drops, qps, connections, event_lags, ring)
 
     def _profile(self, scheduler: Process, path: Path) -> threading.Thread:
         """kube-scheduler's CPU profile over the next PPROF_SECONDS, then its allocations since it started, saved to
@@ -590,8 +606,8 @@ def tables(results: Sequence[RoundResult]) -> list[str]:
     lines = ["| configuration | client qps | rounds | pods bound | pods/s (median; min-max) | makespan s | "
              + " | ".join(f"{role} CPU ms/pod" for role in ROLES) + " | harness CPU ms/pod | kube-scheduler Bind "
              "p50 / p99 ms | GPUs given twice | nodes over count | Scheduled events / bound | event lag p50 / max s "
-             "| dropped-event lines | extender connections per pod |",
-             "|---|---:|---:|---:|---:|---:|" + "---:|" * len(ROLES) + "---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| dropped-event lines | extender connections per pod | granted ring GB/s, mean |",
+             "|---|---:|---:|---:|---:|---:|" + "---:|" * len(ROLES) + "---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for config, rounds in grouped.items():
         rates = [r.rate for r in rounds]
         binds: dict[str, dict[float, float]] = {}
@@ -610,7 +626,7 @@ def tables(results: Sequence[RoundResult]) -> list[str]:
             f"| {sum(r.scheduled_events for r in rounds)}/{sum(r.bound for r in rounds)} "
             f"| {_lags([lag for r in rounds for lag in r.event_lags])} "
             f"| {sum(len(r.drop_lines) for r in rounds)} "
-            f"| {_connections(rounds)} |")
+            f"| {_connections(rounds)} | {_ring(rounds)} |")
     verbs: dict[str, dict[float, float]] = {}
     for r in grouped.get("extender", []):
         add(verbs, r.verbs)
@@ -643,6 +659,11 @@ def _connections(rounds: Sequence[RoundResult]) -> str:
     if rounds[0].config != "extender":
         return "-"
     return f"{sum(r.connections for r in rounds) / max(1, sum(r.bound for r in rounds)):.2f}"
+
+
+def _ring(rounds: Sequence[RoundResult]) -> str:
+    total, count = (sum(r.ring[i] for r in rounds) for i in (0, 1))
+    return f"{total / count:.1f}" if count else "-"
 
 
 def ratios(results: Sequence[RoundResult]) -> list[str]:
@@ -712,10 +733,13 @@ def section(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float
         + ", ".join(f"{gpus} GPU{'s' if gpus > 1 else ''} (weight {weight})" for gpus, weight in SIZES.items())
         + f", seed {args.seed} + round; every process on this machine's {os.cpu_count()} CPUs.",
         f"- Configurations: **alone-qps50**: the shipped profile (`percentageOfNodesToScore: "
-        f"{profile.get('percentageOfNodesToScore', 'default')}`, its plugins) without the extender, "
+        f"{profile.get('percentageOfNodesToScore', 'default')}`"
+        + (f", here {args.percentage} in every configuration (`--percentage`)" if args.percentage is not None else "")
+        + ", its plugins) without the extender, "
         "`clientConnection` at kube-scheduler's default (qps 50, burst 100); **alone-qps5000**: the same at qps and "
         f"burst {FAST_QPS}; **extender**: `scheduler-config/kube-scheduler-config.yaml` as shipped (its "
-        f"`clientConnection` {shipped or 'has no qps or burst: the default, qps 50 and burst 100'}), the extender "
+        f"`clientConnection` {', '.join(f'{k} {v}' for k, v in shipped.items()) or 'at the default, qps 50 and burst 100'}"
+        "), the extender "
         f"over HTTPS with mTLS, run with `--stale-after {STALE_AFTER}` (no agent refreshes the state here) and "
         "otherwise the defaults of `scheduler-config/extender.yaml`.",
         f"- Rounds: {len({r.round for r in results})}, each running every configuration once, the order rotated "
@@ -759,6 +783,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--write", type=Path, metavar="BENCHMARKS.md", help="rewrite this script's section there")
     parser.add_argument("--configs", default=",".join(CONFIGS),
                         help=f"the configurations to run, comma-separated (default all: {','.join(CONFIGS)})")
+    parser.add_argument("--percentage", type=int, metavar="0-100",
+                        help="percentageOfNodesToScore for every configuration instead of the shipped profile's "
+                             "(0: kube-scheduler's adaptive default), to see what the setting costs and gives")
     parser.add_argument("--pprof", type=Path, metavar="DIR",
                         help="save kube-scheduler's CPU profile of each round here (its /debug/pprof/profile, "
                              "read with `go tool pprof`)")
@@ -766,6 +793,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.configs = tuple(config for config in CONFIGS if config in args.configs.split(","))
     if not args.configs:
         parser.error(f"--configs: none of {', '.join(CONFIGS)}")
+    if args.percentage is not None and not 0 <= args.percentage <= 100:
+        parser.error("--percentage: 0 to 100")
     if not (1 <= args.nodes <= 5000 and 2 <= args.pods <= 20000 and 1 <= args.rounds <= 10):
         parser.error("nodes 1-5000, pods 2-20000, rounds 1-10")
     return args
