@@ -449,9 +449,9 @@ class VerbProfile:
         self.profiler = cProfile.Profile()
         self.on = True
 
-    def _wrap(self, method: Callable[[ExtenderArgs], Answer]) -> Callable[[ExtenderArgs], Answer]:
-        def call(args: ExtenderArgs) -> Answer:
-            return self.profiler.runcall(method, args) if self.on else method(args)
+    def _wrap(self, method: Callable[..., Answer]) -> Callable[..., Answer]:
+        def call(*args: Any, **kwargs: Any) -> Answer:
+            return self.profiler.runcall(method, *args, **kwargs) if self.on else method(*args, **kwargs)
         return call
 
 
