@@ -13,9 +13,6 @@ scores) stays in Python; these functions only move names between lists and bytes
                                            fallback[i] (a list as long as the items), or None
     lookup_few(items, table) -> list       table.get(item) for items that are a few objects repeated (node
                                            keys): each distinct object looked up once
-    pick(names, known, values) -> list | None
-                                           values[j] for each name, j where it stands in `known` after the
-                                           previous name's, or None when `names` do not stand there in order
     unique(items) -> list                  the items without repeats of one object (equal objects that are not
                                            one may repeat), in their order
     group(items, labels, number_of, count) -> lists
@@ -185,59 +182,6 @@ lookup(PyObject *module, PyObject *args)
         PyList_SET_ITEM(values, i, value);
     }
     return values;
-}
-
-/* 1 when `a` and `b` are equal str (the same object, or one kind, length and characters, as str equality is), 0
-   when not, or when either is no str. */
-static int
-same_text(PyObject *a, PyObject *b)
-{
-    if (a == b)
-        return PyUnicode_Check(a);
-    if (!PyUnicode_Check(a) || !PyUnicode_Check(b))
-        return 0;
-#if PY_VERSION_HEX < 0x030C0000
-    if (PyUnicode_READY(a) < 0 || PyUnicode_READY(b) < 0) {
-        PyErr_Clear();
-        return 0;
-    }
-#endif
-    Py_ssize_t length = PyUnicode_GET_LENGTH(a);
-    int kind = PyUnicode_KIND(a);
-    return length == PyUnicode_GET_LENGTH(b) && kind == PyUnicode_KIND(b) &&
-           memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)length * kind) == 0;
-}
-
-static PyObject *
-pick(PyObject *module, PyObject *args)
-{
-    PyObject *names, *known, *values;
-    if (!PyArg_ParseTuple(args, "O!O!O!:pick", &PyList_Type, &names, &PyList_Type, &known, &PyList_Type, &values))
-        return NULL;
-    Py_ssize_t count = PyList_GET_SIZE(names), room = PyList_GET_SIZE(known);
-    if (PyList_GET_SIZE(values) != room) {
-        PyErr_SetString(PyExc_ValueError, "pick: known names and values differ in length");
-        return NULL;
-    }
-    if (count > room)
-        Py_RETURN_NONE;
-    PyObject *picked = PyList_New(count);
-    if (picked == NULL)
-        return NULL;
-    Py_ssize_t at = 0;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *name = PyList_GET_ITEM(names, i);
-        while (at < room && !same_text(name, PyList_GET_ITEM(known, at)))
-            at++;
-        if (at == room) {
-            Py_DECREF(picked);
-            Py_RETURN_NONE;
-        }
-        PyObject *value = PyList_GET_ITEM(values, at++);
-        Py_INCREF(value);
-        PyList_SET_ITEM(picked, i, value);
-    }
-    return picked;
 }
 
 static PyObject *
@@ -523,9 +467,6 @@ static PyMethodDef methods[] = {
      "or -1."},
     {"lookup", lookup, METH_VARARGS,
      "lookup(items, table, fallback=None): [table.get(item, fallback[i] if fallback else None) for each item]."},
-    {"pick", pick, METH_VARARGS,
-     "pick(names, known, values): values[j] for each name, j where it stands in known after the previous name's; "
-     "None when the names do not stand in known in that order."},
     {"lookup_few", lookup_few, METH_VARARGS,
      "lookup_few(items, table): [table.get(item) for item in items], each distinct object looked up once."},
     {"unique", unique, METH_O, "unique(items): the items without repeats of one object, in their order."},

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from extender._names import lookup, pick
+from extender._names import lookup
 from extender.domains import DomainIndex
 from extender.group_plans import GROUP_TIMEOUT_SECONDS, GroupPlans
 from extender.ledger import Assignment, Ledger, Phase
@@ -127,8 +127,6 @@ class ClusterState:
         self.group_sizes: dict[str, int] = {}  # group key -> members, from PodGroup objects (group_sizes.py)
         self._views: dict[str, NodeView] = {}
         self._keys: dict[str, Key] = {}
-        self._keys_changed = 0  # bumped on every change of a node's key: keys_for's last answer is old
-        self._last_keys: tuple[int, list[str], list[Key | None]] | None = None  # (_keys_changed, names, keys)
         self._interned: dict[tuple[CompiledTopology, int, int, bool], NodeKey] = {}
         self._interned_boards: set[CompiledTopology] = set()
         self._boards_limit = MAX_DEAD_BOARDS
@@ -155,23 +153,8 @@ class ClusterState:
         return self._pods.get(uid)
 
     def keys_for(self, names: list[str]) -> list[Key | None]:
-        """Each node's key, None for a node never seen, in one C pass for thousands of names (extender/_names.c).
-
-        Names that all stand, in this order, among those of the last lookup, while no node's key has changed since,
-        are found there instead: kube-scheduler sends prioritize the names filter passed, in filter's order, a
-        moment later, and that pass compares names the processor has just read where a lookup would read the
-        table's entries and keys, cold by then. Once found, the last lookup is let go, so that its thousands of
-        names are freed before the next request's are parsed.
-        """
-        changed, last = self._keys_changed, self._last_keys
-        if last is not None and last[0] == changed:
-            keys = pick(names, last[1], last[2])
-            if keys is not None:
-                self._last_keys = None
-                return keys
-        keys = lookup(names, self._keys)
-        self._last_keys = (changed, names, keys)
-        return keys
+        """Each node's key, None for a node never seen; one C pass (extender/_names.c) for thousands of names."""
+        return lookup(names, self._keys)
 
     def is_stale(self, view: NodeView, now: float) -> bool:
         return view.observed is None or now - view.observed > self.stale_after
@@ -275,7 +258,6 @@ class ClusterState:
             if kind == "DELETED":
                 self._views.pop(name, None)
                 self._keys.pop(name, None)
-                self._keys_changed += 1
                 self.domains.remove(name)
                 self._observed.pop(name, None)
                 self.ledger.forget_node(name)
@@ -297,14 +279,14 @@ class ClusterState:
         self.version += 1
         if view.sharing.shared:
             # Its devices are replicas or slices: no free mask of ours means anything there, so it is never stale.
-            self._set_key(view.name, SharedKey(view.sharing))
+            self._keys[view.name] = SharedKey(view.sharing)
             self._observed.pop(view.name, None)
         elif view.compiled is None:
-            self._set_key(view.name, view.problem or "no GPU topology reported")
+            self._keys[view.name] = view.problem or "no GPU topology reported"
             self._observed.pop(view.name, None)
         else:
-            self._set_key(view.name, self._intern(view.compiled, view.free, view.unhealthy,
-                                                  view.name in self.domains.whole))
+            self._keys[view.name] = self._intern(view.compiled, view.free, view.unhealthy,
+                                                 view.name in self.domains.whole)
             self._observed[view.name] = float("-inf") if view.observed is None else view.observed
         self.domains.set_busy(view.name, view.compiled is not None and view.free != view.compiled.full_mask)
 
@@ -312,13 +294,7 @@ class ClusterState:
         """The node's domain became whole, or stopped being whole: its key says so."""
         key = self._keys.get(name)
         if isinstance(key, NodeKey):
-            self._set_key(name, self._intern(key.compiled, key.free, key.unhealthy, name in self.domains.whole))
-
-    def _set_key(self, name: str, key: Key) -> None:
-        """Every change of a node's key goes through here (a removal through _apply_node), counted for keys_for."""
-        if self._keys.get(name) != key:
-            self._keys[name] = key
-            self._keys_changed += 1
+            self._keys[name] = self._intern(key.compiled, key.free, key.unhealthy, name in self.domains.whole)
 
     def key_without(self, key: NodeKey, gpus: int) -> NodeKey:
         """The key of a node with `gpus` taken out of its free ones, as a pod sees a node that drains GPUs for

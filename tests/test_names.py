@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extender._names import first_bad, group, lookup, lookup_few, pick, scores_json, unique
+from extender._names import first_bad, group, lookup, lookup_few, scores_json, unique
 from extender.pod_request import MAX_NAME_CHARS
 from extender.wire import BadRequest, parse_extender_args
 
@@ -81,34 +81,6 @@ def test_lookup_refuses_what_dict_get_refuses() -> None:
             function(["a", ["b"]], {"a": 1})
     with pytest.raises(ValueError, match="as long as the items"):
         lookup(["a", "b"], {}, ["only one"])
-
-
-def pick_reference(names: list[Any], known: list[Any], values: list[Any]) -> list[Any] | None:
-    picked, at = [], 0
-    for name in names:
-        while at < len(known) and not (isinstance(name, str) and isinstance(known[at], str) and name == known[at]):
-            at += 1
-        if at == len(known):
-            return None
-        picked.append(values[at])
-        at += 1
-    return picked
-
-
-@given(st.lists(st.one_of(st.sampled_from(["a", "b", "é", "\u6261", "\U0001f600", "a" * 40]), NOT_TEXT), max_size=12),
-       st.lists(st.booleans(), max_size=12), st.booleans())
-def test_pick_finds_names_in_order_among_the_known(known: list[Any], keep: list[bool], shuffle: bool) -> None:
-    known = ["".join(name) if isinstance(name, str) else name for name in known]  # equal, not the same objects
-    values = [f"value-{index}" for index in range(len(known))]
-    names = [name for name, kept in zip(known, keep, strict=False) if kept]
-    if shuffle:
-        names.reverse()
-    assert pick(names, known, values) == pick_reference(names, known, values)
-
-
-def test_pick_refuses_known_names_without_their_values() -> None:
-    with pytest.raises(ValueError, match="differ in length"):
-        pick(["a"], ["a", "b"], ["value"])
 
 
 @given(st.lists(st.integers(min_value=0, max_value=40), max_size=200))
