@@ -57,11 +57,11 @@ Verdict = tuple[str, bool] | None
 
 def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: list[str],
                  memo: ShapeMemo[Verdict] | None = None, wait: WaitClock | None = None,
-                 drains: Drains | None = None) -> FilterOutcome:
+                 drains: Drains | None = None, compute: bool = True) -> FilterOutcome:
     """One verdict per distinct node key (remembered across requests in `memo`); every pass over the names
     runs in C (extender/_names.c), not Python loops. A pod within its topology wait (extender/wait.py) passes
     only nodes that can give it a full-bandwidth set; GPUs drained for other waiting pods (extender/drain.py)
-    are not free to it."""
+    are not free to it. Without `compute`, only remembered verdicts are used: memo.Unknown if one is missing."""
     if pod.problem is not None:
         return FilterOutcome([], {}, {pod.problem: list(names)})
     if pod.request is None:
@@ -75,7 +75,8 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
     distinct = set(unique(keys))
     waiting = wait is not None and wait.waits(pod, state.clock())
     known = (memo or ShapeMemo()).answers((pod.request, pod.required, waiting), distinct,
-                                          partial(_verdict, selector, pod, waiting), state.key_epoch)
+                                          partial(_verdict, selector, pod, waiting) if compute else None,
+                                          state.key_epoch)
     # Number the distinct verdicts (0 = pass), then sort the names into one list per number in one C pass.
     numbers: dict[Verdict, int] = {None: 0}
     number_of = {key: numbers.setdefault(known[key], len(numbers)) for key in distinct}

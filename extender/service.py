@@ -29,7 +29,7 @@ from extender.ledger import Assignment
 from extender.metrics import Metrics
 from extender.pod_request import PodRequest, parse_pod
 from extender.preempt import preempt_nodes
-from extender.memo import ShapeMemo
+from extender.memo import ShapeMemo, Unknown
 from extender.scoring import Offer, prioritize_nodes
 from extender.state import ClusterState, NodeKey
 from extender.wait import TOPOLOGY_WAIT_SECONDS, WAITING, WaitClock
@@ -87,26 +87,35 @@ class ExtenderService:
         threading.Thread(target=self._send_events, name="pod-events", daemon=True).start()
         threading.Thread(target=self._sweep, name="bind-outcomes", daemon=True).start()
 
-    def filter(self, args: ExtenderArgs) -> FilterOutcome:
+    def filter(self, args: ExtenderArgs, compute: bool = True) -> FilterOutcome:
+        """Without `compute`, from remembered verdicts only: memo.Unknown where an answer needs more (a new
+        verdict, a group's plan, a drain to start)."""
         pod = self.pod_request(args.pod)
+        if not compute and pod.group_key is not None:
+            raise Unknown
         outcome = self.groups.filter(pod, args.candidates()) if pod.group_key is not None else None
         if outcome is None:
             outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._verdicts, self.wait,
-                                   self.drains)
+                                   self.drains, compute)
         if not outcome.passed and WAITING in outcome.failed:
+            if not compute:
+                raise Unknown
             self._drain(pod, outcome.failed[WAITING])
         self.metrics.decisions.labels("filter", "pass").inc(len(outcome.passed))
         self.metrics.decisions.labels("filter", "fail").inc(sum(map(len, outcome.failed.values())))
         self.metrics.decisions.labels("filter", "unresolvable").inc(sum(map(len, outcome.unresolvable.values())))
         return outcome
 
-    def prioritize(self, args: ExtenderArgs) -> tuple[list[str], list[int]]:
+    def prioritize(self, args: ExtenderArgs, compute: bool = True) -> tuple[list[str], list[int]]:
+        """Without `compute`, from remembered offers only: memo.Unknown where an answer needs more."""
         names = args.candidates()
         pod = self.pod_request(args.pod)
+        if not compute and pod.group_key is not None:
+            raise Unknown
         planned = self.groups.prioritize(pod, names) if pod.group_key is not None else None
         if planned is not None:
             return names, planned
-        return names, prioritize_nodes(self.state, self.selector, pod, names, self._offers, self.drains)
+        return names, prioritize_nodes(self.state, self.selector, pod, names, self._offers, self.drains, compute)
 
     def _drain(self, pod: PodRequest, waiting: list[str]) -> None:
         """Every candidate refused the pod only to wait for a full set: drain the one nearest to free."""

@@ -75,7 +75,8 @@ def test_only_pinned_names_reach_the_verbs(pki: Path, caplog: pytest.LogCaptureF
     service = ExtenderService(state, DemoCluster(state, (("n1", "dgx-h100"),)))
     called: list[str] = []
     real_filter = service.filter
-    service.filter = lambda args: called.append("filter") or real_filter(args)  # type: ignore[method-assign]
+    service.filter = (  # type: ignore[method-assign]
+        lambda args, compute=True: called.append("filter") or real_filter(args, compute))
     body = orjson.dumps({"Pod": {"metadata": {"name": "p"}}, "NodeNames": ["n1"]})
     with _serve_pinned(pki, service) as port:
         for client in ("kube-scheduler", "by-san"):

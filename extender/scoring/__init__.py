@@ -40,10 +40,12 @@ class Offer:
 
 
 def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: list[str],
-                     memo: ShapeMemo[Offer | None] | None = None, drains: Drains | None = None) -> list[int]:
+                     memo: ShapeMemo[Offer | None] | None = None, drains: Drains | None = None,
+                     compute: bool = True) -> list[int]:
     """A score per name. Scores depend only on the node key, so each distinct key is scored once; what each
     node key offers the pod is remembered across requests in `memo`. The passes over the names run in C
-    (extender/_names.c). GPUs drained for other pods (extender/drain.py) are not free to this one."""
+    (extender/_names.c). GPUs drained for other pods (extender/drain.py) are not free to this one. Without
+    `compute`, only remembered offers are used: memo.Unknown if one is missing."""
     if pod.request is None:
         return [0] * len(names)
     keys = state.keys_for(names)
@@ -54,7 +56,8 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
         keys = lookup(names, dict.fromkeys(stale), keys)
     distinct = set(unique(keys))
     boards = [key for key in distinct if isinstance(key, NodeKey)]
-    known = (memo or ShapeMemo()).answers(pod.request, boards, partial(_offer, selector, pod.request),
+    known = (memo or ShapeMemo()).answers(pod.request, boards,
+                                          partial(_offer, selector, pod.request) if compute else None,
                                           state.key_epoch)
     offers = {key: known[key] for key in boards}
     live = [offer for offer in offers.values() if offer is not None]
