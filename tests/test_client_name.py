@@ -109,3 +109,18 @@ def test_names_are_read_from_the_subject_and_dns_sans() -> None:
                 "subjectAltName": (("DNS", "a.example"), ("IP Address", "10.0.0.1"))}
     assert certificate_names(peercert) == {"kube-scheduler", "a.example"}
     assert certificate_names(None) == set()
+
+
+def test_no_session_tickets_are_issued(pki: Path) -> None:
+    """kube-scheduler never resumes a session: the server spends nothing on tickets it would never see again."""
+    state = ClusterState()
+    with _serve_pinned(pki, ExtenderService(state, DemoCluster(state, (("n1", "dgx-h100"),)))) as port:
+        context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        context.load_cert_chain(pki / "kube-scheduler.crt", pki / "kube-scheduler.key")
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as raw, \
+                context.wrap_socket(raw, server_hostname="127.0.0.1") as connection:
+            connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            while connection.recv(65536):
+                pass
+            assert connection.version() == "TLSv1.3"
+            assert connection.session is not None and not connection.session.has_ticket
