@@ -25,9 +25,9 @@ same JSON kube-scheduler would send. The pod is shaped like the pod kube-schedul
 Added to the product app, under /loadtest/ only, for the generator's report: `GET /loadtest/stats` (time spent
 in the in-process API server, churn counts, garbage-collector pauses, plans in force),
 `POST /loadtest/profile/start|stop` (cProfile of the event-loop thread, and of the service's filter and
-prioritize on their own thread), for the soak `POST /loadtest/replace-board` (a node with no pods gets a board
-the extender has not seen), and with `--hostile FILE` `POST /loadtest/hostile-rotate` (the hostile node
-publishes another set of used GPUs).
+prioritize where they run on a thread of their own), for the soak `POST /loadtest/replace-board` (a node with no
+pods gets a board the extender has not seen), and with `--hostile FILE` `POST /loadtest/hostile-rotate` (the
+hostile node publishes another set of used GPUs).
 
     python loadtests/large_cluster_server.py --nodes 5000 [--fill 0.45] [--window 2000] [--port 0]
         [--leaf-nodes 20 [--plans 1000]]
@@ -406,8 +406,8 @@ def serve(service: ExtenderService, cluster: LoadCluster, churn: Churn, facts: d
     loop = [cProfile.Profile()]
     verbs = VerbProfile(service)
 
-    # Both run on the event-loop thread, so `loop` covers that thread: all HTTP handling. filter and prioritize
-    # run on the verbs' thread, which `verbs` profiles. Each start begins a new profile.
+    # Both run on the event-loop thread, so `loop` covers that thread: all HTTP handling, and filter and prioritize
+    # where they run there; `verbs` profiles them on the verbs' thread. Each start begins a new profile.
     @web.post("/loadtest/profile/start")
     async def profile_start() -> JSONResponse:
         loop[0] = cProfile.Profile()
@@ -434,9 +434,10 @@ def serve(service: ExtenderService, cluster: LoadCluster, churn: Churn, facts: d
 
 
 class VerbProfile:
-    """cProfile of the service's filter and prioritize on the thread that runs them (extender/app.py runs them
-    on a thread of their own, which a profiler enabled on the event loop does not see). Parsing the body and
-    writing the answer are outside it."""
+    """cProfile of the service's filter and prioritize where they run on the verbs' thread, which a profiler
+    enabled on the event loop does not see (extender/app.py answers on the event loop what needs only remembered
+    answers, and sends new work to that thread). On the event loop they are left to the loop's profiler: a second
+    one there would take its place. Parsing the body and writing the answer are outside it."""
 
     def __init__(self, service: ExtenderService) -> None:
         self.profiler = cProfile.Profile()
@@ -451,7 +452,9 @@ class VerbProfile:
 
     def _wrap(self, method: Callable[..., Answer]) -> Callable[..., Answer]:
         def call(*args: Any, **kwargs: Any) -> Answer:
-            return self.profiler.runcall(method, *args, **kwargs) if self.on else method(*args, **kwargs)
+            if self.on and threading.current_thread() is not threading.main_thread():  # uvicorn's loop: the main one
+                return self.profiler.runcall(method, *args, **kwargs)
+            return method(*args, **kwargs)
         return call
 
 

@@ -708,7 +708,8 @@ class Report:
                 "one at a time, as kube-scheduler's scheduling loop sends them. Per cycle, means: wall time; the "
                 "HTTP time of its three requests; of that, the verbs' own time (`Server-Timing`); CPU time from "
                 "/proc of the extender process (in parentheses its event-loop thread, which runs all HTTP "
-                "handling; filter and prioritize run on a thread of their own, bind on worker threads) and of "
+                "handling and filter and prioritize where all they need is remembered; new work runs on a thread "
+                "of its own, bind on worker threads) and of "
                 "the load generator; and the CPUs that every other process on the machine kept busy meanwhile.",
                 "",
                 "| names | seconds | cycles (bound / unschedulable / bind error) | cycles/s | wall ms | HTTP ms "
@@ -761,14 +762,15 @@ class Report:
         profile = self.result["profile"]
         threads = {"the event loop": _per_cycle(profile["rows"], profile["cycles"]),
                    "filter and prioritize": _per_cycle(profile["verbs"], profile["cycles"])}
-        every = {function: figures for rows in threads.values() for function, figures in rows.items()}
+        every = _merged(*threads.values())
         ours = sorted((function for function in every if function.split("/")[0] in OURS),
                       key=lambda function: -every[function][2])[:8]
         lines = [f"### Where the extender spends a {profile['size']:,}-name cycle (cProfile)", "",
                  f"{profile['cycles']} more full cycles, after the measured ones, with cProfile on the event-loop "
-                 "thread (all HTTP handling; filter and prioritize run on a thread of their own, bind on worker "
-                 "threads) and, on the verbs' thread, around the service's filter and prioritize (parsing the "
-                 "body and writing the answer left out). cProfile slows Python-level calls far more than C "
+                 "thread (all HTTP handling, and filter and prioritize where all they need is remembered; bind runs "
+                 "on worker threads) and, on the verbs' thread, around the service's filter and prioritize where "
+                 "they run there, on new work (parsing the body and writing the answer left out). cProfile slows "
+                 "Python-level calls far more than C "
                  "builtins, so read the shares, not the absolute times. The functions with the most own time:"]
         for thread, rows in threads.items():
             lines += ["", f"| function ({thread}) | calls per cycle | own ms per cycle | cumulative ms per cycle |",
@@ -894,22 +896,24 @@ class PlansComparison:
     def profile_table(self, top: int = 15) -> str:
         """Our own functions in filter and prioritize's profile, per cycle, in the extender without plans and with."""
         profiles = self.data["profiles"]
-        sides = {side: _per_cycle(found["verbs"], found["cycles"]) for side, found in profiles.items()}
+        verbs = {side: _per_cycle(found["verbs"], found["cycles"]) for side, found in profiles.items()}
         loops = {side: _per_cycle(found["rows"], found["cycles"]) for side, found in profiles.items()}
+        sides = {side: _merged(verbs[side], loops[side]) for side in profiles}  # filter and prioritize run on both
         functions = sorted({function for rows in sides.values() for function in rows
                             if function.split("/")[0] in OURS},
                            key=lambda function: -max(rows.get(function, (0, 0, 0))[2] for rows in sides.values()))
         totals = {side: {thread: sum(own for _, own, _ in rows[side].values()) for thread, rows in
-                         (("verbs", sides), ("loop", loops))} for side in self.SIDES}
+                         (("verbs", verbs), ("loop", loops))} for side in self.SIDES}
         lines = [f"### Where filter and prioritize spend a {self.data['size']:,}-name cycle, without and with "
                  "plans (cProfile)", "",
                  f"Right after the comparison's rounds, {profiles['without']['seconds']:.0f} s of cycles on each "
                  f"extender with cProfile as in the profile above ({profiles['without']['cycles']} cycles without "
-                 f"plans, then {profiles['with']['cycles']} with). All functions' own time per cycle, filter and "
-                 f"prioritize: {totals['without']['verbs']:.3f} ms without, "
-                 f"{totals['with']['verbs']:.3f} ms with; the event loop: {totals['without']['loop']:.3f} ms "
-                 f"without, {totals['with']['loop']:.3f} ms with. Our own functions with the most cumulative time "
-                 "in filter and prioritize:", "",
+                 f"plans, then {profiles['with']['cycles']} with). All functions' own time per cycle, on the verbs' "
+                 f"thread (filter and prioritize on new work): {totals['without']['verbs']:.3f} ms without, "
+                 f"{totals['with']['verbs']:.3f} ms with; on the event loop (all HTTP handling, and filter and "
+                 f"prioritize where all they need is remembered): {totals['without']['loop']:.3f} ms without, "
+                 f"{totals['with']['loop']:.3f} ms with. Our own functions with the most cumulative time, on both:",
+                 "",
                  "| function | calls per cycle (without / with) | own ms per cycle (without / with) | "
                  "cumulative ms per cycle (without / with) |", "|---|---:|---:|---:|"]
         for function in functions[:top]:
@@ -917,6 +921,15 @@ class PlansComparison:
             lines.append(f"| `{function}` | {cells[0][0]:.3g} / {cells[1][0]:.3g} | {cells[0][1]:.3f} / "
                          f"{cells[1][1]:.3f} | {cells[0][2]:.3f} / {cells[1][2]:.3f} |")
         return "\n".join(lines)
+
+
+def _merged(*tables: dict[str, tuple[float, float, float]]) -> dict[str, tuple[float, float, float]]:
+    """Per-cycle figures of several threads' profiles, summed per function (their calls are apart)."""
+    merged: dict[str, tuple[float, float, float]] = {}
+    for table in tables:
+        for function, figures in table.items():
+            merged[function] = tuple(map(sum, zip(merged.get(function, (0.0, 0.0, 0.0)), figures)))
+    return merged
 
 
 def _per_cycle(rows: list[dict[str, Any]], cycles: int) -> dict[str, tuple[float, float, float]]:
