@@ -57,6 +57,7 @@ def test_gpus_given_twice_and_nodes_over_count_are_found() -> None:
 
 def test_the_three_configurations_differ_only_as_described(tmp_path: Path) -> None:
     bench = object.__new__(throughput.Bench)
+    bench.args = throughput.parse_args([])
     bench.scheduler_kubeconfig = tmp_path / "scheduler.kubeconfig"
     bench.pki = Pki(tmp_path)
     ours = bench.scheduler_config("extender", "https://127.0.0.1:8443")
@@ -68,6 +69,18 @@ def test_the_three_configurations_differ_only_as_described(tmp_path: Path) -> No
     assert "qps" not in slow["clientConnection"]
     assert fast["clientConnection"]["qps"] == fast["clientConnection"]["burst"] == throughput.FAST_QPS
     assert ours["clientConnection"]["kubeconfig"] == str(bench.scheduler_kubeconfig)
+    assert (ours["clientConnection"]["qps"], ours["clientConnection"]["burst"]) == (300, 600)  # as shipped
+
+
+def test_percentage_sets_every_configurations_profiles_alike(tmp_path: Path) -> None:
+    bench = object.__new__(throughput.Bench)
+    bench.args = throughput.parse_args(["--percentage", "0", "--configs", "extender,alone-qps50"])
+    bench.scheduler_kubeconfig = tmp_path / "scheduler.kubeconfig"
+    bench.pki = Pki(tmp_path)
+    assert bench.args.configs == ("alone-qps50", "extender")
+    for config in bench.args.configs:
+        profiles = bench.scheduler_config(config, "https://127.0.0.1:8443")["profiles"]
+        assert [profile["percentageOfNodesToScore"] for profile in profiles] == [0] * len(profiles)
 
 
 def test_without_binaries_it_says_it_skipped_and_exits_0() -> None:
