@@ -86,8 +86,8 @@ def create_app(service: ExtenderService, max_body_bytes: int = MAX_BODY_BYTES) -
 
     last: list[tuple[bytes, ExtenderArgs]] = []
     prioritize_encoder = PrioritizeEncoder()
-    # Filter, prioritize and preempt run one at a time (`one_at_a_time`), so the remembered body, the memos and
-    # the encoder's pieces need no lock of their own. Filter and prioritize are answered on the event loop when
+    # Filter, prioritize and preempt run one at a time (`one_at_a_time`), so the remembered body and the memos
+    # need no lock of their own. Filter and prioritize are answered on the event loop when
     # all they need is remembered (memo.Unknown otherwise): the usual case, where a hop to a thread and back
     # would cost 50 to 90 us of CPU. The rest runs on one thread of its own, so that a verb at work (a new
     # verdict may take a selection's whole budget, a group's plan far more) leaves the event loop free for
