@@ -32,7 +32,6 @@ from extender.wire import (
     BadRequest,
     ExtenderArgs,
     NotJson,
-    PrioritizeEncoder,
     binding_result,
     filter_error,
     filter_result,
@@ -40,6 +39,7 @@ from extender.wire import (
     parse_extender_args,
     parse_preemption_args,
     preemption_result,
+    prioritize_result,
 )
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,6 @@ def create_app(service: ExtenderService, max_body_bytes: int = MAX_BODY_BYTES) -
                   telemetry={"tracing": False, "metrics": False, "logs": False})
 
     last: list[tuple[bytes, ExtenderArgs]] = []
-    prioritize_encoder = PrioritizeEncoder()
     # Filter, prioritize and preempt run one at a time (`one_at_a_time`), so the remembered body and the memos
     # need no lock of their own. Filter and prioritize are answered on the event loop when
     # all they need is remembered (memo.Unknown otherwise): the usual case, where a hop to a thread and back
@@ -109,7 +108,7 @@ def create_app(service: ExtenderService, max_body_bytes: int = MAX_BODY_BYTES) -
         return filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable)
 
     def do_prioritize(body: bytes, compute: bool) -> bytes:
-        return prioritize_encoder.encode(*service.prioritize(parsed(body), compute))
+        return prioritize_result(*service.prioritize(parsed(body), compute))
 
     def do_bind(body: bytes, compute: bool) -> bytes:
         return binding_result(service.bind(parse_binding_args(body)))

@@ -201,12 +201,10 @@ def filter_error(message: str) -> bytes:
                          "Error": message})
 
 
-class PrioritizeEncoder:
-    """Writes `[{"Host":…,"Score":…},…]`, each score less the least and the hosts at the least left out (the
-    module's docstring says why), in one C pass over the hosts (extender/_names.c)."""
-
-    def encode(self, hosts: list[str], scores: list[int]) -> bytes:
-        return scores_json(hosts, scores)
+def prioritize_result(hosts: list[str], scores: list[int]) -> bytes:
+    """`[{"Host":…,"Score":…},…]`, each score less the least and the hosts at the least left out (the module's
+    docstring says why), in one C pass over the hosts (extender/_names.c)."""
+    return scores_json(hosts, scores)
 
 
 def binding_result(error: str = "") -> bytes:

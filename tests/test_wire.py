@@ -15,7 +15,7 @@ from extender.demo_cluster import DemoCluster
 from extender.openapi import document
 from extender.service import ExtenderService
 from extender.state import ClusterState
-from extender.wire import BadRequest, PrioritizeEncoder, filter_result, parse_binding_args, parse_extender_args
+from extender.wire import BadRequest, filter_result, parse_binding_args, parse_extender_args, prioritize_result
 
 
 @pytest.mark.parametrize(("hosts", "scores", "answered"), [
@@ -28,13 +28,13 @@ from extender.wire import BadRequest, PrioritizeEncoder, filter_result, parse_bi
 def test_prioritize_answers_scores_above_the_least_and_leaves_the_rest_out(
         hosts: list[str], scores: list[int], answered: dict[str, int]) -> None:
     """kube-scheduler adds nothing for a host left out, and the same number less on every host ranks them alike."""
-    decoded = orjson.loads(PrioritizeEncoder().encode(hosts, scores))
+    decoded = orjson.loads(prioritize_result(hosts, scores))
     assert decoded == [{"Host": host, "Score": score} for host, score in answered.items()]
 
 
-def test_prioritize_encoder_refuses_scores_out_of_range() -> None:
+def test_prioritize_result_refuses_scores_out_of_range() -> None:
     with pytest.raises(ValueError, match="0 to 10"):
-        PrioritizeEncoder().encode(["a"], [11])
+        prioritize_result(["a"], [11])
 
 
 def test_keys_are_read_case_insensitively_as_go_does() -> None:
