@@ -103,8 +103,9 @@ NAMESPACE = "throughput"
 STALE_AFTER = "3600"  # no agent here: the nodes' state, written at creation, must stay fresh for the whole run
 VERBS = ("filter", "prioritize", "bind", "preempt")
 EXTENDER_LATENCY = "gpu_topology_extender_request_seconds"
-CONNECTIONS = "gpu_topology_extender_connections_opened"
-RING = "gpu_topology_extender_granted_ring_gbps"
+# Grown in a round: connections the extender accepted; the sum and count of the ring bandwidth it granted.
+GROWING = ("gpu_topology_extender_connections_opened_total", "gpu_topology_extender_granted_ring_gbps_sum",
+           "gpu_topology_extender_granted_ring_gbps_count")
 SCHEDULER_BIND = "scheduler_framework_extension_point_duration_seconds"
 # What kube-scheduler's log says when client-go's rate limiter refused a request or the event broadcaster gave
 # an event up (k8s.io/client-go/tools/events and tools/record).
@@ -151,23 +152,14 @@ def histograms(text: str, name: str, label: str, **match: str) -> dict[str, dict
     return found
 
 
-def counter(text: str, name: str) -> float:
-    """A counter's value (its `_total` sample), 0 when the text has none."""
+def values(text: str, names: Sequence[str]) -> list[float]:
+    """The samples of these names without labels (a counter's `_total`, a histogram's `_sum`), 0 where absent."""
+    found = dict.fromkeys(names, 0.0)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == f"{name}_total":
-                return sample.value
-    return 0.0
-
-
-def summed(text: str, name: str) -> tuple[float, float]:
-    """A histogram's (_sum, _count), zeros when the text has none."""
-    values = {"sum": 0.0, "count": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in (f"{name}_sum", f"{name}_count"):
-                values[sample.name.rsplit("_", 1)[1]] = sample.value
-    return values["sum"], values["count"]
+            if sample.name in found:
+                found[sample.name] = sample.value
+    return list(found.values())
 
 
 def subtract(after: Mapping[str, Mapping[float, float]],
@@ -452,8 +444,7 @@ class Bench:
             makespan = (max(watch.bound.values()) - started) if watch.bound else 0.0
             after = scrape(_port(extender_url), extender_context) if extender_url else ""
             verbs = subtract(histograms(after, EXTENDER_LATENCY, "verb"), verbs_before)
-            connections = counter(after, CONNECTIONS) - counter(before, CONNECTIONS)
-            ring = tuple(a - b for a, b in zip(summed(after, RING), summed(before, RING), strict=True))
+            connections, *ring = (a - b for a, b in zip(values(after, GROWING), values(before, GROWING), strict=True))
             scheduler_bind = self._scheduler_bind(scheduler)
             bound_pods = [pod for pod in self._list("pods")["items"] if pod["spec"].get("nodeName")]
             events, event_lags = self._scheduled_events(len(bound_pods), watch.bound_wall)
@@ -463,7 +454,7 @@ class Bench:
         double, over = check_gpus(bound_pods, config == "extender")
         return RoundResult(config, round_, len(pods), len(watch.bound), snapshots[0] if snapshots else None,
                            snapshots[-1] if len(snapshots) > 1 else None, makespan, verbs, scheduler_bind, double, over,
-                           events, drops, qps, connections, event_lags, ring)
+                           events, drops, qps, connections, event_lags, tuple(ring))
 
     def _profile(self, scheduler: Process, path: Path) -> threading.Thread:
         """kube-scheduler's CPU profile over the next PPROF_SECONDS, then its allocations since it started, saved to
