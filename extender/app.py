@@ -6,9 +6,10 @@ MAX_BODY_BYTES a 413, refused while it arrives. Filter, prioritize and preempt r
 loop when all they need is remembered, else in one worker thread, so the event loop stays free for /healthz,
 /metrics and binds while a verb works (create_app says why).
 
-The four verbs are bare ASGI routes in front of FastAPI, which serves the probes and /metrics: they read the raw
-body and write bytes themselves, so FastAPI's middleware, routing and request objects would only add their cost
-to every scheduling cycle (25 us a request over TLS, measured with uvicorn on this project's machines).
+Each verb is a `Verb`. The extender's server answers them in its own protocol, before ASGI (extender/server.py
+says why); through ASGI, as any other server and the tests' clients reach them, they are bare routes in front of
+FastAPI, which serves the probes and /metrics: FastAPI's middleware, routing and request objects would add their
+cost to every scheduling cycle (25 us a request over TLS, measured with uvicorn on this project's machines).
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ Answer = Callable[[bytes, bool], bytes]  # (body, compute): see create_app
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class BodyTooLarge(ValueError):
@@ -62,17 +62,19 @@ class ClientGone(Exception):
 
 
 class ExtenderApp:
-    """The ASGI app uvicorn serves: POSTs to the verbs' paths go to their routes, everything else to `web`."""
+    """The ASGI app: POSTs to the verbs' paths go to their `Verb`, everything else to `web`. The extender's own
+    server (extender/server.py) hands verb requests to `verbs` before ASGI; any other ASGI server, and the
+    tests' clients, come through here."""
 
-    def __init__(self, web: FastAPI, verbs: dict[str, ASGIApp]) -> None:
+    def __init__(self, web: FastAPI, verbs: dict[str, Verb]) -> None:
         self.web = web
-        self._verbs = verbs
+        self.verbs = verbs
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            route = self._verbs.get(scope["path"])
-            if route is not None:
-                await route(scope, receive, send)
+            verb = self.verbs.get(scope["path"])
+            if verb is not None:
+                await verb.asgi(scope, receive, send)
                 return
         await self.web(scope, receive, send)
 
@@ -124,11 +126,11 @@ def create_app(service: ExtenderService, max_body_bytes: int = MAX_BODY_BYTES) -
     preempt_answer = _guarded(service, "preempt", do_preempt, lambda _: preemption_result({}))
 
     binds = ThreadPoolExecutor(max_workers=BIND_THREADS, thread_name_prefix="bind")
-    routes = {f"/{verb}": _route(service, verb, answer, max_body_bytes, verbs, one_at_a_time, quick)
-              for verb, answer, quick in (("filter", filter_answer, True), ("prioritize", prioritize_answer, True),
-                                          ("preempt", preempt_answer, False))}
+    verb_map = {f"/{verb}": Verb(service, verb, answer, max_body_bytes, verbs, one_at_a_time, quick)
+                for verb, answer, quick in (("filter", filter_answer, True), ("prioritize", prioritize_answer, True),
+                                            ("preempt", preempt_answer, False))}
     # bind waits on the API server, so it runs on threads of its own, several at a time, and never holds up filters.
-    routes["/bind"] = _route(service, "bind", bind_answer, max_body_bytes, binds, None, False)
+    verb_map["/bind"] = Verb(service, "bind", bind_answer, max_body_bytes, binds, None, False)
 
     @app.get("/healthz")
     async def healthz() -> PlainTextResponse:
@@ -143,10 +145,11 @@ def create_app(service: ExtenderService, max_body_bytes: int = MAX_BODY_BYTES) -
     async def metrics() -> Response:
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return ExtenderApp(app, routes)
+    return ExtenderApp(app, verb_map)
 
 
-Respond = Callable[[bytes, bool], tuple[int, bytes, float]]
+Answered = tuple[int, bytes, float]  # status, content, seconds in the verb
+Respond = Callable[[bytes, bool], Answered]
 
 
 def _guarded(service: ExtenderService, verb: str, answer: Answer, on_error: Callable[[str], bytes]) -> Respond:
@@ -155,7 +158,7 @@ def _guarded(service: ExtenderService, verb: str, answer: Answer, on_error: Call
     latency = service.metrics.request_seconds.labels(verb)
     refused = service.metrics.requests_refused
 
-    def respond(body: bytes, compute: bool) -> tuple[int, bytes, float]:
+    def respond(body: bytes, compute: bool) -> Answered:
         started = time.perf_counter()
         try:
             status, content = 200, answer(body, compute)
@@ -178,46 +181,65 @@ def _guarded(service: ExtenderService, verb: str, answer: Answer, on_error: Call
     return respond
 
 
-def _route(service: ExtenderService, verb: str, respond: Respond, max_body_bytes: int, worker: ThreadPoolExecutor,
-           lock: threading.Lock | None, quick: bool) -> ASGIApp:
-    """A verb's route: the body read up to the limit, then the verb on `worker`, holding `lock` if any. `quick`:
-    first on the event loop from what is remembered, when `lock` is free at once (see create_app)."""
-    refused = service.metrics.requests_refused
+class Verb:
+    """A verb's dispatch: `now` on the event loop from what is remembered, when `lock` is free at once (see
+    create_app), else `later` on `worker`, holding `lock` if any. Both the ASGI route and the server's own
+    protocol (extender/server.py) answer through it, so they give the same answers."""
 
-    def on_worker(body: bytes) -> tuple[int, bytes, float]:
-        if lock is None:
-            return respond(body, True)
-        with lock:
-            return respond(body, True)
+    def __init__(self, service: ExtenderService, name: str, respond: Respond, max_body_bytes: int,
+                 worker: ThreadPoolExecutor, lock: threading.Lock | None, quick: bool) -> None:
+        self.name = name
+        self.max_body_bytes = max_body_bytes
+        self._respond = respond
+        self._worker = worker
+        self._lock = lock
+        self._quick = quick
+        self._too_large = service.metrics.requests_refused.labels(name, "too_large")
 
-    def on_loop(body: bytes) -> tuple[int, bytes, float] | None:
-        if lock is None or not lock.acquire(blocking=False):
+    def now(self, body: bytes) -> Answered | None:
+        """The answer, if it can be given on the event loop without waiting; None hands the body to `later`."""
+        lock = self._lock
+        if not self._quick or lock is None or not lock.acquire(blocking=False):
             return None
         try:
-            return respond(body, False)
+            return self._respond(body, False)
         except Unknown:
             return None
         finally:
             lock.release()
 
-    async def handle(scope: Scope, receive: Receive, send: Send) -> None:
+    def later(self, body: bytes) -> asyncio.Future[Answered]:
+        return asyncio.get_running_loop().run_in_executor(self._worker, self._on_worker, body)
+
+    def refuse_too_large(self, why: str) -> bytes:
+        """Count and log a body over the limit; the content of the 413 that answers it."""
+        self._too_large.inc()
+        log.warning("%s refused: %s", self.name, why)
+        return binding_result(why)
+
+    def _on_worker(self, body: bytes) -> Answered:
+        if self._lock is None:
+            return self._respond(body, True)
+        with self._lock:
+            return self._respond(body, True)
+
+    async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            body = await read_body(scope, receive, max_body_bytes)
+            body = await read_body(scope, receive, self.max_body_bytes)
         except BodyTooLarge as error:
-            refused.labels(verb, "too_large").inc()
-            log.warning("%s refused: %s", verb, error)
             # The rest of the body is never read: the connection closes after the answer.
-            await _answer(send, 413, binding_result(str(error)), (b"connection", b"close"))
+            await _answer(send, 413, self.refuse_too_large(str(error)), (b"connection", b"close"))
             return
         except ClientGone:
             return  # nobody reads an answer
-        answered = on_loop(body) if quick else None
-        if answered is None:
-            answered = await asyncio.get_running_loop().run_in_executor(worker, on_worker, body)
-        status, content, elapsed = answered
-        # Server-Timing (W3C) carries the time spent in the verb, without HTTP and parsing by the server.
-        await _answer(send, status, content, (b"server-timing", b"verb;dur=%.3f" % (elapsed * 1000)))
-    return handle
+        answered = self.now(body)
+        status, content, elapsed = answered if answered is not None else await self.later(body)
+        await _answer(send, status, content, server_timing(elapsed))
+
+
+def server_timing(elapsed: float) -> tuple[bytes, bytes]:
+    """Server-Timing (W3C): the time spent in the verb, without HTTP and parsing by the server."""
+    return b"server-timing", b"verb;dur=%.3f" % (elapsed * 1000)
 
 
 async def _answer(send: Send, status: int, content: bytes, header: tuple[bytes, bytes]) -> None:
