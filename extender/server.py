@@ -20,7 +20,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from extender.app import JSON, Answered, Verb, create_app, server_timing
+from extender.app import JSON, Answered, ExtenderApp, Verb, create_app, server_timing
 from extender.service import ExtenderService
 
 log = logging.getLogger(__name__)
@@ -58,9 +58,10 @@ class ServeOptions:
             raise ValueError("--client-name needs --client-ca: without client certificates there is no name to check")
 
 
-def server_config(service: ExtenderService, options: ServeOptions) -> uvicorn.Config:
+def server_config(service: ExtenderService, options: ServeOptions, app: ExtenderApp | None = None) -> uvicorn.Config:
+    """`app`: the service's app with routes of its own on `app.web` (the load test's), else a new one."""
     refused = service.metrics.requests_refused
-    app = create_app(service)
+    app = app or create_app(service)
     protocol = limited_protocol(options.limits, frozenset(options.client_names),
                                 lambda reason: refused.labels("connection", reason).inc(),
                                 service.metrics.connections.inc, app.verbs)
@@ -111,7 +112,8 @@ def limited_protocol(limits: Limits, client_names: frozenset[str], refused: Call
 
     class LimitedProtocol(HttpToolsProtocol):
         _deadline: asyncio.TimerHandle | None = None
-        _head_bytes: int | None = 0  # bytes of an unfinished head; None while a body arrives
+        _head_bytes: int | None = None  # bytes of an unfinished head; None while none is unfinished
+        _completed = False  # a request ended within the chunk being parsed
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             opened()
@@ -133,10 +135,12 @@ def limited_protocol(limits: Limits, client_names: frozenset[str], refused: Call
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            in_head = self._head_bytes is not None
+            """A head that is still unfinished after a chunk counts the chunk, unless a request ended within it (the
+            chunk began with that request's rest, and a pipelined head began after it). A finished head is measured
+            whole in on_headers_complete, so neither the chunking nor a body that shares a chunk with it counts."""
+            self._completed = False
             super().data_received(data)
-            # Counted only while a head is unfinished before and after: a chunk that also carries body is not.
-            if in_head and self._head_bytes is not None and not self.transport.is_closing():
+            if self._head_bytes is not None and not self._completed and not self.transport.is_closing():
                 self._head_bytes += len(data)
                 if self._head_bytes > limits.max_head_bytes:
                     self._refuse(431, "head_too_large", f"request head over {limits.max_head_bytes} bytes")
@@ -148,6 +152,9 @@ def limited_protocol(limits: Limits, client_names: frozenset[str], refused: Call
 
         def on_headers_complete(self) -> None:
             self._head_bytes = None
+            if len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers) > limits.max_head_bytes:
+                self._refuse(431, "head_too_large", f"request head over {limits.max_head_bytes} bytes")
+                return
             verb = self._verb()
             if verb is None:
                 super().on_headers_complete()
@@ -161,6 +168,8 @@ def limited_protocol(limits: Limits, client_names: frozenset[str], refused: Call
 
         def on_body(self, body: bytes) -> None:
             exchange = self.cycle
+            if self.transport.is_closing():
+                return  # refused: the rest of the request is not read
             if not isinstance(exchange, _Exchange):
                 super().on_body(body)
             elif not exchange.response_complete:
@@ -172,7 +181,10 @@ def limited_protocol(limits: Limits, client_names: frozenset[str], refused: Call
 
         def on_message_complete(self) -> None:
             exchange = self.cycle
-            if not isinstance(exchange, _Exchange):
+            self._completed = True
+            if self.transport.is_closing():
+                pass  # refused: nothing is answered
+            elif not isinstance(exchange, _Exchange):
                 super().on_message_complete()
             elif not exchange.response_complete:
                 body = b"".join(exchange.chunks)
@@ -182,7 +194,7 @@ def limited_protocol(limits: Limits, client_names: frozenset[str], refused: Call
                     self._answer(exchange, answered)
                 else:
                     exchange.verb.later(body).add_done_callback(partial(self._answer_later, exchange))
-            self._head_bytes = 0
+            self._head_bytes = None
             self._disarm()  # what follows is the app's time, and then uvicorn's keep-alive timer
 
         def _verb(self) -> Verb | None:
@@ -237,7 +249,7 @@ def limited_protocol(limits: Limits, client_names: frozenset[str], refused: Call
                 return
             refused(reason)
             log.warning("closed the connection from %s: %s", _peer(self.client), message)
-            if self.cycle is None or not self.cycle.response_started:
+            if self.cycle is None or self.cycle.response_complete or not self.cycle.response_started:
                 text = message.encode()
                 self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: text/plain\r\ncontent-length: %d\r\n"
                                      b"connection: close\r\n\r\n%s" % (status, _STATUS[status], len(text), text))

@@ -42,6 +42,7 @@ def _exchange(port: int, data: bytes) -> bytes:
 
 
 QUICK = ServeOptions(limits=Limits(request_seconds=0.3, idle_seconds=0.3, max_head_bytes=4096))
+SMALL_HEAD = ServeOptions(limits=Limits(max_head_bytes=4096))
 
 
 def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent() -> None:
@@ -87,6 +88,38 @@ def test_slow_or_endless_requests_are_cut_off(data: bytes, status: bytes) -> Non
     reason = "head_too_large" if status == b"431" else "timeout"
     assert service.metrics.registry.get_sample_value(
         "gpu_topology_extender_requests_refused_total", {"verb": "connection", "reason": reason}) == 1.0
+
+
+def test_a_whole_request_in_one_chunk_past_the_head_bound_is_served() -> None:
+    """The bound is on the head: a request whose body makes one chunk larger than it is served, twice on one
+    connection (kube-scheduler's 5,000-name filter arrives in one read of 100 KB)."""
+    pod = {"metadata": {"name": "p", "uid": "u1"}, "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
+    body = orjson.dumps({"Pod": pod, "NodeNames": ["n1"] + [f"absent-{i}" for i in range(2000)]})
+    assert len(body) > 4 * SMALL_HEAD.limits.max_head_bytes
+    with running_server(_service(), SMALL_HEAD) as port:
+        request = (b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+        with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as connection:
+            for _ in range(2):
+                connection.sendall(request)
+                answer = connection.recv(65536)
+                assert answer.startswith(b"HTTP/1.1 200 ") and b'"NodeNames":["n1"]' in answer
+
+
+@pytest.mark.parametrize("second", [False, True])
+def test_a_whole_head_past_the_bound_is_refused_with_431(second: bool) -> None:
+    """A head that ends within the chunk that carries it is measured whole; on a kept-alive connection the 431 is
+    still written (the answer before it is done)."""
+    padded = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 8000 + b"\r\n\r\n"
+    with running_server(_service(), SMALL_HEAD) as port, \
+            socket.create_connection(("127.0.0.1", port), timeout=WAIT) as connection:
+        if second:
+            connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert connection.recv(65536).startswith(b"HTTP/1.1 200 ")
+        connection.sendall(padded)
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 431 ") and answer.endswith(b"request head over 4096 bytes")
 
 
 def test_a_request_within_the_deadline_is_served_on_a_kept_alive_connection() -> None:
