@@ -3,8 +3,9 @@
 It builds a DemoCluster of N nodes (the ten real platforms of `extender.demo_cluster.DEMO_NODES`, repeated with
 a numeric suffix), occupies a share of the GPUs by binding 1-, 2- and 4-GPU pods through `ExtenderService.bind`
 on random nodes (so free masks vary from node to node), creates the first pending pods the load generator will
-schedule, then serves `extender.app.create_app(service)` with uvicorn: one process, one worker, no access log,
-127.0.0.1 only. It prints one line `READY {json}` with the port and the cluster's figures.
+schedule, then serves `extender.app.create_app(service)` as `gpu-topology-extender serve` does
+(`extender.server.server_config`: uvicorn with the extender's own protocol, which answers the verbs; plain HTTP),
+one process, one worker, no access log, 127.0.0.1 only. It prints one line `READY {json}` with the port and the cluster's figures.
 
 With `--leaf-nodes L` every node carries Topograph's network labels (a leaf per L consecutive names, a spine
 per eight leaves) and the extender's state is built with those levels. With `--plans N` (which needs the
@@ -39,7 +40,6 @@ import argparse
 import cProfile
 import gc
 import hashlib
-import importlib.util
 import itertools
 import json
 import pstats
@@ -63,6 +63,7 @@ from extender.app import create_app
 from extender.collector import settle_when_synced
 from extender.demo_cluster import DEMO_NODES, DemoCluster, with_uuids
 from extender.ledger import Phase
+from extender.server import ServeOptions, server_config
 from extender.service import ExtenderService
 from extender.state import ClusterState, NodeKey
 from extender.wire import BindingArgs, ExtenderArgs
@@ -426,7 +427,7 @@ def serve(service: ExtenderService, cluster: LoadCluster, churn: Churn, facts: d
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
-    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    config = server_config(service, ServeOptions(log_level="warning"), app)
     settle_when_synced(service.state)  # as `gpu-topology-extender serve` does once its watches have synced
     churn.thread.start()
     print("READY " + json.dumps({**facts, "port": sock.getsockname()[1], "http": _http_impl()}), flush=True)
@@ -475,10 +476,7 @@ def _function_name(where: tuple[str, int, str]) -> str:
 
 
 def _http_impl() -> str:
-    """What uvicorn's "auto" picks here: httptools and uvloop when installed, else h11 and asyncio."""
-    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
-    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
-    return f"uvicorn {uvicorn.__version__}, {http}, {loop}"
+    return f"uvicorn {uvicorn.__version__}, the extender's protocol over httptools, uvloop"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
