@@ -72,7 +72,8 @@ class Ledger:
             released = self._released.get(node, {})
             return frozenset(gpu for gpu, at in released.items() if observed is None or at > observed)
 
-    def record(self, assignment: Assignment) -> None:
+    def record(self, assignment: Assignment) -> bool:
+        """Whether a release of one of its GPUs was cleared (what `taken` reads of the node changed beyond it)."""
         with self.lock:
             previous = self._by_pod.get(assignment.pod_uid)
             if previous is not None:
@@ -84,11 +85,12 @@ class Ledger:
             else:
                 self._uncertain.pop(assignment.pod_uid, None)
             released = self._released.get(assignment.node)
-            if released and assignment.phase is not Phase.PLANNED:
-                # A pod now holds these GPUs: the release before it no longer says they are free. A plan's slot
-                # holds them for a pod to come, and gives them back to it, so the release still stands.
-                for gpu in assignment.gpus:
-                    released.pop(gpu, None)
+            if not released or assignment.phase is Phase.PLANNED:
+                return False
+            # A pod now holds these GPUs: the release before it no longer says they are free. A plan's slot
+            # holds them for a pod to come, and gives them back to it, so the release still stands.
+            cleared = [gpu for gpu in assignment.gpus if released.pop(gpu, None) is not None]
+            return bool(cleared)
 
     def release(self, pod_uid: str, at: float, *, freed: bool = True) -> Assignment | None:
         """Drop a pod's entry. `freed` says its GPUs really came free (the pod ended), not a bind that failed."""
