@@ -4,7 +4,9 @@ uvicorn bounds a body in flight (it stops reading past 64 KiB unread) and idle t
 (`timeout_keep_alive`), but not a request that arrives slowly, a head without end, or a connection that never
 sends a byte. `LimitedProtocol` adds those, and with `--client-name` it answers 403 to a client certificate
 of another name before any route runs. Each refusal is a log line and a count in
-`gpu_topology_extender_requests_refused_total{verb="connection"}`.
+`gpu_topology_extender_requests_refused_total{verb="connection"}`. It also answers kube-scheduler's verb
+requests itself, before ASGI (limited_protocol says why); such a body is held up to the verb's limit
+(MAX_BODY_BYTES) and refused with 413 as soon as it passes it.
 """
 
 from __future__ import annotations
@@ -208,7 +210,9 @@ def limited_protocol(limits: Limits, client_names: frozenset[str], refused: Call
             return verb
 
         def _answer_later(self, exchange: _Exchange, done: asyncio.Future[Answered]) -> None:
-            if done.cancelled() or done.exception() is not None:  # only when the server stops
+            if done.cancelled() or done.exception() is not None:  # the verbs never raise: only when the server stops
+                if not done.cancelled():
+                    log.error("%s gave no answer: %r", exchange.verb.name, done.exception())
                 self.transport.close()
                 return
             self._answer(exchange, done.result())
