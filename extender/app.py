@@ -18,7 +18,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -44,7 +44,7 @@ from extender.wire import (
 )
 
 log = logging.getLogger(__name__)
-JSON = "application/json"
+JSON = b"application/json"
 BIND_THREADS = 16  # binds in flight at once, each waiting on the API server; kube-scheduler binds in parallel
 
 Answer = Callable[[bytes, bool], bytes]  # (body, compute): see create_app
@@ -242,17 +242,34 @@ def server_timing(elapsed: float) -> tuple[bytes, bytes]:
     return b"server-timing", b"verb;dur=%.3f" % (elapsed * 1000)
 
 
+def answer_headers(content: bytes, *extra: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:
+    """The headers of a verb's answer, through ASGI or written by the server's protocol."""
+    return [(b"content-type", JSON), (b"content-length", b"%d" % len(content)), *extra]
+
+
 async def _answer(send: Send, status: int, content: bytes, header: tuple[bytes, bytes]) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", JSON.encode()), (b"content-length", b"%d" % len(content)), header]})
+    await send({"type": "http.response.start", "status": status, "headers": answer_headers(content, header)})
     await send({"type": "http.response.body", "body": content})
+
+
+def declared_over_limit(headers: Iterable[tuple[bytes, bytes]], limit: int) -> str | None:
+    """Why a body is refused by its Content-Length alone (lower-case header names), or None."""
+    declared = next((value for name, value in headers if name == b"content-length"), b"")
+    if declared.isdigit() and int(declared) > limit:
+        return f"request body of {int(declared)} bytes is over the extender's limit of {limit} bytes"
+    return None
+
+
+def over_limit(limit: int) -> str:
+    """Why a body that has passed `limit` bytes while arriving is refused."""
+    return f"request body is over the extender's limit of {limit} bytes"
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     """The body, refused as soon as it is known to pass `limit` bytes: never more than that is held."""
-    declared = next((value for name, value in scope.get("headers") or () if name == b"content-length"), None)
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(f"request body of {int(declared)} bytes is over the extender's limit of {limit} bytes")
+    declared = declared_over_limit(scope.get("headers") or (), limit)
+    if declared is not None:
+        raise BodyTooLarge(declared)
     chunks = []
     size = 0
     while True:
@@ -262,7 +279,7 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise BodyTooLarge(f"request body is over the extender's limit of {limit} bytes")
+            raise BodyTooLarge(over_limit(limit))
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)

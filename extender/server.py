@@ -22,7 +22,16 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from extender.app import JSON, Answered, ExtenderApp, Verb, create_app, server_timing
+from extender.app import (
+    Answered,
+    ExtenderApp,
+    Verb,
+    answer_headers,
+    create_app,
+    declared_over_limit,
+    over_limit,
+    server_timing,
+)
 from extender.service import ExtenderService
 
 log = logging.getLogger(__name__)
@@ -161,12 +170,11 @@ def limited_protocol(limits: Limits, client_names: frozenset[str], refused: Call
             if verb is None:
                 super().on_headers_complete()
                 return
-            version = self.parser.get_http_version()
-            self.cycle = _Exchange(verb, version != "1.0" and self.parser.should_keep_alive())  # type: ignore[assignment]
-            declared = next((value for name, value in self.headers if name == b"content-length"), b"")
-            if declared.isdigit() and int(declared) > verb.max_body_bytes:
-                self._too_large(f"request body of {int(declared)} bytes is over the extender's limit of "
-                                f"{verb.max_body_bytes} bytes")
+            keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+            self.cycle = _Exchange(verb, keep_alive)  # type: ignore[assignment]
+            declared = declared_over_limit(self.headers, verb.max_body_bytes)
+            if declared is not None:
+                self._too_large(declared)
 
         def on_body(self, body: bytes) -> None:
             exchange = self.cycle
@@ -178,8 +186,7 @@ def limited_protocol(limits: Limits, client_names: frozenset[str], refused: Call
                 exchange.size += len(body)
                 exchange.chunks.append(body)
                 if exchange.size > exchange.verb.max_body_bytes:
-                    self._too_large(f"request body is over the extender's limit of {exchange.verb.max_body_bytes} "
-                                    "bytes")
+                    self._too_large(over_limit(exchange.verb.max_body_bytes))
 
         def on_message_complete(self) -> None:
             exchange = self.cycle
@@ -280,16 +287,15 @@ class _Exchange:
 def _response(status: int, content: bytes, headers: Iterable[tuple[bytes, bytes]],
               default_headers: Iterable[tuple[bytes, bytes]], keep_alive: bool) -> bytes:
     """A whole HTTP/1.1 answer, head and body, written at once: uvicorn's default headers (server, date), then
-    ours."""
+    a verb's."""
     parts = [STATUS_LINE[status]]
-    for name, value in (*default_headers, (b"content-type", JSON_TYPE), (b"content-length", b"%d" % len(content)),
-                        *headers, *(() if keep_alive else ((b"connection", b"close"),))):
+    for name, value in (*default_headers, *answer_headers(content, *headers),
+                        *(() if keep_alive else ((b"connection", b"close"),))):
         parts += (name, b": ", value, b"\r\n")
     parts += (b"\r\n", content)
     return b"".join(parts)
 
 
-JSON_TYPE = JSON.encode()
 _STATUS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
 
