@@ -20,6 +20,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from extender._names import lookup
 from extender.state import ClusterState, Key, NodeKey
 from topology.full_sets import full_set_masks
 from topology.select import Selector
@@ -162,3 +163,14 @@ class Drains:
                 self._by_node[node] = mask
             else:
                 self._by_node.pop(node, None)
+
+
+def keys_seen(state: ClusterState, names: list[str], drains: Drains | None, uid: str,
+              stale: Key | None) -> list[Key | None]:
+    """Each candidate's key as filter and prioritize read it for pod `uid`: GPUs drained for other pods hidden,
+    and `stale` in place of a node whose GPU state is too old. Passes over the names run in C (extender/_names.c)."""
+    keys = state.keys_for(names)
+    if drains is not None:
+        keys = drains.hide(state, names, keys, uid, state.clock())
+    old = state.stale_names()
+    return lookup(names, dict.fromkeys(old, stale), keys) if old else keys

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import partial
 
-from extender._names import group, lookup, unique
-from extender.drain import Drains
+from extender._names import group, unique
+from extender.drain import Drains, keys_seen
 from extender.memo import ShapeMemo
 from extender.pod_request import PodRequest
 from extender.state import ClusterState, Key, SharedKey
@@ -66,12 +66,7 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
         return FilterOutcome([], {}, {pod.problem: list(names)})
     if pod.request is None:
         return FilterOutcome(list(names), {}, {})
-    keys = state.keys_for(names)
-    if drains is not None:
-        keys = drains.hide(state, names, keys, pod.uid, state.clock())
-    stale = state.stale_names()
-    if stale:
-        keys = lookup(names, dict.fromkeys(stale, STALE), keys)
+    keys = keys_seen(state, names, drains, pod.uid, STALE)
     distinct = set(unique(keys))
     waiting = wait is not None and wait.waits(pod, state.clock())
     known = (memo or ShapeMemo()).answers((pod.request, pod.required, waiting), distinct,

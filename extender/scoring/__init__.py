@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
-from extender._names import lookup, lookup_few, unique
-from extender.drain import Drains
+from extender._names import lookup_few, unique
+from extender.drain import Drains, keys_seen
 from extender.memo import ShapeMemo
 from extender.pod_request import PodRequest
 from extender.scoring.bandwidth import bandwidth_score
@@ -48,12 +48,7 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
     `compute`, only remembered offers are used: memo.Unknown if one is missing."""
     if pod.request is None:
         return [0] * len(names)
-    keys = state.keys_for(names)
-    if drains is not None:
-        keys = drains.hide(state, names, keys, pod.uid, state.clock())
-    stale = state.stale_names()
-    if stale:
-        keys = lookup(names, dict.fromkeys(stale), keys)
+    keys = keys_seen(state, names, drains, pod.uid, None)
     distinct = set(unique(keys))
     boards = [key for key in distinct if isinstance(key, NodeKey)]
     known = (memo or ShapeMemo()).answers(pod.request, boards,
