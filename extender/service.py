@@ -181,7 +181,8 @@ class ExtenderService:
         if bound.ring_gbps is not None and not bound.repeated:
             self.metrics.ring_gbps.observe(bound.ring_gbps)
         # At debug: one line a pod took 4% of the extender's time under kube-scheduler (py-spy, scheduler_throughput)
-        # and says nothing new: the pod's annotations carry the GPUs, kube-scheduler logs the node (`--v=2`), the metrics count every bind.
+        # and says nothing new: the pod's annotations carry the GPUs, kube-scheduler logs the node (`--v=2`), the
+        # metrics count every bind.
         log.debug("bound %s/%s to %s on %s (ring %s GB/s)", args.pod_namespace, args.pod_name, args.node,
                   ",".join(bound.gpus), bound.ring_gbps)
         return ""

@@ -108,12 +108,12 @@ class PodRecord:
     node: str | None
 
 
-
 def _holds_alike(previous: Assignment, current: Assignment) -> bool:
-    """Two entries that `Ledger.taken` counts alike (it reads neither the phase, beyond `confirmed`, nor the expiry):
-    one may replace the other, if that clears no release, without recomputing the node."""
+    """Two entries that `Ledger.taken` counts alike (it reads neither the phase, beyond `confirmed`, nor the
+    expiry): one may replace the other, if that clears no release, without recomputing the node."""
     return (previous.node == current.node and previous.gpus == current.gpus and previous.at == current.at
             and previous.pod_key == current.pod_key and previous.confirmed == current.confirmed)
+
 
 class ClusterState:
     def __init__(self, keys: AnnotationKeys | None = None, resource: str = DEFAULT_GPU_RESOURCE,
@@ -214,7 +214,7 @@ class ClusterState:
             previous = self.ledger.get(assignment.pod_uid)
             cleared = self.ledger.record(assignment)
             if previous is not None and not cleared and _holds_alike(previous, assignment):
-                return  # a bind's BINDING turned BOUND, by its answer or the watch: the node's free GPUs are as they were
+                return  # a bind's BINDING turned BOUND (by its answer or the watch): the node's GPUs are as they were
             self.refresh(assignment.node)
             if previous is not None and previous.node != assignment.node:
                 self.refresh(previous.node)

@@ -5,7 +5,8 @@ a numeric suffix), occupies a share of the GPUs by binding 1-, 2- and 4-GPU pods
 on random nodes (so free masks vary from node to node), creates the first pending pods the load generator will
 schedule, then serves `extender.app.create_app(service)` as `gpu-topology-extender serve` does
 (`extender.server.server_config`: uvicorn with the extender's own protocol, which answers the verbs; plain HTTP),
-one process, one worker, no access log, 127.0.0.1 only. It prints one line `READY {json}` with the port and the cluster's figures.
+one process, one worker, no access log, 127.0.0.1 only. It prints one line `READY {json}` with the port and the
+cluster's figures.
 
 With `--leaf-nodes L` every node carries Topograph's network labels (a leaf per L consecutive names, a spine
 per eight leaves) and the extender's state is built with those levels. With `--plans N` (which needs the

@@ -14,8 +14,8 @@ resource on the kubelet's `kubelet.sock`, so the kubelet allocates exactly the G
 
 The kubelet deletes every socket in its device-plugins directory when it starts, so `run` looks for our
 socket vanishing or `kubelet.sock` being recreated whenever the directory changes (inotify, `dir_watch.py`)
-and at least every `poll` seconds, then serves again and registers again, with jittered backoff on failures. Every input is bounded: message size, container requests per
-call, ids per request, id length.
+and at least every `poll` seconds, then serves again and registers again, with jittered backoff on failures.
+Every input is bounded: message size, container requests per call, ids per request, id length.
 """
 
 from __future__ import annotations
