@@ -12,10 +12,15 @@ client's own pool for that).
 Connections are pooled idle, used by one thread at a time. One the server has closed while idle is found
 readable and dropped before use; a kept-alive connection that ends before any byte of an answer is tried once
 more on a new one, which is safe for a Binding: if the first one did commit, the second is refused with 409.
+
+`post_soon` sends the same POST from the event loop on an idle connection and reads its answer as the socket
+turns readable, so no thread waits on the API server and nothing hops between threads (extender/app.py says
+what that saves). A new connection (its connect and handshake block) is left to `post`, on a thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import select
 import socket
 import ssl
@@ -35,8 +40,9 @@ class AnswerError(OSError):
     """The server's answer could not be read: cut short, not HTTP, or too large."""
 
 
-class _Closed(Exception):
-    """A kept-alive connection ended before any byte of the answer."""
+class StaleConnection(Exception):
+    """A kept-alive connection ended before any byte of the answer: the server closed it as the request crossed,
+    so POSTing again on a new connection is safe (see the module docstring)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,22 +111,34 @@ class ApiWriter:
 
     def post(self, path: str, body: bytes, headers: Mapping[str, str], timeout: float) -> tuple[int, bytes]:
         """(status, body) of one POST; OSError (socket.timeout among them) or AnswerError when no answer came."""
-        head = [f"POST {self._endpoint.prefix}{path} HTTP/1.1", f"Host: {self._host}",
-                f"Content-Length: {len(body)}", *(f"{name}: {value}" for name, value in headers.items())]
-        request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+        request = self._request(path, body, headers)
         connection = self._take()
         if connection is not None:
             try:
                 return self._exchange(connection, request, timeout, reused=True)
-            except _Closed:
+            except StaleConnection:
                 pass  # closed by the server before it answered: the request was not taken (see the docstring)
         return self._exchange(self._connect(timeout), request, timeout, reused=False)
+
+    def post_soon(self, path: str, body: bytes, headers: Mapping[str, str],
+                  timeout: float) -> asyncio.Future[tuple[int, bytes]] | None:
+        """`post` answered on the running event loop, on an idle connection; None when none is idle. The future
+        fails as `post` raises, and with StaleConnection where `post` would try a new connection."""
+        connection = self._take()
+        if connection is None:
+            return None
+        return _Soon(self, connection, self._request(path, body, headers), timeout).future
 
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
         for connection in idle:
             connection.close()
+
+    def _request(self, path: str, body: bytes, headers: Mapping[str, str]) -> bytes:
+        head = [f"POST {self._endpoint.prefix}{path} HTTP/1.1", f"Host: {self._host}",
+                f"Content-Length: {len(body)}", *(f"{name}: {value}" for name, value in headers.items())]
+        return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
 
     def _exchange(self, connection: socket.socket, request: bytes, timeout: float,
                   reused: bool) -> tuple[int, bytes]:
@@ -135,7 +153,7 @@ class ApiWriter:
                     if received:
                         raise AnswerError("the API server closed the connection within its answer")
                     if reused:
-                        raise _Closed
+                        raise StaleConnection
                     raise AnswerError("the API server closed the connection without answering")
                 received = True
                 answer.parser.feed_data(data)
@@ -145,7 +163,7 @@ class ApiWriter:
         except (ConnectionResetError, BrokenPipeError):
             connection.close()
             if reused and not received:
-                raise _Closed from None  # its close crossed our request: a reset instead of an end
+                raise StaleConnection from None  # its close crossed our request: a reset instead of an end
             raise
         except BaseException:
             connection.close()
@@ -186,3 +204,84 @@ class ApiWriter:
                 return
         connection.close()
 
+
+
+class _Soon:
+    """One POST on an idle connection, written and read by the event loop as the socket allows."""
+
+    def __init__(self, writer: ApiWriter, connection: socket.socket, request: bytes, timeout: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.future: asyncio.Future[tuple[int, bytes]] = self._loop.create_future()
+        self._writer, self._connection = writer, connection
+        self._fd = connection.fileno()
+        self._unsent = memoryview(request)
+        self._answer = _Answer()
+        self._received = False
+        self._timer = self._loop.call_later(timeout, self._fail, TimeoutError("the API server did not answer in time"))
+        self.future.add_done_callback(self._on_done)
+        connection.setblocking(False)
+        self._write()
+
+    def _write(self) -> None:
+        try:
+            # An SSL write that could not finish is retried with the same bytes (OpenSSL's rule); a whole one
+            # returns their length.
+            sent = self._connection.send(self._unsent)
+        except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+            sent = 0
+        except OSError as error:
+            self._fail(StaleConnection() if isinstance(error, ConnectionResetError | BrokenPipeError) else error)
+            return
+        self._unsent = self._unsent[sent:]
+        self._loop.remove_writer(self._fd)
+        if self._unsent:
+            self._loop.add_writer(self._fd, self._write)
+        else:
+            self._loop.add_reader(self._fd, self._read)
+
+    def _read(self) -> None:
+        answer = self._answer
+        try:
+            while not answer.complete:  # until the socket, and TLS's own buffer, are drained
+                data = self._connection.recv(65536)
+                if not data:
+                    self._fail(AnswerError("the API server closed the connection within its answer")
+                               if self._received else StaleConnection())
+                    return
+                self._received = True
+                answer.parser.feed_data(data)
+        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return
+        except httptools.HttpParserError as error:
+            self._fail(AnswerError(answer.problem or f"the API server's answer is not HTTP: {error}"))
+            return
+        except (ConnectionResetError, BrokenPipeError) as error:
+            self._fail(error if self._received else StaleConnection())
+            return
+        except OSError as error:
+            self._fail(error)
+            return
+        self._stop()
+        if answer.keep_alive:
+            self._writer._keep(self._connection)
+        else:
+            self._connection.close()
+        if not self.future.done():
+            self.future.set_result((answer.parser.get_status_code(), bytes(answer.body)))
+
+    def _fail(self, error: BaseException) -> None:
+        self._stop()
+        self._connection.close()
+        if not self.future.done():
+            self.future.set_exception(error)
+
+    def _stop(self) -> None:
+        self._timer.cancel()
+        self._loop.remove_reader(self._fd)
+        self._loop.remove_writer(self._fd)
+
+    def _on_done(self, future: asyncio.Future[tuple[int, bytes]]) -> None:
+        """Cancelled (the server stops): the connection is in an unknown state, so it is closed."""
+        if future.cancelled():
+            self._stop()
+            self._connection.close()

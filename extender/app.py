@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI
@@ -130,7 +131,8 @@ def create_app(service: ExtenderService, max_body_bytes: int = MAX_BODY_BYTES) -
                 for verb, answer, quick in (("filter", filter_answer, True), ("prioritize", prioritize_answer, True),
                                             ("preempt", preempt_answer, False))}
     # bind waits on the API server, so it runs on threads of its own, several at a time, and never holds up filters.
-    verb_map["/bind"] = Verb(service, "bind", bind_answer, max_body_bytes, binds, None, False)
+    verb_map["/bind"] = Verb(service, "bind", bind_answer, max_body_bytes, binds, None, False,
+                             _bind_soon(service, binds))
 
     @app.get("/healthz")
     async def healthz() -> PlainTextResponse:
@@ -150,13 +152,13 @@ def create_app(service: ExtenderService, max_body_bytes: int = MAX_BODY_BYTES) -
 
 Answered = tuple[int, bytes, float]  # status, content, seconds in the verb
 Respond = Callable[[bytes, bool], Answered]
+Soon = Callable[[bytes], "asyncio.Future[Answered] | None"]  # a verb's answer begun on the event loop, or None
 
 
 def _guarded(service: ExtenderService, verb: str, answer: Answer, on_error: Callable[[str], bytes]) -> Respond:
     """Time the verb and turn every failure into a status and an extender answer; memo.Unknown, raised only
     without `compute`, goes to the caller."""
     latency = service.metrics.request_seconds.labels(verb)
-    refused = service.metrics.requests_refused
 
     def respond(body: bytes, compute: bool) -> Answered:
         started = time.perf_counter()
@@ -164,21 +166,65 @@ def _guarded(service: ExtenderService, verb: str, answer: Answer, on_error: Call
             status, content = 200, answer(body, compute)
         except Unknown:
             raise
-        except NotJson as error:
-            refused.labels(verb, "not_json").inc()
-            log.warning("%s refused: %s", verb, error)
-            status, content = 400, binding_result(str(error))
-        except BadRequest as error:
-            refused.labels(verb, "bad_shape").inc()
-            log.warning("%s refused: %s", verb, error)
-            status, content = 200, on_error(str(error))
-        except Exception:
-            log.exception("%s failed", verb)
-            status, content = 200, on_error(f"internal error in the GPU topology extender's {verb}; see its log")
+        except Exception as error:
+            status, content = _failed(service, verb, error, on_error)
         elapsed = time.perf_counter() - started
         latency.observe(elapsed)
         return status, content, elapsed
     return respond
+
+
+def _failed(service: ExtenderService, verb: str, error: Exception,
+            on_error: Callable[[str], bytes]) -> tuple[int, bytes]:
+    """A verb's failure as its status and answer, logged and counted."""
+    refused = service.metrics.requests_refused
+    if isinstance(error, NotJson):
+        refused.labels(verb, "not_json").inc()
+        log.warning("%s refused: %s", verb, error)
+        return 400, binding_result(str(error))
+    if isinstance(error, BadRequest):
+        refused.labels(verb, "bad_shape").inc()
+        log.warning("%s refused: %s", verb, error)
+        return 200, on_error(str(error))
+    log.error("%s failed", verb, exc_info=error)
+    return 200, on_error(f"internal error in the GPU topology extender's {verb}; see its log")
+
+
+def _bind_soon(service: ExtenderService, threads: ThreadPoolExecutor) -> Soon:
+    """bind with its Binding posted from the event loop (ExtenderService.bind_soon): with threads between, binds
+    cost the extender CPU a pod (BENCHMARKS.md, scheduler_throughput). None leaves the request to a bind
+    thread whole: a body that does not parse (refused there as always), or a bind that would wait."""
+    latency = service.metrics.request_seconds.labels("bind")
+
+    def answered(started: float, answer: asyncio.Future[Answered], outcome: asyncio.Future[str]) -> None:
+        if outcome.cancelled():
+            answer.cancel()
+            return
+        error = outcome.exception()
+        if isinstance(error, Exception):
+            status, content = _failed(service, "bind", error, binding_result)
+        elif error is not None:
+            answer.set_exception(error)
+            return
+        else:
+            status, content = 200, binding_result(outcome.result())
+        elapsed = time.perf_counter() - started
+        latency.observe(elapsed)
+        answer.set_result((status, content, elapsed))
+
+    def soon(body: bytes) -> asyncio.Future[Answered] | None:
+        started = time.perf_counter()
+        try:
+            args = parse_binding_args(body)
+        except ValueError:
+            return None
+        outcome = service.bind_soon(args, threads)
+        if outcome is None:
+            return None
+        answer: asyncio.Future[Answered] = outcome.get_loop().create_future()
+        outcome.add_done_callback(partial(answered, started, answer))
+        return answer
+    return soon
 
 
 class Verb:
@@ -187,13 +233,15 @@ class Verb:
     protocol (extender/server.py) answer through it, so they give the same answers."""
 
     def __init__(self, service: ExtenderService, name: str, respond: Respond, max_body_bytes: int,
-                 worker: ThreadPoolExecutor, lock: threading.Lock | None, quick: bool) -> None:
+                 worker: ThreadPoolExecutor, lock: threading.Lock | None, quick: bool,
+                 soon: Soon | None = None) -> None:
         self.name = name
         self.max_body_bytes = max_body_bytes
         self._respond = respond
         self._worker = worker
         self._lock = lock
         self._quick = quick
+        self._soon = soon
         self._too_large = service.metrics.requests_refused.labels(name, "too_large")
 
     def now(self, body: bytes) -> Answered | None:
@@ -209,6 +257,10 @@ class Verb:
             lock.release()
 
     def later(self, body: bytes) -> asyncio.Future[Answered]:
+        """By `soon` where it answers, else on `worker`."""
+        answer = self._soon(body) if self._soon is not None else None
+        if answer is not None:
+            return answer
         return asyncio.get_running_loop().run_in_executor(self._worker, self._on_worker, body)
 
     def refuse_too_large(self, why: str) -> bytes:

@@ -37,6 +37,10 @@ class BindError(Exception):
     """The bind cannot go ahead; the message goes back to kube-scheduler as `Error`."""
 
 
+class WouldRead(Exception):
+    """begin_bind without the API: the bind needs a read from it before its Binding, so it belongs on a thread."""
+
+
 @dataclass(frozen=True, slots=True)
 class Bound:
     gpus: tuple[str, ...]
@@ -45,7 +49,9 @@ class Bound:
 
 
 @dataclass(frozen=True, slots=True)
-class _Reservation:
+class Reservation:
+    """GPUs reserved for a pod (BINDING in the ledger) and the annotations its Binding carries."""
+
     assignment: Assignment
     gpus: tuple[str, ...]  # in index order
     annotations: dict[str, str]
@@ -54,35 +60,63 @@ class _Reservation:
 
 def bind_pod(state: ClusterState, selector: Selector, kube: KubeApi, args: BindingArgs, held: int = 0) -> Bound:
     """`held`: GPUs of the node drained for other pods (extender/drain.py), which this pod may not take."""
+    step = begin_bind(state, selector, kube, args, held)
+    return step if isinstance(step, Bound) else post_binding(state, kube, args, step)
+
+
+def begin_bind(state: ClusterState, selector: Selector, kube: KubeApi | None, args: BindingArgs,
+               held: int = 0) -> Bound | Reservation:
+    """Everything before the Binding: the pod's reservation, or its answer when nothing is left to post.
+    Without `kube` it never waits on the API server: where it would read from it, it raises WouldRead first,
+    having changed nothing."""
     pod = _read_pod(state, kube, args)
     view = state.view(args.node)
     existing = state.ledger.get(args.pod_uid)
     if view is not None and view.sharing.shared and existing is None:
+        if kube is None:
+            raise WouldRead(f"node {args.node} shares its GPUs")
         return _bind_shared(kube, pod, args, view.sharing)
     if existing is not None and existing.phase is Phase.UNCERTAIN and existing.node != args.node:
+        if kube is None:
+            raise WouldRead(f"the outcome of pod {pod.key}'s Binding to {existing.node} is unknown")
         _settle_elsewhere(state, kube, args, existing)
-    reservation = _reserve(state, selector, pod, args, held)
-    if isinstance(reservation, Bound):
-        return reservation
-    assignment, gpus = reservation.assignment, reservation.gpus
+    return _reserve(state, selector, pod, args, held)
+
+
+def post_binding(state: ClusterState, kube: KubeApi, args: BindingArgs, reservation: Reservation) -> Bound:
+    """The reservation's Binding posted on this thread, and its outcome settled."""
     try:
         kube.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, reservation.annotations)
-    except Conflict as error:
+    except BaseException as error:
+        return finish_bind(state, kube, args, reservation, error)
+    return finish_bind(state, kube, args, reservation, None)
+
+
+def finish_bind(state: ClusterState, kube: KubeApi, args: BindingArgs, reservation: Reservation,
+                error: BaseException | None) -> Bound:
+    """Settle the reservation by what its Binding's POST raised (None: accepted). Only a Conflict reads from the
+    API server (was the Binding ours, its answer lost?): `needs_read` tells a caller on the event loop."""
+    key = reservation.assignment.pod_key
+    if error is None:
+        state.record(replace(reservation.assignment, phase=Phase.BOUND))
+        return Bound(reservation.gpus, reservation.ring_gbps, repeated=False)
+    if isinstance(error, Conflict):
         if _ours_committed(state, kube, args, reservation):
-            return Bound(gpus, reservation.ring_gbps, repeated=True)
-        raise BindError(f"binding {pod.key} to {args.node} conflicted: {error}") from None
-    except KubeError as error:
+            return Bound(reservation.gpus, reservation.ring_gbps, repeated=True)
+        raise BindError(f"binding {key} to {args.node} conflicted: {error}") from None
+    if isinstance(error, KubeError):
         if error.status is None or error.status >= 500:
             state.uncertain(args.pod_uid)
-            raise BindError(f"binding {pod.key} to {args.node}: {error}; the outcome is unknown, so its GPUs stay "
+            raise BindError(f"binding {key} to {args.node}: {error}; the outcome is unknown, so its GPUs stay "
                             "reserved until the watch shows it") from None
         state.release(args.pod_uid, freed=False)
-        raise BindError(f"binding {pod.key} to {args.node} failed: {error}") from None
-    except BaseException:
-        state.uncertain(args.pod_uid)
-        raise
-    state.record(replace(assignment, phase=Phase.BOUND))
-    return Bound(gpus, reservation.ring_gbps, repeated=False)
+        raise BindError(f"binding {key} to {args.node} failed: {error}") from None
+    state.uncertain(args.pod_uid)
+    raise error
+
+
+def needs_read(error: BaseException | None) -> bool:
+    return isinstance(error, Conflict)
 
 
 def _bind_shared(kube: KubeApi, pod: PodRequest, args: BindingArgs, sharing: Sharing) -> Bound:
@@ -106,10 +140,12 @@ def _bind_shared(kube: KubeApi, pod: PodRequest, args: BindingArgs, sharing: Sha
     return Bound((), None, repeated=False)
 
 
-def _read_pod(state: ClusterState, kube: KubeApi, args: BindingArgs) -> PodRequest:
+def _read_pod(state: ClusterState, kube: KubeApi | None, args: BindingArgs) -> PodRequest:
     record = state.pod(args.pod_uid)
     if record is not None:
         pod = record.request
+    elif kube is None:
+        raise WouldRead(f"pod {args.pod_namespace}/{args.pod_name} is not in the watch's cache yet")
     else:
         try:
             raw = kube.get_pod(args.pod_namespace, args.pod_name)
@@ -127,7 +163,7 @@ def _read_pod(state: ClusterState, kube: KubeApi, args: BindingArgs) -> PodReque
 
 
 def _reserve(state: ClusterState, selector: Selector, pod: PodRequest, args: BindingArgs,
-             held: int) -> _Reservation | Bound:
+             held: int) -> Reservation | Bound:
     """Reserve the best set on the node now, or find the pod's existing reservation there."""
     request = pod.request
     assert request is not None
@@ -183,7 +219,7 @@ def _planned(state: ClusterState, pod: PodRequest, args: BindingArgs, held: int)
 
 
 def _reservation(state: ClusterState, selector: Selector, pod: PodRequest, args: BindingArgs, view: NodeView,
-                 chosen: int, previous: Assignment | None) -> _Reservation:
+                 chosen: int, previous: Assignment | None) -> Reservation:
     assert view.compiled is not None
     parts = split(selector, view.compiled, chosen, pod.containers)
     ids = view.gpu_ids(chosen)
@@ -200,7 +236,7 @@ def _reservation(state: ClusterState, selector: Selector, pod: PodRequest, args:
     assignment = previous or Assignment(args.pod_uid, pod.key, args.node, frozenset(ids), state.clock(),
                                         Phase.BINDING)
     state.record(replace(assignment, phase=Phase.BINDING, expires=None))
-    return _Reservation(assignment, ids, annotations, ring)
+    return Reservation(assignment, ids, annotations, ring)
 
 
 def _ring_of(selector: Selector, view: NodeView, gpus: int) -> float | None:
@@ -209,7 +245,7 @@ def _ring_of(selector: Selector, view: NodeView, gpus: int) -> float | None:
     return choice.ring_gbps if isinstance(choice, Choice) else None
 
 
-def _ours_committed(state: ClusterState, kube: KubeApi, args: BindingArgs, reservation: _Reservation) -> bool:
+def _ours_committed(state: ClusterState, kube: KubeApi, args: BindingArgs, reservation: Reservation) -> bool:
     """After a 409: is the pod bound here with our assignment (an earlier Binding whose answer was lost)?"""
     try:
         pod = kube.get_pod(args.pod_namespace, args.pod_name)

@@ -97,6 +97,10 @@ class DemoCluster:
         with self._lock:
             return copy.deepcopy(self._find(namespace, name))
 
+    def bind_soon(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+        """In process, a bind is a method call: the service makes it on a bind thread."""
+        return None
+
     def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
         with self._lock:
             pod = self._find(namespace, name)

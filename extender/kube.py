@@ -17,6 +17,7 @@ kube-scheduler, which retries the pod.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import logging
 import os
@@ -81,6 +82,10 @@ class KubeApi(Protocol):
     def get_pod(self, namespace: str, name: str) -> dict: ...
 
     def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None: ...
+
+    def bind_soon(self, namespace: str, name: str, uid: str, node: str,
+                  annotations: Mapping[str, str]) -> asyncio.Future[None] | None:
+        """`bind` on the running event loop, or None where the API has no such way (`bind` on a thread then)."""
 
     def emit_event(
         self, namespace: str, pod_name: str, pod_uid: str, reason: str, message: str, event_type: str = "Warning"
@@ -205,6 +210,23 @@ class WatchStream:
             code = obj.get("code") if isinstance(obj.get("code"), int) else None
             raise _error(code, f"{self._what}: {code} {obj.get('reason', '')}: {obj.get('message', '')}")
         return kind, obj
+
+
+def _binding(namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> tuple[str, str, bytes]:
+    """What a bind posts: (what, path, body)."""
+    binding = {"apiVersion": "v1", "kind": "Binding",
+               "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": dict(annotations)},
+               "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+    return (f"bind pod {namespace}/{name} to {node}",
+            f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding",
+            orjson.dumps(binding))
+
+
+def _checked(what: str, status: int, data: bytes, reason: str) -> bytes:
+    """The body of a 2xx answer; any other status raises as its code says."""
+    if not 200 <= status < 300:
+        raise _error(status, f"{what}: {status} {status_message(data) or reason or 'error'}")
+    return data
 
 
 class KubernetesApi:
@@ -340,40 +362,72 @@ class KubernetesApi:
         """POST pods/{name}/binding. The API server sets `spec.nodeName` and merges the Binding's annotations
         into the pod in one write (`BindingREST.setPodNodeAndMetadata`), and refuses it (409) if the pod's UID is
         not `uid` (a pod recreated under the same name) or the pod is already bound."""
-        binding = {"apiVersion": "v1", "kind": "Binding",
-                   "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": dict(annotations)},
-                   "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-        self._post(f"bind pod {namespace}/{name} to {node}",
-                   f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding",
-                   orjson.dumps(binding))
+        self._post(*_binding(namespace, name, uid, node, annotations))
 
-    def _post(self, what: str, path: str, body: bytes) -> bytes:
-        """POST a body already serialized, with the client's TLS settings and credentials (a bearer token is
-        re-read as the client's configuration rotates it), through `ApiWriter` unless a proxy stands between.
-        A bind per pod makes this the extender's busiest write: the generated method builds and validates a model
-        each time (kubernetes 37), and urllib3 with http.client cost 6 times the writer's CPU (api_writer.py)."""
+    def bind_soon(self, namespace: str, name: str, uid: str, node: str,
+                  annotations: Mapping[str, str]) -> asyncio.Future[None] | None:
+        """`bind` answered on the running event loop (ApiWriter.post_soon), or None when it cannot be: a proxy
+        stands between, or no connection is idle. The future fails as `bind` raises, and with StaleConnection
+        when the Binding should be posted again with `bind`."""
+        if self._writer is None:
+            return None
+        what, path, body = _binding(namespace, name, uid, node, annotations)
+        posted = self._writer.post_soon(path, body, self._headers(), self.timeout)
+        if posted is None:
+            return None
+        bound: asyncio.Future[None] = posted.get_loop().create_future()
+
+        def settle(posted: asyncio.Future[tuple[int, bytes]]) -> None:
+            if bound.done():
+                return
+            if posted.cancelled():
+                bound.cancel()
+                return
+            error = posted.exception()
+            if isinstance(error, _TRANSPORT_ERRORS):
+                bound.set_exception(_translate(error, what))
+            elif error is not None:
+                bound.set_exception(error)
+            else:
+                try:
+                    _checked(what, *posted.result(), "")
+                except KubeError as refused:
+                    bound.set_exception(refused)
+                else:
+                    bound.set_result(None)
+        posted.add_done_callback(settle)
+        return bound
+
+    def _headers(self) -> dict[str, str]:
+        """JSON both ways, and the client's own credentials: every header the configuration's auth settings name
+        (the bearer token's identifier in `api_key` differs between client releases; these settings do not), read
+        per call, as the configuration rotates a token."""
         configuration = self._client.configuration
         headers = {"Content-Type": "application/json", "Accept": "application/json",
                    "User-Agent": self._client.user_agent}
-        # The generated methods' own credentials: every header the configuration's auth settings name (the
-        # bearer token's identifier in `api_key` differs between client releases; these settings do not).
         for setting in configuration.auth_settings().values():
             if setting.get("in") == "header" and setting.get("value"):
                 headers[setting["key"]] = setting["value"]
+        return headers
+
+    def _post(self, what: str, path: str, body: bytes) -> bytes:
+        """POST a body already serialized, with the client's TLS settings and credentials, through `ApiWriter`
+        unless a proxy stands between. A bind per pod makes this the extender's busiest write: the generated
+        method builds and validates a model each time (kubernetes 37), and urllib3 with http.client cost 6 times
+        the writer's CPU (api_writer.py)."""
+        headers = self._headers()
         try:
             if self._writer is not None:
                 status, data = self._writer.post(path, body, headers, self.timeout)
                 reason = ""
             else:
                 resp = self._client.rest_client.pool_manager.request(
-                    "POST", configuration.host + path, body=body, headers=headers, preload_content=False,
-                    timeout=urllib3.Timeout(connect=self.timeout, read=self.timeout))
+                    "POST", self._client.configuration.host + path, body=body, headers=headers,
+                    preload_content=False, timeout=urllib3.Timeout(connect=self.timeout, read=self.timeout))
                 status, data, reason = resp.status, _read(resp, what), resp.reason
         except _TRANSPORT_ERRORS as exc:
             raise _translate(exc, what) from None
-        if not 200 <= status < 300:
-            raise _error(status, f"{what}: {status} {status_message(data) or reason or 'error'}")
-        return data
+        return _checked(what, status, data, reason)
 
     def label_pod(self, namespace: str, name: str, labels: Mapping[str, str | None]) -> None:
         """Merge-patch the labels of one pod (None removes a label). The leader marks its own Pod with it, so the

@@ -12,15 +12,19 @@ Service to it alone.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from functools import partial
 from typing import Any, Protocol
 
-from extender.bind import BindError, Bound, bind_pod
+from extender.api_writer import StaleConnection
+from extender.bind import BindError, Bound, WouldRead, begin_bind, bind_pod, finish_bind, needs_read, post_binding
 from extender.drain import Drains
 from extender.filter import FilterOutcome, Verdict, filter_nodes
 from extender.group_placement import GroupPlacement
@@ -58,6 +62,17 @@ class Relister(Protocol):
     def relist(self) -> int: ...
 
     def listed(self, ticket: int) -> bool: ...
+
+
+def _pass_on(answer: asyncio.Future[str], done: asyncio.Future[str]) -> None:
+    if answer.done():
+        return
+    if done.cancelled():
+        answer.cancel()
+    elif (error := done.exception()) is not None:
+        answer.set_exception(error)
+    else:
+        answer.set_result(done.result())
 
 
 class ExtenderService:
@@ -165,16 +180,85 @@ class ExtenderService:
         """Bind the pod; returns "" or the error kube-scheduler should see."""
         standby = self._not_leading()
         if standby is not None:
-            self.metrics.decisions.labels("bind", "not-leader").inc()
-            return f"binding {args.pod_namespace}/{args.pod_name} refused: {standby}; kube-scheduler will retry the pod"
+            return self._standby(args, standby)
         self.state.sweep()
         try:
             held = self.drains.held(args.node, args.pod_uid, self.state.clock())
             bound: Bound = bind_pod(self.state, self.selector, self.kube, args, held)
         except BindError as error:
-            self.metrics.decisions.labels("bind", "error").inc()
-            log.info("bind %s/%s to %s refused: %s", args.pod_namespace, args.pod_name, args.node, error)
-            return str(error)
+            return self._refused(args, error)
+        return self._bound(args, bound)
+
+    def bind_soon(self, args: BindingArgs, threads: Executor) -> asyncio.Future[str] | None:
+        """`bind` on the running event loop, its Binding posted from there (KubeApi.bind_soon), or None, having
+        done nothing, where it would wait: the ledger is busy, or the pod needs a read from the API server first.
+        What still needs a thread then (a Binding without an idle connection, a conflict's read) goes to
+        `threads`."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[str] = loop.create_future()
+        lock = self.state.ledger.lock
+        if not lock.acquire(blocking=False):
+            return None
+        try:
+            standby = self._not_leading()
+            if standby is not None:
+                answer.set_result(self._standby(args, standby))
+                return answer
+            self.state.sweep()
+            held = self.drains.held(args.node, args.pod_uid, self.state.clock())
+            step = begin_bind(self.state, self.selector, None, args, held)
+        except WouldRead:
+            return None
+        except BindError as error:
+            answer.set_result(self._refused(args, error))
+            return answer
+        finally:
+            lock.release()
+        if isinstance(step, Bound):
+            answer.set_result(self._bound(args, step))
+            return answer
+        posted = self.kube.bind_soon(args.pod_namespace, args.pod_name, args.pod_uid, args.node, step.annotations)
+        if posted is None:
+            self._settle(answer, threads, lambda: post_binding(self.state, self.kube, args, step), args)
+            return answer
+
+        def posted_done(posted: asyncio.Future[None]) -> None:
+            error = asyncio.CancelledError() if posted.cancelled() else posted.exception()
+            if isinstance(error, StaleConnection):
+                self._settle(answer, threads, lambda: post_binding(self.state, self.kube, args, step), args)
+            elif needs_read(error):
+                self._settle(answer, threads, lambda: finish_bind(self.state, self.kube, args, step, error), args)
+            else:
+                self._settle(answer, None, lambda: finish_bind(self.state, self.kube, args, step, error), args)
+        posted.add_done_callback(posted_done)
+        return answer
+
+    def _settle(self, answer: asyncio.Future[str], threads: Executor | None, finish: Callable[[], Bound],
+                args: BindingArgs) -> None:
+        """`answer` from `finish`, run here or on `threads`; an exception other than BindError goes to it."""
+        def outcome() -> str:
+            try:
+                return self._bound(args, finish())
+            except BindError as error:
+                return self._refused(args, error)
+        if threads is None:
+            try:
+                answer.set_result(outcome())
+            except BaseException as error:
+                answer.set_exception(error)
+            return
+        asyncio.get_running_loop().run_in_executor(threads, outcome).add_done_callback(partial(_pass_on, answer))
+
+    def _standby(self, args: BindingArgs, standby: str) -> str:
+        self.metrics.decisions.labels("bind", "not-leader").inc()
+        return f"binding {args.pod_namespace}/{args.pod_name} refused: {standby}; kube-scheduler will retry the pod"
+
+    def _refused(self, args: BindingArgs, error: BindError) -> str:
+        self.metrics.decisions.labels("bind", "error").inc()
+        log.info("bind %s/%s to %s refused: %s", args.pod_namespace, args.pod_name, args.node, error)
+        return str(error)
+
+    def _bound(self, args: BindingArgs, bound: Bound) -> str:
         self.metrics.decisions.labels("bind", "repeated" if bound.repeated else "bound").inc()
         self.wait.forget(args.pod_uid)
         self.drains.end(args.pod_uid)

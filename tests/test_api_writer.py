@@ -4,6 +4,7 @@ client's own pool where a proxy stands between."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import socket
 import ssl
@@ -18,7 +19,7 @@ from kube_api_server import kube_server_fixture, make_pod
 from kubernetes import client as k8s
 from test_client_name import pki
 
-from extender.api_writer import MAX_ANSWER_BYTES, AnswerError, ApiWriter, endpoint_of
+from extender.api_writer import MAX_ANSWER_BYTES, AnswerError, ApiWriter, StaleConnection, endpoint_of
 from extender.kube import KubernetesApi
 
 __all__ = ["kube_server_fixture", "pki"]  # the `kube_server` fixture, and test_client_name's certificates
@@ -189,6 +190,75 @@ def test_mutual_tls_as_the_client_configuration_says(pki: Path) -> None:
         unknown = k8s.Configuration(host=f"https://127.0.0.1:{server.port}")  # the system CAs: not ours
         with pytest.raises(ssl.SSLCertVerificationError):
             ApiWriter(endpoint_of(unknown)).post("/a", b"{}", {}, WAIT)
+
+
+def _soon(writer: ApiWriter, body: bytes, timeout: float = WAIT) -> tuple[int, bytes] | None:
+    """post_soon on an event loop of its own: its answer, or None when it had no idle connection."""
+    async def post() -> tuple[int, bytes] | None:
+        posted = writer.post_soon("/a", body, {}, timeout)
+        return None if posted is None else await posted
+    return asyncio.run(post())
+
+
+def test_post_soon_needs_an_idle_connection_and_keeps_it() -> None:
+    with scripted(lambda connection, index: (OK, False)) as server:
+        writer = _writer(server.port)
+        assert _soon(writer, b"0") is None, "no idle connection: nothing sent"
+        assert writer.post("/a", b"1", {}, WAIT) == (201, b"{}")
+        assert _soon(writer, b"2") == (201, b"{}")
+        assert _soon(writer, b"3") == (201, b"{}")
+        assert writer.post("/a", b"4", {}, WAIT) == (201, b"{}")
+    assert [(connection, request.body) for connection, request in server.requests] == [
+        (0, b"1"), (0, b"2"), (0, b"3"), (0, b"4")]
+
+
+def test_post_soon_on_a_connection_closed_as_the_request_crossed_says_post_again() -> None:
+    def script(connection: int, index: int) -> tuple[bytes, bool]:
+        return (b"", True) if index == 1 else (OK, False)
+
+    with scripted(script) as server:
+        writer = _writer(server.port)
+        writer.post("/a", b"1", {}, WAIT)
+        with pytest.raises(StaleConnection):
+            _soon(writer, b"2")
+        assert _soon(writer, b"3") is None, "the closed connection was not kept"
+
+
+@pytest.mark.parametrize(("answer", "error", "message"), [
+    (b"HTTP/1.1 201 Created\r\nContent-Length: 10\r\n\r\n{}", AnswerError, "closed the connection within its answer"),
+    (b"SSH-2.0-OpenSSH_9.6\r\n", AnswerError, "not HTTP"),
+    (b"", TimeoutError, "did not answer in time"),
+])
+def test_post_soon_refuses_what_post_refuses(answer: bytes, error: type[Exception], message: str) -> None:
+    def script(connection: int, index: int) -> tuple[bytes, bool]:
+        return (OK, False) if index == 0 else (answer, bool(answer))
+
+    with scripted(script) as server:
+        writer = _writer(server.port)
+        writer.post("/a", b"1", {}, WAIT)
+        with pytest.raises(error, match=message):
+            _soon(writer, b"2", timeout=0.3)
+        assert _soon(writer, b"3") is None, "a connection that failed is not kept"
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_post_soon_over_mutual_tls(pki: Path) -> None:
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(pki / "ca.crt"))
+    tls.load_cert_chain(pki / "server.crt", pki / "server.key")
+    tls.verify_mode = ssl.CERT_REQUIRED
+    large = b"HTTP/1.1 201 Created\r\nContent-Length: 100000\r\n\r\n" + b"x" * 100_000  # several TLS records
+    with scripted(lambda connection, index: (OK if index == 0 else large, False), tls) as server:
+        configuration = k8s.Configuration(host=f"https://127.0.0.1:{server.port}")
+        configuration.ssl_ca_cert = str(pki / "ca.crt")
+        configuration.cert_file = str(pki / "kube-scheduler.crt")
+        configuration.key_file = str(pki / "kube-scheduler.key")
+        writer = ApiWriter(endpoint_of(configuration))
+        writer.post("/a", b"{}", {}, WAIT)
+        body = b"y" * 300_000  # more than one write of the socket takes at once
+        assert _soon(writer, body) == (201, b"x" * 100_000)
+        assert writer.post("/a", b"{}", {}, WAIT) == (201, b"x" * 100_000)
+    assert server.connections == 1
+    assert [len(request.body) for _, request in server.requests] == [2, 300_000, 2]
 
 
 def test_the_endpoint_reads_the_configuration() -> None:

@@ -38,6 +38,8 @@ class Extender:
     service: ExtenderService
     client: TestClient
     reflectors: list[Reflector]
+    posts: Posts
+    posted_from: str
 
     def stop(self) -> None:
         for reflector in self.reflectors:
@@ -49,16 +51,42 @@ def _node_annotations(used: frozenset[str] = frozenset()) -> dict[str, str]:
     return {"gpu-topology.io/topology": encode_topology(TOPOLOGY), "gpu-topology.io/state": encode_state(state)}
 
 
+class Posts:
+    """How the extender's Bindings went out: from a bind thread (`post`) or from the event loop (`post_soon`)."""
+
+    def __init__(self, api: KubernetesApi) -> None:
+        self.thread = self.loop = 0
+        writer = api._writer
+        assert writer is not None
+        post, post_soon = writer.post, writer.post_soon
+
+        def counted_post(*args, **kwargs):
+            self.thread += 1
+            return post(*args, **kwargs)
+
+        def counted_post_soon(*args, **kwargs):
+            posted = post_soon(*args, **kwargs)
+            self.loop += posted is not None
+            return posted
+        writer.post, writer.post_soon = counted_post, counted_post_soon  # type: ignore[method-assign]
+
+
 def _start(server: FakeKubeApiServer, timeout: float = 5.0, seal: Seal | None = None,
-           bind_outcome_seconds: float = 60.0) -> Extender:
+           bind_outcome_seconds: float = 60.0, posted_from: str = "thread") -> Extender:
+    """`posted_from` "loop": the writer first keeps a connection (a POST the API server refuses), so Bindings go
+    out from the event loop; "thread": it keeps none, so the first goes from a bind thread."""
     api = KubernetesApi.from_configuration(k8s.Configuration(host=server.url), timeout=timeout, instance="test")
+    if posted_from == "loop":
+        assert api._writer is not None
+        assert api._writer.post("/api/v1/nowhere", b"{}", {}, timeout)[0] == 404
+    posts = Posts(api)
     state = ClusterState(seal=seal, bind_outcome_seconds=bind_outcome_seconds)
     reflectors = [Reflector(api.list_nodes, api.watch_nodes, state.nodes, name="nodes", watch_timeout=5),
                   Reflector(api.list_pods, api.watch_pods, state.pods, name="pods", watch_timeout=5)]
     for reflector in reflectors:
         reflector.start()
     service = ExtenderService(state, api)
-    extender = Extender(state, service, TestClient(create_app(service)), reflectors)
+    extender = Extender(state, service, TestClient(create_app(service)), reflectors, posts, posted_from)
     wait_until(lambda: state.ready, what="the first Node and Pod lists")
     return extender
 
@@ -69,11 +97,16 @@ def cluster(kube_server: FakeKubeApiServer) -> Iterator[FakeKubeApiServer]:
     yield kube_server
 
 
-@pytest.fixture
-def extender(cluster: FakeKubeApiServer) -> Iterator[Extender]:
-    running = _start(cluster)
+@pytest.fixture(params=["thread", "loop"])
+def extender(cluster: FakeKubeApiServer, request: pytest.FixtureRequest) -> Iterator[Extender]:
+    running = _start(cluster, posted_from=request.param)
     yield running
     running.stop()
+
+
+def _one_binding_posted(extender: Extender) -> None:
+    """From where `posted_from` said."""
+    assert (extender.posts.thread, extender.posts.loop) == ((1, 0) if extender.posted_from == "thread" else (0, 1))
 
 
 def _schedule(extender: Extender, server: FakeKubeApiServer, pod: dict) -> dict:
@@ -90,6 +123,8 @@ def _schedule(extender: Extender, server: FakeKubeApiServer, pod: dict) -> dict:
 def test_bind_writes_the_assignment_in_the_binding(extender: Extender, cluster: FakeKubeApiServer) -> None:
     pod = cluster.add_pod(make_pod("train", gpus=2, annotations={"gpu-topology.io/interconnect": "nvlink",
                                                                   "gpu-topology.io/placement": "required"}))
+    # Seen by the watch first, as kube-scheduler's own watch usually makes it: a bind never reads the pod then.
+    wait_until(lambda: extender.state.pod(pod["metadata"]["uid"]) is not None, what="the pod in the watch")
     assert _schedule(extender, cluster, pod) == {"Error": ""}
     stored = cluster.pod("default", "train")
     annotations = stored["metadata"]["annotations"]
@@ -104,6 +139,8 @@ def test_bind_writes_the_assignment_in_the_binding(extender: Extender, cluster: 
     assert cluster.bindings[0]["metadata"]["uid"] == pod["metadata"]["uid"]
     assert cluster.patches == [], "one write: the Binding carries the annotations"
     wait_until(lambda: extender.state.view("gpu-1").free.bit_count() == 6, what="the ledger to hold 2 GPUs")
+    assert extender.state.ledger.get(pod["metadata"]["uid"]).phase is Phase.BOUND
+    _one_binding_posted(extender)
 
 
 def test_pod_end_seen_by_the_watch_frees_its_gpus(extender: Extender, cluster: FakeKubeApiServer) -> None:
@@ -158,10 +195,13 @@ def test_bind_of_a_pod_bound_elsewhere_rolls_back(extender: Extender, cluster: F
     assert cluster.patches == []
     wait_until(lambda: extender.state.ledger.get(pod["metadata"]["uid"]) is None, what="no ledger entry")
     wait_until(lambda: extender.state.view("gpu-1").free.bit_count() == 8, what="gpu-1 whole again")
+    _one_binding_posted(extender)
 
 
-def test_an_unanswered_bind_keeps_its_gpus_until_the_outcome_is_known(cluster: FakeKubeApiServer) -> None:
-    extender = _start(cluster, timeout=1.0, bind_outcome_seconds=1.5)
+@pytest.mark.parametrize("posted_from", ["thread", "loop"])
+def test_an_unanswered_bind_keeps_its_gpus_until_the_outcome_is_known(cluster: FakeKubeApiServer,
+                                                                      posted_from: str) -> None:
+    extender = _start(cluster, timeout=1.0, bind_outcome_seconds=1.5, posted_from=posted_from)
     try:
         pod = cluster.add_pod(make_pod("stranded", gpus=1))
         uid = pod["metadata"]["uid"]
@@ -170,11 +210,29 @@ def test_an_unanswered_bind_keeps_its_gpus_until_the_outcome_is_known(cluster: F
         answer = extender.client.post("/bind", content=orjson.dumps({
             "PodName": "stranded", "PodNamespace": "default", "PodUID": uid, "Node": "gpu-1"})).json()
         cluster.release_hangs()
-        assert answer["Error"].startswith("binding default/stranded to gpu-1: ") and "outcome is unknown" in answer["Error"]
+        assert answer["Error"].startswith("binding default/stranded to gpu-1: ")
+        assert "outcome is unknown" in answer["Error"]
         assert extender.state.ledger.get(uid).phase is Phase.UNCERTAIN
         assert extender.state.view("gpu-1").free.bit_count() == 7
+        _one_binding_posted(extender)
         # The Binding never landed: once the wait is over with the pod still unbound, the GPU comes back.
         wait_until(lambda: extender.state.ledger.get(uid) is None, timeout=10, what="the reservation released")
         assert extender.state.view("gpu-1").free.bit_count() == 8
+    finally:
+        extender.stop()
+
+
+def test_a_pod_the_watch_has_not_shown_is_read_and_bound_on_a_bind_thread(cluster: FakeKubeApiServer) -> None:
+    extender = _start(cluster, posted_from="loop")
+    try:
+        extender.reflectors[1].stop()  # the pods' watch: the pod below never reaches the state
+        pod = cluster.add_pod(make_pod("unseen", gpus=1))
+        answer = extender.client.post("/bind", content=orjson.dumps({
+            "PodName": "unseen", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": "gpu-1"})).json()
+        assert answer == {"Error": ""}
+        assert extender.state.pod(pod["metadata"]["uid"]) is None
+        assert (extender.posts.thread, extender.posts.loop) == (1, 0)
+        assert cluster.pod("default", "unseen")["spec"]["nodeName"] == "gpu-1"
+        assert extender.state.ledger.get(pod["metadata"]["uid"]).phase is Phase.BOUND
     finally:
         extender.stop()

@@ -46,6 +46,9 @@ class _Kube:
         self.pods: dict[str, dict[str, Any]] = {}
         self.refuse: set[str] = set()
 
+    def bind_soon(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+        return None
+
     def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
         from extender.kube import KubeError
         if name in self.refuse:

@@ -111,6 +111,9 @@ class _Kube:
     def __init__(self) -> None:
         self.bindings: list[tuple[str, str, dict[str, str]]] = []
 
+    def bind_soon(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+        return None
+
     def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
         self.bindings.append((name, node, dict(annotations)))
 

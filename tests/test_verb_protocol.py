@@ -84,16 +84,17 @@ def _complete(data: bytes) -> list[tuple[bytes, dict[bytes, bytes], bytes]]:
 
 
 def _hold_binds(service: ExtenderService) -> tuple[threading.Event, threading.Event]:
-    """Each bind waits for `release` once it has set `entered`: a bind at work on its thread."""
+    """Each Binding waits for `release` once it has set `entered`: a bind at work on its thread (the demo cluster
+    posts no Binding from the event loop)."""
     entered, release = threading.Event(), threading.Event()
-    real_bind = service.bind
+    real_bind = service.kube.bind
 
-    def held_bind(args):
+    def held_bind(*args):
         entered.set()
         release.wait(WAIT)
-        return real_bind(args)
+        return real_bind(*args)
 
-    service.bind = held_bind  # type: ignore[method-assign]
+    service.kube.bind = held_bind  # type: ignore[method-assign]
     return entered, release
 
 
