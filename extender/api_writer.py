@@ -223,17 +223,19 @@ class _Soon:
         self._write()
 
     def _write(self) -> None:
+        self._quiet()
         try:
             # An SSL write that could not finish is retried with the same bytes (OpenSSL's rule); a whole one
             # returns their length.
-            sent = self._connection.send(self._unsent)
-        except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
-            sent = 0
+            self._unsent = self._unsent[self._connection.send(self._unsent):]
+        except (BlockingIOError, ssl.SSLWantWriteError):
+            pass
+        except ssl.SSLWantReadError:  # TLS needs the peer's bytes first (a key update)
+            self._loop.add_reader(self._fd, self._write)
+            return
         except OSError as error:
             self._fail(StaleConnection() if isinstance(error, ConnectionResetError | BrokenPipeError) else error)
             return
-        self._unsent = self._unsent[sent:]
-        self._loop.remove_writer(self._fd)
         if self._unsent:
             self._loop.add_writer(self._fd, self._write)
         else:
@@ -241,6 +243,7 @@ class _Soon:
 
     def _read(self) -> None:
         answer = self._answer
+        self._quiet()
         try:
             while not answer.complete:  # until the socket, and TLS's own buffer, are drained
                 data = self._connection.recv(65536)
@@ -250,7 +253,11 @@ class _Soon:
                     return
                 self._received = True
                 answer.parser.feed_data(data)
-        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+        except (BlockingIOError, ssl.SSLWantReadError):
+            self._loop.add_reader(self._fd, self._read)
+            return
+        except ssl.SSLWantWriteError:  # TLS must send first (a key update)
+            self._loop.add_writer(self._fd, self._read)
             return
         except httptools.HttpParserError as error:
             self._fail(AnswerError(answer.problem or f"the API server's answer is not HTTP: {error}"))
@@ -261,7 +268,7 @@ class _Soon:
         except OSError as error:
             self._fail(error)
             return
-        self._stop()
+        self._timer.cancel()
         if answer.keep_alive:
             self._writer._keep(self._connection)
         else:
@@ -277,6 +284,10 @@ class _Soon:
 
     def _stop(self) -> None:
         self._timer.cancel()
+        self._quiet()
+
+    def _quiet(self) -> None:
+        """No callback left on the socket; each step adds the one it waits for."""
         self._loop.remove_reader(self._fd)
         self._loop.remove_writer(self._fd)
 
