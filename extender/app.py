@@ -220,7 +220,11 @@ def _bind_soon(service: ExtenderService, threads: ThreadPoolExecutor) -> Soon:
             args = parse_binding_args(body)
         except ValueError:
             return None
-        outcome = service.bind_soon(args, threads)
+        try:
+            outcome = service.bind_soon(args, threads)
+        except Exception as error:  # answered as on a thread: logged, counted, an Error for kube-scheduler
+            outcome = asyncio.get_running_loop().create_future()
+            outcome.set_exception(error)
         if outcome is None:
             return None
         answer: asyncio.Future[Answered] = outcome.get_loop().create_future()

@@ -217,7 +217,12 @@ class ExtenderService:
         if isinstance(step, Bound):
             answer.set_result(self._bound(args, step))
             return answer
-        posted = self.kube.bind_soon(args.pod_namespace, args.pod_name, args.pod_uid, args.node, step.annotations)
+        try:
+            posted = self.kube.bind_soon(args.pod_namespace, args.pod_name, args.pod_uid, args.node,
+                                         step.annotations)
+        except Exception as error:  # settled as a Binding that raised: its GPUs stay reserved until the watch tells
+            self._settle(answer, None, lambda: finish_bind(self.state, self.kube, args, step, error), args)
+            return answer
         if posted is None:
             self._settle(answer, threads, lambda: post_binding(self.state, self.kube, args, step), args)
             return answer

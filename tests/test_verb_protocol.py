@@ -16,6 +16,7 @@ from extender.app import create_app
 from extender.demo_cluster import DemoCluster
 from extender.server import ServeOptions, server_config
 from extender.service import ExtenderService
+from extender.ledger import Phase
 from extender.state import ClusterState
 from extender_server import running_server
 
@@ -220,3 +221,17 @@ def _accepts(port: int) -> bool:
     except ConnectionRefusedError:
         return False
     return True
+
+
+def test_a_binding_that_cannot_be_posted_from_the_loop_keeps_its_gpus_and_says_so() -> None:
+    service = _service()
+
+    def broken(*args):
+        raise RuntimeError("no way to post")
+
+    service.kube.bind_soon = broken  # type: ignore[method-assign]
+    answer = TestClient(create_app(service)).post("/bind", content=BIND)
+    assert answer.status_code == 200
+    assert answer.json()["Error"] == "internal error in the GPU topology extender's bind; see its log"
+    entry = service.state.ledger.get("u1")
+    assert entry is not None and entry.phase is Phase.UNCERTAIN, "the Binding's outcome is unknown"
