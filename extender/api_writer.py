@@ -33,7 +33,9 @@ from urllib.parse import urlsplit
 import httptools
 
 MAX_ANSWER_BYTES = 1 << 20  # a Status or a Binding's answer is under 2 KB; past this the answer is refused
-MAX_IDLE = 16  # idle connections kept, as many as binds run at once (extender/app.py BIND_THREADS)
+# Idle connections kept, as many as binds run on threads at once (extender/app.py BIND_THREADS). A POST from the
+# event loop takes one of them, so those in flight are bounded by it too.
+MAX_IDLE = 16
 
 
 class AnswerError(OSError):

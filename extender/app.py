@@ -46,7 +46,7 @@ from extender.wire import (
 
 log = logging.getLogger(__name__)
 JSON = b"application/json"
-BIND_THREADS = 16  # binds in flight at once, each waiting on the API server; kube-scheduler binds in parallel
+BIND_THREADS = 16  # binds on threads at once, each waiting on the API server; kube-scheduler binds in parallel
 
 Answer = Callable[[bytes, bool], bytes]  # (body, compute): see create_app
 Scope = MutableMapping[str, Any]
@@ -130,7 +130,8 @@ def create_app(service: ExtenderService, max_body_bytes: int = MAX_BODY_BYTES) -
     verb_map = {f"/{verb}": Verb(service, verb, answer, max_body_bytes, verbs, one_at_a_time, quick)
                 for verb, answer, quick in (("filter", filter_answer, True), ("prioritize", prioritize_answer, True),
                                             ("preempt", preempt_answer, False))}
-    # bind waits on the API server, so it runs on threads of its own, several at a time, and never holds up filters.
+    # bind waits on the API server. Its Binding goes out from the event loop, which never waits for the answer
+    # (_bind_soon); a bind that would wait there runs on threads of its own. Neither holds up filters.
     verb_map["/bind"] = Verb(service, "bind", bind_answer, max_body_bytes, binds, None, False,
                              _bind_soon(service, binds))
 
