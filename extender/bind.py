@@ -58,17 +58,13 @@ class Reservation:
     ring_gbps: float | None
 
 
-def bind_pod(state: ClusterState, selector: Selector, kube: KubeApi, args: BindingArgs, held: int = 0) -> Bound:
-    """`held`: GPUs of the node drained for other pods (extender/drain.py), which this pod may not take."""
-    step = begin_bind(state, selector, kube, args, held)
-    return step if isinstance(step, Bound) else post_binding(state, kube, args, step)
-
-
 def begin_bind(state: ClusterState, selector: Selector, kube: KubeApi | None, args: BindingArgs,
                held: int = 0) -> Bound | Reservation:
     """Everything before the Binding: the pod's reservation, or its answer when nothing is left to post.
-    Without `kube` it never waits on the API server: where it would read from it, it raises WouldRead first,
-    having changed nothing."""
+    `held`: GPUs of the node drained for other pods (extender/drain.py), which this pod may not take. Without
+    `kube` it never waits on the API server: where it would read from it, it raises WouldRead first, having
+    changed nothing. A Reservation goes on to post_binding, or to the API from the event loop and then
+    finish_bind."""
     pod = _read_pod(state, kube, args)
     view = state.view(args.node)
     existing = state.ledger.get(args.pod_uid)
@@ -116,6 +112,7 @@ def finish_bind(state: ClusterState, kube: KubeApi, args: BindingArgs, reservati
 
 
 def needs_read(error: BaseException | None) -> bool:
+    """finish_bind would read from the API server for this outcome, so it belongs on a thread."""
     return isinstance(error, Conflict)
 
 

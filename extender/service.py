@@ -24,7 +24,16 @@ from functools import partial
 from typing import Any, Protocol
 
 from extender.api_writer import StaleConnection
-from extender.bind import BindError, Bound, WouldRead, begin_bind, bind_pod, finish_bind, needs_read, post_binding
+from extender.bind import (
+    BindError,
+    Bound,
+    Reservation,
+    WouldRead,
+    begin_bind,
+    finish_bind,
+    needs_read,
+    post_binding,
+)
 from extender.drain import Drains
 from extender.filter import FilterOutcome, Verdict, filter_nodes
 from extender.group_placement import GroupPlacement
@@ -178,50 +187,34 @@ class ExtenderService:
 
     def bind(self, args: BindingArgs) -> str:
         """Bind the pod; returns "" or the error kube-scheduler should see."""
-        standby = self._not_leading()
-        if standby is not None:
-            return self._standby(args, standby)
-        self.state.sweep()
-        try:
-            held = self.drains.held(args.node, args.pod_uid, self.state.clock())
-            bound: Bound = bind_pod(self.state, self.selector, self.kube, args, held)
-        except BindError as error:
-            return self._refused(args, error)
-        return self._bound(args, bound)
+        step = self._begin(args, self.kube)
+        if isinstance(step, str):
+            return step
+        return self._answer(args, lambda: post_binding(self.state, self.kube, args, step))
 
     def bind_soon(self, args: BindingArgs, threads: Executor) -> asyncio.Future[str] | None:
         """`bind` on the running event loop, its Binding posted from there (KubeApi.bind_soon), or None, having
         done nothing, where it would wait: the ledger is busy, or the pod needs a read from the API server first.
         What still needs a thread then (a Binding without an idle connection, a conflict's read) goes to
         `threads`."""
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future[str] = loop.create_future()
         lock = self.state.ledger.lock
         if not lock.acquire(blocking=False):
             return None
         try:
-            standby = self._not_leading()
-            if standby is not None:
-                answer.set_result(self._standby(args, standby))
-                return answer
-            self.state.sweep()
-            held = self.drains.held(args.node, args.pod_uid, self.state.clock())
-            step = begin_bind(self.state, self.selector, None, args, held)
+            step = self._begin(args, None)
         except WouldRead:
             return None
-        except BindError as error:
-            answer.set_result(self._refused(args, error))
-            return answer
         finally:
             lock.release()
-        if isinstance(step, Bound):
-            answer.set_result(self._bound(args, step))
+        answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        if isinstance(step, str):
+            answer.set_result(step)
             return answer
         try:
             posted = self.kube.bind_soon(args.pod_namespace, args.pod_name, args.pod_uid, args.node,
                                          step.annotations)
         except Exception as error:  # settled as a Binding that raised: its GPUs stay reserved until the watch tells
-            self._settle(answer, None, lambda: finish_bind(self.state, self.kube, args, step, error), args)
+            self._settle(answer, None, partial(finish_bind, self.state, self.kube, args, step, error), args)
             return answer
         if posted is None:
             self._settle(answer, threads, lambda: post_binding(self.state, self.kube, args, step), args)
@@ -238,25 +231,40 @@ class ExtenderService:
         posted.add_done_callback(posted_done)
         return answer
 
+    def _begin(self, args: BindingArgs, kube: KubeApi | None) -> str | Reservation:
+        """The bind up to its Binding: the reservation to post, or kube-scheduler's answer when nothing is left to
+        post. Without `kube`, WouldRead where begin_bind would read from the API server."""
+        standby = self._not_leading()
+        if standby is not None:
+            self.metrics.decisions.labels("bind", "not-leader").inc()
+            return (f"binding {args.pod_namespace}/{args.pod_name} refused: {standby}; "
+                    "kube-scheduler will retry the pod")
+        self.state.sweep()
+        try:
+            held = self.drains.held(args.node, args.pod_uid, self.state.clock())
+            step = begin_bind(self.state, self.selector, kube, args, held)
+        except BindError as error:
+            return self._refused(args, error)
+        return self._bound(args, step) if isinstance(step, Bound) else step
+
+    def _answer(self, args: BindingArgs, finish: Callable[[], Bound]) -> str:
+        """kube-scheduler's answer once the Binding is settled by `finish`."""
+        try:
+            return self._bound(args, finish())
+        except BindError as error:
+            return self._refused(args, error)
+
     def _settle(self, answer: asyncio.Future[str], threads: Executor | None, finish: Callable[[], Bound],
                 args: BindingArgs) -> None:
         """`answer` from `finish`, run here or on `threads`; an exception other than BindError goes to it."""
-        def outcome() -> str:
-            try:
-                return self._bound(args, finish())
-            except BindError as error:
-                return self._refused(args, error)
         if threads is None:
             try:
-                answer.set_result(outcome())
+                answer.set_result(self._answer(args, finish))
             except BaseException as error:
                 answer.set_exception(error)
             return
-        asyncio.get_running_loop().run_in_executor(threads, outcome).add_done_callback(partial(_pass_on, answer))
-
-    def _standby(self, args: BindingArgs, standby: str) -> str:
-        self.metrics.decisions.labels("bind", "not-leader").inc()
-        return f"binding {args.pod_namespace}/{args.pod_name} refused: {standby}; kube-scheduler will retry the pod"
+        asyncio.get_running_loop().run_in_executor(threads, self._answer, args, finish).add_done_callback(
+            partial(_pass_on, answer))
 
     def _refused(self, args: BindingArgs, error: BindError) -> str:
         self.metrics.decisions.labels("bind", "error").inc()
