@@ -112,7 +112,9 @@ SCHEDULER_BIND = "scheduler_framework_extension_point_duration_seconds"
 DROPS = re.compile(r"client rate limiter Wait returned an error|Server rejected event|Unable to write event|"
                    r"dropped event|event.*(?:dropped|discarded)", re.IGNORECASE)
 ROLES = ("kube-apiserver", "etcd", "kube-scheduler", "extender")
-PPROF_SECONDS = 8  # with --pprof: within the shortest round's binding window here
+# With --pprof, by default: longer than the slowest round here (the extender's, 12 to 16 s), so each profile
+# holds a whole round and profiles of different configurations compare per pod bound (their samples / pods).
+PPROF_SECONDS = 20
 KEYS = AnnotationKeys()
 
 
@@ -434,8 +436,8 @@ class Bench:
             started = time.monotonic()
             scheduler = start_scheduler(self.binaries.scheduler, log_dir, path, self.scheduler_kubeconfig, stack,
                                         on_start=lambda process: roles.update({"kube-scheduler": process}))
-            profiler = (self._profile(scheduler, self.args.pprof / f"kube-scheduler-{config}-{round_}.pprof")
-                        if self.args.pprof else None)
+            profiler = (self._profile(scheduler, self.args.pprof / f"kube-scheduler-{config}-{round_}.pprof",
+                                      self.args.pprof_seconds) if self.args.pprof else None)
             watch.done.wait(self.args.round_seconds)
             if profiler is not None:
                 profiler.join()
@@ -456,9 +458,9 @@ class Bench:
                            snapshots[-1] if len(snapshots) > 1 else None, makespan, verbs, scheduler_bind, double, over,
                            events, drops, qps, connections, event_lags, tuple(ring))
 
-    def _profile(self, scheduler: Process, path: Path) -> threading.Thread:
-        """kube-scheduler's CPU profile over the next PPROF_SECONDS, then its allocations since it started, saved to
-        `path` and `*.allocs.pprof` by a thread (nothing if unread)."""
+    def _profile(self, scheduler: Process, path: Path, seconds: int) -> threading.Thread:
+        """kube-scheduler's CPU profile over its first `seconds`, then its allocations since it started, saved to
+        `path` and `*.allocs.pprof` by a thread (nothing if unread). The round waits for it."""
         port = _secure_port(scheduler)
 
         def save() -> None:
@@ -466,8 +468,8 @@ class Bench:
                 print("pprof: kube-scheduler's log names no --secure-port", flush=True)
                 return
             try:
-                status, body = local_get(port, f"/debug/pprof/profile?seconds={PPROF_SECONDS}",
-                                         _insecure_admin(self.pki), timeout=PPROF_SECONDS + 30)
+                status, body = local_get(port, f"/debug/pprof/profile?seconds={seconds}",
+                                         _insecure_admin(self.pki), timeout=seconds + 30)
             except (OSError, http.client.HTTPException) as error:
                 print(f"pprof: {error}", flush=True)
                 return
@@ -780,12 +782,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--pprof", type=Path, metavar="DIR",
                         help="save kube-scheduler's CPU profile of each round here (its /debug/pprof/profile, "
                              "read with `go tool pprof`)")
+    parser.add_argument("--pprof-seconds", type=int, default=PPROF_SECONDS, metavar="SECONDS",
+                        help=f"how long each profile runs from kube-scheduler's start (default {PPROF_SECONDS}: a "
+                             "whole round here, so profiles compare per pod bound); the round waits for it")
     args = parser.parse_args(argv)
     args.configs = tuple(config for config in CONFIGS if config in args.configs.split(","))
     if not args.configs:
         parser.error(f"--configs: none of {', '.join(CONFIGS)}")
     if args.percentage is not None and not 0 <= args.percentage <= 100:
         parser.error("--percentage: 0 to 100")
+    if not 1 <= args.pprof_seconds <= 600:
+        parser.error("--pprof-seconds: 1 to 600")
     if not (1 <= args.nodes <= 5000 and 2 <= args.pods <= 20000 and 1 <= args.rounds <= 10):
         parser.error("nodes 1-5000, pods 2-20000, rounds 1-10")
     return args

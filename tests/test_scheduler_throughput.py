@@ -88,3 +88,11 @@ def test_without_binaries_it_says_it_skipped_and_exits_0() -> None:
                           env={"PATH": "/nonexistent"}, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("scheduler_throughput: skipped: KUBE_BIN_DIR is not set")
+
+
+def test_a_profile_runs_a_whole_round_by_default_and_its_length_is_bounded() -> None:
+    assert throughput.parse_args(["--pprof", "p"]).pprof_seconds == throughput.PPROF_SECONDS
+    assert throughput.parse_args(["--pprof-seconds", "600"]).pprof_seconds == 600
+    for wrong in ("0", "601"):
+        with pytest.raises(SystemExit):
+            throughput.parse_args(["--pprof-seconds", wrong])
