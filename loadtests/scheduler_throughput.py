@@ -96,6 +96,7 @@ from topology.annotations import AnnotationKeys  # noqa: E402
 BEGIN, END = "<!-- scheduler_throughput:begin -->", "<!-- scheduler_throughput:end -->"
 CONFIGS = ("alone-qps50", "alone-qps5000", "extender")
 FAST_QPS = 5000
+DEFAULT_CLIENT_RATE = "at the default, qps 50 and burst 100"  # kube-scheduler's own, when clientConnection says none
 PLATFORMS = ("dgx-h100", "dgx-a100", "hgx-a100-8gpu", "hgx-h20", "dgx1-v100", "rtx-a6000-pairs", "pcie-l40s",
              "pcie-8gpu-switch-tree")  # 8-GPU boards, so every pod of 1 to 8 GPUs fits an empty node
 SIZES = {1: 4, 2: 3, 4: 2, 8: 1}  # GPUs: weight; mean 2.6 GPUs, 65 % of 8,000 GPUs for 2,000 pods
@@ -731,7 +732,7 @@ def section(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float
         + ", its plugins) without the extender, "
         "`clientConnection` at kube-scheduler's default (qps 50, burst 100); **alone-qps5000**: the same at qps and "
         f"burst {FAST_QPS}; **extender**: `scheduler-config/kube-scheduler-config.yaml` as shipped (its "
-        f"`clientConnection` {', '.join(f'{k} {v}' for k, v in shipped.items()) or 'at the default, qps 50 and burst 100'}"
+        f"`clientConnection` {', '.join(f'{k} {v}' for k, v in shipped.items()) or DEFAULT_CLIENT_RATE}"
         "), the extender "
         f"over HTTPS with mTLS, run with `--stale-after {STALE_AFTER}` (no agent refreshes the state here) and "
         "otherwise the defaults of `scheduler-config/extender.yaml`.",
