@@ -203,7 +203,7 @@ class WatchStream:
 
     def _event(self, line: bytes) -> tuple[str, dict]:
         event = _parse(line, self._what)
-        kind, obj = event.get("type"), event.get("object")
+        kind, obj = (event.get("type"), event.get("object")) if isinstance(event, dict) else (None, None)
         if not isinstance(kind, str) or not isinstance(obj, dict):
             raise KubeError(f"{self._what}: malformed watch event")
         if kind == "ERROR":

@@ -27,6 +27,7 @@ from extender.kube import (
     KubeError,
     KubernetesApi,
     Unreachable,
+    WatchStream,
 )
 
 __all__ = ["kube_server_fixture"]  # the `kube_server` fixture
@@ -185,6 +186,38 @@ def test_a_pod_leaving_the_active_selector_arrives_as_deleted(kube_server, api):
     assert [(kind, obj["metadata"]["name"]) for kind, obj in events] == [("DELETED", "job"), ("ADDED", "next")]
     assert events[0][1]["status"]["phase"] == "Succeeded"
     assert kube_server.requests[-1].query["fieldSelector"] == ACTIVE_PODS
+
+
+class _Answer:
+    """A watch's response as the client hands it over, streaming `chunks`."""
+
+    def __init__(self, *chunks: bytes) -> None:
+        self.chunks = chunks
+
+    def stream(self, amount: int | None, decode_content: bool) -> list[bytes]:
+        return list(self.chunks)
+
+    def close(self) -> None:
+        pass
+
+    def release_conn(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    (b'{"type":"ADDED"}', "malformed watch event"),
+    (b'[{"type":"ADDED","object":{}}]', "malformed watch event"),
+    (b'"ADDED"', "malformed watch event"),
+    (b"{not json", "the answer is not JSON"),
+])
+def test_a_watch_line_that_is_no_event_is_refused_as_such(line: bytes, message: str) -> None:
+    """Whatever JSON an answer holds, the reflector gets a KubeError naming the stream (it resumes the watch),
+    not another error it would take for a failing sink (a new list)."""
+    good = b'{"type":"ADDED","object":{"metadata":{"name":"a"}}}\n'
+    stream = WatchStream(lambda: _Answer(good, line + b"\n"), "watch pods")
+    assert next(stream)[1]["metadata"]["name"] == "a"
+    with pytest.raises(KubeError, match=f"watch pods: {message}"):
+        next(stream)
 
 
 def test_watch_from_an_expired_version_raises_gone(kube_server, api):
