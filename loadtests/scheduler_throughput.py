@@ -12,7 +12,11 @@ Configurations, in alternating rounds (the order rotates every round, so drift o
 - `alone-qps5000`: the same with `clientConnection` qps and burst 5,000: kube-scheduler's own capacity here;
 - `extender`: the shipped scheduler-config/kube-scheduler-config.yaml as it is (profile, extender, its
   `clientConnection` rate), pointed at the extender, which runs with scheduler-config/extender.yaml's flags but
-  `--stale-after` (no agent refreshes the nodes' state here).
+  `--stale-after` (no agent refreshes the nodes' state here);
+- `null-extender`, with `--null-extender BINARY` only: the `extender` configuration pointed at
+  loadtests/null_extender (Go) instead, which speaks the same verbs over the same mTLS but decides nothing
+  (filter passes every name, prioritize scores none, bind posts a plain Binding): what kube-scheduler spends with
+  it is the floor that the extender protocol sets under any extender.
 Both `alone` configurations keep the profile's `percentageOfNodesToScore` and plugins, so the scheduler's own
 work per pod compares at the same setting.
 
@@ -31,6 +35,7 @@ stopped and the pods and events deleted. Per round:
   Wait returned an error" nor an event write it gave up, and there is one `Scheduled` Event per bound pod.
 
     python loadtests/scheduler_throughput.py [--nodes 1000] [--pods 2000] [--rounds 3] [--write BENCHMARKS.md]
+        [--null-extender BINARY]
 
 Without the binaries it prints that it skipped, and why, and exits 0.
 """
@@ -78,6 +83,7 @@ from kube_e2e import (  # noqa: E402
     find_kube_binaries,
     gpu_node,
     gpu_pod,
+    free_ports,
     local_get,
     make_pki,
     node_topologies,
@@ -86,6 +92,7 @@ from kube_e2e import (  # noqa: E402
     start_etcd,
     start_extender,
     start_scheduler,
+    wait_for_https,
     wait_until,
     write_kubeconfig,
 )
@@ -94,7 +101,8 @@ from extender.pod_request import DEFAULT_GPU_RESOURCE  # noqa: E402
 from topology.annotations import AnnotationKeys  # noqa: E402
 
 BEGIN, END = "<!-- scheduler_throughput:begin -->", "<!-- scheduler_throughput:end -->"
-CONFIGS = ("alone-qps50", "alone-qps5000", "extender")
+CONFIGS = ("alone-qps50", "alone-qps5000", "extender", "null-extender")
+WITH_EXTENDER = ("extender", "null-extender")  # kube-scheduler configured as shipped, with an extender
 FAST_QPS = 5000
 DEFAULT_CLIENT_RATE = "at the default, qps 50 and burst 100"  # kube-scheduler's own, when clientConnection says none
 PLATFORMS = ("dgx-h100", "dgx-a100", "hgx-a100-8gpu", "hgx-h20", "dgx1-v100", "rtx-a6000-pairs", "pcie-l40s",
@@ -394,7 +402,7 @@ class Bench:
         if self.args.percentage is not None:
             for profile in derived["profiles"]:
                 profile["percentageOfNodesToScore"] = self.args.percentage
-        if config == "extender":
+        if config in WITH_EXTENDER:
             derived["clientConnection"].update(shipped)
             return derived
         alone = copy.deepcopy(derived)
@@ -412,6 +420,9 @@ class Bench:
             if config == "extender":
                 extender, extender_url = start_extender(self.workdir, self.admin, self.pki, stack,
                                                         ("--stale-after", STALE_AFTER))
+                roles["extender"] = extender
+            elif config == "null-extender":
+                extender, extender_url = self._start_null_extender(stack)
                 roles["extender"] = extender
             extender_context = client_context(self.pki, "extender")
             pods = self.pods(round_)
@@ -454,10 +465,23 @@ class Bench:
             drops = [line for line in scheduler.log_path.read_text(errors="replace").splitlines()
                      if DROPS.search(line)]
         qps = str(scheduler_config["clientConnection"].get("qps", 50))
-        double, over = check_gpus(bound_pods, config == "extender")
+        double, over = check_gpus(bound_pods, exact=config == "extender")
         return RoundResult(config, round_, len(pods), len(watch.bound), snapshots[0] if snapshots else None,
                            snapshots[-1] if len(snapshots) > 1 else None, makespan, verbs, scheduler_bind, double, over,
                            events, drops, qps, connections, event_lags, tuple(ring))
+
+    def _start_null_extender(self, stack: ExitStack) -> tuple[Process, str]:
+        """loadtests/null_extender on a free port, with the extender's certificate and kube-scheduler's CA, binding
+        as the harness's admin."""
+        (port,) = free_ports(1)
+        process = Process("extender", [
+            self.args.null_extender, f"-listen=127.0.0.1:{port}", f"-cert={self.pki.cert('extender')}",
+            f"-key={self.pki.key('extender')}", f"-client-ca={self.pki.ca}", f"-api=https://127.0.0.1:{self.api_port}",
+            f"-api-cert={self.pki.cert('admin')}", f"-api-key={self.pki.key('admin')}", f"-api-ca={self.pki.ca}",
+        ], self.workdir / "logs" / "null-extender.log")
+        stack.callback(process.stop)
+        wait_for_https(process, port, "/readyz", client_context(self.pki, "extender"))
+        return process, f"https://127.0.0.1:{port}"
 
     def _profile(self, scheduler: Process, path: Path, seconds: int) -> threading.Thread:
         """kube-scheduler's CPU profile over its first `seconds`, then its allocations since it started, saved to
@@ -688,6 +712,30 @@ def ratios(results: Sequence[RoundResult]) -> list[str]:
             f"{_yes(double == 0 and dropped == 0)} |"]
 
 
+def floor(results: Sequence[RoundResult]) -> list[str]:
+    """The extender beside the null one, each against kube-scheduler alone at FAST_QPS (this run's medians)."""
+    grouped = by_config(results)
+    if not {"null-extender", "alone-qps5000"} <= set(grouped):
+        return []
+    fast = grouped["alone-qps5000"]
+    shown = [config for config in WITH_EXTENDER if config in grouped]
+    alone_rate = statistics.median(r.rate for r in fast)
+
+    def cpu(rounds: list[RoundResult], role: str) -> float | None:
+        return _median([r.cpu_ms_per_pod(role) for r in rounds])
+
+    alone_cpu = cpu(fast, "kube-scheduler") or math.inf
+
+    def row(what: str, value: Callable[[list[RoundResult]], str]) -> str:
+        return f"| {what} | " + " | ".join(value(grouped[config]) for config in shown) + " |"
+    return [f"| against kube-scheduler alone at qps {FAST_QPS} | " + " | ".join(shown) + " |",
+            "|---|" + "---:|" * len(shown),
+            row("pods/s", lambda rounds: f"{statistics.median(r.rate for r in rounds) / alone_rate:.2f}x"),
+            row("kube-scheduler CPU per pod",
+                lambda rounds: f"{(cpu(rounds, 'kube-scheduler') or 0) / alone_cpu:.2f}x"),
+            row("the extender's own CPU, ms per pod", lambda rounds: _num(cpu(rounds, "extender")))]
+
+
 def _yes(ok: bool) -> str:
     return "yes" if ok else "**no**"
 
@@ -735,7 +783,10 @@ def section(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float
         f"`clientConnection` {', '.join(f'{k} {v}' for k, v in shipped.items()) or DEFAULT_CLIENT_RATE}"
         "), the extender "
         f"over HTTPS with mTLS, run with `--stale-after {STALE_AFTER}` (no agent refreshes the state here) and "
-        "otherwise the defaults of `scheduler-config/extender.yaml`.",
+        "otherwise the defaults of `scheduler-config/extender.yaml`"
+        + ("; **null-extender**: the same configuration pointed at loadtests/null_extender (Go: filter passes every "
+           "name, prioritize scores none, bind posts a plain Binding, preempt keeps no victim)"
+           if "null-extender" in args.configs else "") + ".",
         f"- Rounds: {len({r.round for r in results})}, each running every configuration once, the order rotated "
         f"every round; a round of one configuration is bounded by {args.round_seconds:g} s from kube-scheduler's "
         "start. Its pods are created before kube-scheduler starts; the window runs from the first pod bound to the "
@@ -753,6 +804,14 @@ def section(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float
     acceptance = ratios(results)
     if acceptance:
         lines += ["", "### Against issue 18's targets (medians of this run)", "", *acceptance]
+    floor_lines = floor(results)
+    if floor_lines:
+        lines += ["", "### The floor the extender protocol sets: the null extender (medians of this run)", "",
+                  "`null-extender` speaks every verb the extender does, over the same mTLS, and decides nothing "
+                  "(loadtests/null_extender). What kube-scheduler spends beside it is spent in its own extender "
+                  "client (the pod and every candidate name encoded twice a pod, the answers decoded, a map of the "
+                  "candidates per call) and in waiting out each call, not in the extender's choices.", "",
+                  *floor_lines]
     drops = [line for r in results for line in r.drop_lines[:2]]
     if drops:
         lines += ["", "First dropped-event lines of kube-scheduler's log:", "", "```", *drops[:4], "```"]
@@ -775,21 +834,30 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workdir", type=Path, help="keep certificates, configurations and logs here")
     parser.add_argument("--write", type=Path, metavar="BENCHMARKS.md", help="rewrite this script's section there")
-    parser.add_argument("--configs", default=",".join(CONFIGS),
-                        help=f"the configurations to run, comma-separated (default all: {','.join(CONFIGS)})")
+    parser.add_argument("--configs",
+                        help=f"the configurations to run, comma-separated (default all of {','.join(CONFIGS)}; "
+                             "null-extender only with --null-extender)")
     parser.add_argument("--percentage", type=int, metavar="0-100",
                         help="percentageOfNodesToScore for every configuration instead of the shipped profile's "
                              "(0: kube-scheduler's adaptive default), to see what the setting costs and gives")
     parser.add_argument("--pprof", type=Path, metavar="DIR",
                         help="save kube-scheduler's CPU profile of each round here (its /debug/pprof/profile, "
                              "read with `go tool pprof`)")
+    parser.add_argument("--null-extender", type=Path, metavar="BINARY",
+                        help="add the null-extender configuration: loadtests/null_extender built there (see its "
+                             "main.go), the floor the extender protocol sets under kube-scheduler")
     parser.add_argument("--pprof-seconds", type=int, default=PPROF_SECONDS, metavar="SECONDS",
                         help=f"how long each profile runs from kube-scheduler's start (default {PPROF_SECONDS}: a "
                              "whole round here, so profiles compare per pod bound); the round waits for it")
     args = parser.parse_args(argv)
-    args.configs = tuple(config for config in CONFIGS if config in args.configs.split(","))
+    wanted = args.configs.split(",") if args.configs else [c for c in CONFIGS if args.null_extender or c in CONFIGS[:3]]
+    args.configs = tuple(config for config in CONFIGS if config in wanted)
     if not args.configs:
         parser.error(f"--configs: none of {', '.join(CONFIGS)}")
+    if "null-extender" in args.configs and not args.null_extender:
+        parser.error("--configs null-extender: needs --null-extender BINARY (loadtests/null_extender, built)")
+    if args.null_extender and not os.access(args.null_extender, os.X_OK):
+        parser.error(f"--null-extender: {args.null_extender} is not an executable file")
     if args.percentage is not None and not 0 <= args.percentage <= 100:
         parser.error("--percentage: 0 to 100")
     if not 1 <= args.pprof_seconds <= 600:

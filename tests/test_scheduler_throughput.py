@@ -96,3 +96,33 @@ def test_a_profile_runs_a_whole_round_by_default_and_its_length_is_bounded() -> 
     for wrong in ("0", "601"):
         with pytest.raises(SystemExit):
             throughput.parse_args(["--pprof-seconds", wrong])
+
+
+def test_the_null_extender_runs_only_when_its_binary_is_given() -> None:
+    assert throughput.parse_args([]).configs == ("alone-qps50", "alone-qps5000", "extender")
+    assert throughput.parse_args(["--null-extender", sys.executable]).configs == throughput.CONFIGS
+    assert throughput.parse_args(["--null-extender", sys.executable, "--configs", "null-extender,alone-qps5000"]
+                                 ).configs == ("alone-qps5000", "null-extender")
+    for wrong in (["--configs", "null-extender"], ["--null-extender", str(ROOT / "README.md")]):
+        with pytest.raises(SystemExit):
+            throughput.parse_args(wrong)
+
+
+def _round(config: str, rate: float, cpu: dict[str, float]) -> throughput.RoundResult:
+    """A round of 1,001 pods bound over 1,000 / rate seconds, with `cpu` ms per pod of each role."""
+    window = 1000 / rate
+    return throughput.RoundResult(
+        config, 0, 1001, 1001, throughput.Snapshot(0.0, dict.fromkeys(cpu, 0.0)),
+        throughput.Snapshot(window, dict(cpu)), window, {}, {}, [], [], 1001, [], "300",
+        0.0, [], (0.0, 0.0))
+
+
+def test_the_floor_compares_both_extenders_with_kube_scheduler_alone() -> None:
+    results = [_round("alone-qps5000", 300.0, {"kube-scheduler": 3.0}),
+               _round("extender", 180.0, {"kube-scheduler": 4.5, "extender": 1.5}),
+               _round("null-extender", 150.0, {"kube-scheduler": 4.8, "extender": 1.0})]
+    assert throughput.floor(results) == [
+        "| against kube-scheduler alone at qps 5000 | extender | null-extender |", "|---|---:|---:|",
+        "| pods/s | 0.60x | 0.50x |", "| kube-scheduler CPU per pod | 1.50x | 1.60x |",
+        "| the extender's own CPU, ms per pod | 1.50 | 1.00 |"]
+    assert throughput.floor(results[:2]) == []
