@@ -81,9 +81,9 @@ from kube_e2e import (  # noqa: E402
     client_context,
     derive_scheduler_config,
     find_kube_binaries,
+    free_ports,
     gpu_node,
     gpu_pod,
-    free_ports,
     local_get,
     make_pki,
     node_topologies,
@@ -850,13 +850,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help=f"how long each profile runs from kube-scheduler's start (default {PPROF_SECONDS}: a "
                              "whole round here, so profiles compare per pod bound); the round waits for it")
     args = parser.parse_args(argv)
-    wanted = args.configs.split(",") if args.configs else [c for c in CONFIGS if args.null_extender or c in CONFIGS[:3]]
+    wanted = (args.configs.split(",") if args.configs
+              else [config for config in CONFIGS if config != "null-extender" or args.null_extender])
     args.configs = tuple(config for config in CONFIGS if config in wanted)
     if not args.configs:
         parser.error(f"--configs: none of {', '.join(CONFIGS)}")
     if "null-extender" in args.configs and not args.null_extender:
         parser.error("--configs null-extender: needs --null-extender BINARY (loadtests/null_extender, built)")
-    if args.null_extender and not os.access(args.null_extender, os.X_OK):
+    if args.null_extender and not (args.null_extender.is_file() and os.access(args.null_extender, os.X_OK)):
         parser.error(f"--null-extender: {args.null_extender} is not an executable file")
     if args.percentage is not None and not 0 <= args.percentage <= 100:
         parser.error("--percentage: 0 to 100")

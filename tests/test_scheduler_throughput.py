@@ -103,7 +103,8 @@ def test_the_null_extender_runs_only_when_its_binary_is_given() -> None:
     assert throughput.parse_args(["--null-extender", sys.executable]).configs == throughput.CONFIGS
     assert throughput.parse_args(["--null-extender", sys.executable, "--configs", "null-extender,alone-qps5000"]
                                  ).configs == ("alone-qps5000", "null-extender")
-    for wrong in (["--configs", "null-extender"], ["--null-extender", str(ROOT / "README.md")]):
+    for wrong in (["--configs", "null-extender"], ["--null-extender", str(ROOT / "README.md")],
+                  ["--null-extender", str(ROOT)]):
         with pytest.raises(SystemExit):
             throughput.parse_args(wrong)
 
