@@ -939,8 +939,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _stream(self, watch: _Watch, since: str, seconds: int) -> None:
         if since not in ("", "0") and not since.isdigit():
             raise ApiError(400, "BadRequest", f'invalid resource version "{since}"')
-        self.close_connection = True
-        # The real server sends the headers at once; a client waits for them before it reads events.
+        # The real server sends the headers at once; a client waits for them before it reads events. A watch that
+        # ends (its timeout, or an ERROR event) ends its chunked answer and keeps the connection, as Go's server
+        # does, so a client may send its next request there; only a broken one is hung up.
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
