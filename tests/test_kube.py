@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import http.client
 import socket
 import threading
 import time
 from datetime import datetime
+from urllib.parse import urlsplit
 
+import orjson
 import pytest
 from kube_api_server import (
     NODES,
@@ -186,6 +189,23 @@ def test_a_pod_leaving_the_active_selector_arrives_as_deleted(kube_server, api):
     assert [(kind, obj["metadata"]["name"]) for kind, obj in events] == [("DELETED", "job"), ("ADDED", "next")]
     assert events[0][1]["status"]["phase"] == "Succeeded"
     assert kube_server.requests[-1].query["fieldSelector"] == ACTIVE_PODS
+
+
+def test_a_watch_that_ends_keeps_its_connection_for_the_next_request(kube_server):
+    """As kube-apiserver: its watch handler returns at the timeout and Go's server ends the chunked answer and keeps
+    the connection, which a client's pool may then use again (the stand-in used to hang up unannounced)."""
+    host, port = urlsplit(kube_server.url).hostname, urlsplit(kube_server.url).port
+    connection = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        connection.request("GET", "/api/v1/nodes?watch=true&timeoutSeconds=1&resourceVersion=0")
+        watch = connection.getresponse()
+        assert watch.status == 200
+        watch.read()  # to the end of the chunked answer, after the watch's second
+        connection.request("GET", "/api/v1/nodes")
+        listed = connection.getresponse()
+        assert listed.status == 200 and orjson.loads(listed.read())["kind"] == "NodeList"
+    finally:
+        connection.close()
 
 
 class _Answer:

@@ -110,7 +110,8 @@ def test_the_null_extender_runs_only_when_its_binary_is_given() -> None:
 
 
 def _round(config: str, rate: float, cpu: dict[str, float]) -> throughput.RoundResult:
-    """A round of 1,001 pods bound over 1,000 / rate seconds, with `cpu` ms per pod of each role."""
+    """A round of 1,001 pods bound over 1,000 / rate seconds, with `cpu` ms per pod of each role (so many CPU
+    seconds over the 1,000 pods after the first)."""
     window = 1000 / rate
     return throughput.RoundResult(
         config, 0, 1001, 1001, throughput.Snapshot(0.0, dict.fromkeys(cpu, 0.0)),
