@@ -103,6 +103,19 @@ class _Answer:
     def on_message_complete(self) -> None:
         self.complete = True
 
+    def not_http(self, error: httptools.HttpParserError) -> AnswerError:
+        return AnswerError(self.problem or f"the API server's answer is not HTTP: {error}")
+
+
+def _ended(received: bool, reused: bool) -> Exception:
+    """What a connection that ended before its answer was whole means (the module docstring says why a kept-alive
+    one that ended before any byte is stale)."""
+    if received:
+        return AnswerError("the API server closed the connection within its answer")
+    if reused:
+        return StaleConnection()
+    return AnswerError("the API server closed the connection without answering")
+
 
 class ApiWriter:
     def __init__(self, endpoint: Endpoint) -> None:
@@ -152,16 +165,12 @@ class ApiWriter:
             while not answer.complete:
                 data = connection.recv(65536)
                 if not data:
-                    if received:
-                        raise AnswerError("the API server closed the connection within its answer")
-                    if reused:
-                        raise StaleConnection
-                    raise AnswerError("the API server closed the connection without answering")
+                    raise _ended(received, reused)
                 received = True
                 answer.parser.feed_data(data)
         except httptools.HttpParserError as error:
             connection.close()
-            raise AnswerError(answer.problem or f"the API server's answer is not HTTP: {error}") from None
+            raise answer.not_http(error) from None
         except (ConnectionResetError, BrokenPipeError):
             connection.close()
             if reused and not received:
@@ -207,7 +216,6 @@ class ApiWriter:
         connection.close()
 
 
-
 class _Soon:
     """One POST on an idle connection, written and read by the event loop as the socket allows."""
 
@@ -250,8 +258,7 @@ class _Soon:
             while not answer.complete:  # until the socket, and TLS's own buffer, are drained
                 data = self._connection.recv(65536)
                 if not data:
-                    self._fail(AnswerError("the API server closed the connection within its answer")
-                               if self._received else StaleConnection())
+                    self._fail(_ended(self._received, reused=True))
                     return
                 self._received = True
                 answer.parser.feed_data(data)
@@ -262,7 +269,7 @@ class _Soon:
             self._loop.add_writer(self._fd, self._read)
             return
         except httptools.HttpParserError as error:
-            self._fail(AnswerError(answer.problem or f"the API server's answer is not HTTP: {error}"))
+            self._fail(answer.not_http(error))
             return
         except (ConnectionResetError, BrokenPipeError) as error:
             self._fail(error if self._received else StaleConnection())

@@ -190,7 +190,7 @@ class ExtenderService:
         step = self._begin(args, self.kube)
         if isinstance(step, str):
             return step
-        return self._answer(args, lambda: post_binding(self.state, self.kube, args, step))
+        return self._answer(args, partial(post_binding, self.state, self.kube, args, step))
 
     def bind_soon(self, args: BindingArgs, threads: Executor) -> asyncio.Future[str] | None:
         """`bind` on the running event loop, its Binding posted from there (KubeApi.bind_soon), or None, having
@@ -210,24 +210,24 @@ class ExtenderService:
         if isinstance(step, str):
             answer.set_result(step)
             return answer
+        post = partial(post_binding, self.state, self.kube, args, step)  # on a thread, from the start
+        finish = partial(finish_bind, self.state, self.kube, args, step)  # given what the POST raised, or None
         try:
             posted = self.kube.bind_soon(args.pod_namespace, args.pod_name, args.pod_uid, args.node,
                                          step.annotations)
         except Exception as error:  # settled as a Binding that raised: its GPUs stay reserved until the watch tells
-            self._settle(answer, None, partial(finish_bind, self.state, self.kube, args, step, error), args)
+            self._settle(answer, None, partial(finish, error), args)
             return answer
         if posted is None:
-            self._settle(answer, threads, lambda: post_binding(self.state, self.kube, args, step), args)
+            self._settle(answer, threads, post, args)
             return answer
 
         def posted_done(posted: asyncio.Future[None]) -> None:
             error = asyncio.CancelledError() if posted.cancelled() else posted.exception()
             if isinstance(error, StaleConnection):
-                self._settle(answer, threads, lambda: post_binding(self.state, self.kube, args, step), args)
-            elif needs_read(error):
-                self._settle(answer, threads, lambda: finish_bind(self.state, self.kube, args, step, error), args)
+                self._settle(answer, threads, post, args)
             else:
-                self._settle(answer, None, lambda: finish_bind(self.state, self.kube, args, step, error), args)
+                self._settle(answer, threads if needs_read(error) else None, partial(finish, error), args)
         posted.add_done_callback(posted_done)
         return answer
 

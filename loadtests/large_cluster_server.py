@@ -431,7 +431,7 @@ def serve(service: ExtenderService, cluster: LoadCluster, churn: Churn, facts: d
     config = server_config(service, ServeOptions(log_level="warning"), app)
     settle_when_synced(service.state)  # as `gpu-topology-extender serve` does once its watches have synced
     churn.thread.start()
-    print("READY " + json.dumps({**facts, "port": sock.getsockname()[1], "http": _http_impl()}), flush=True)
+    print("READY " + json.dumps({**facts, "port": sock.getsockname()[1], "http": _http_impl(config)}), flush=True)
     uvicorn.Server(config).run(sockets=[sock])
 
 
@@ -476,8 +476,8 @@ def _function_name(where: tuple[str, int, str]) -> str:
     return f"{path.parent.name}/{path.name}:{line} {function}"
 
 
-def _http_impl() -> str:
-    return f"uvicorn {uvicorn.__version__}, the extender's protocol over httptools, uvloop"
+def _http_impl(config: uvicorn.Config) -> str:
+    return f"uvicorn {uvicorn.__version__}, the extender's protocol over httptools, {config.loop}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,6 +6,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import uvicorn
 
@@ -13,9 +14,15 @@ from extender.server import ServeOptions, server_config
 from extender.service import ExtenderService
 
 
+class Serving(NamedTuple):
+    server: uvicorn.Server
+    port: int
+    thread: threading.Thread
+
+
 @contextmanager
-def running_server(service: ExtenderService, options: ServeOptions = ServeOptions()) -> Iterator[int]:
-    """Serve until the block ends; yields the port."""
+def serving(service: ExtenderService, options: ServeOptions = ServeOptions()) -> Iterator[Serving]:
+    """Serve until the block ends (or the block stops the server itself); the thread is joined on the way out."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))
@@ -27,8 +34,15 @@ def running_server(service: ExtenderService, options: ServeOptions = ServeOption
         pass
     assert server.started, "the server did not start"
     try:
-        yield listener.getsockname()[1]
+        yield Serving(server, listener.getsockname()[1], thread)
     finally:
         server.should_exit = True
         thread.join(10)
         listener.close()
+
+
+@contextmanager
+def running_server(service: ExtenderService, options: ServeOptions = ServeOptions()) -> Iterator[int]:
+    """Serve until the block ends; yields the port."""
+    with serving(service, options) as served:
+        yield served.port

@@ -93,7 +93,8 @@ def test_slow_or_endless_requests_are_cut_off(data: bytes, status: bytes) -> Non
 def test_a_whole_request_in_one_chunk_past_the_head_bound_is_served() -> None:
     """The bound is on the head: a request whose body makes one chunk larger than it is served, twice on one
     connection (kube-scheduler's 5,000-name filter arrives in one read of 100 KB)."""
-    pod = {"metadata": {"name": "p", "uid": "u1"}, "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
+    pod = {"metadata": {"name": "p", "uid": "u1"},
+           "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
     body = orjson.dumps({"Pod": pod, "NodeNames": ["n1"] + [f"absent-{i}" for i in range(2000)]})
     assert len(body) > 4 * SMALL_HEAD.limits.max_head_bytes
     with running_server(_service(), SMALL_HEAD) as port:

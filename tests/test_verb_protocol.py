@@ -9,16 +9,14 @@ import socket
 import threading
 
 import orjson
-import uvicorn
 from fastapi.testclient import TestClient
 
 from extender.app import create_app
 from extender.demo_cluster import DemoCluster
-from extender.server import ServeOptions, server_config
-from extender.service import ExtenderService
 from extender.ledger import Phase
+from extender.service import ExtenderService
 from extender.state import ClusterState
-from extender_server import running_server
+from extender_server import running_server, serving
 
 WAIT = 30.0  # only a bound for a failing test, never a measurement
 NODES = (("n1", "dgx-h100"), ("n2", "dgx-a100"), ("n3", "dgx1-v100"))
@@ -186,29 +184,20 @@ def test_a_verb_at_work_when_the_server_stops_is_answered_before_it_goes() -> No
     """uvicorn's graceful shutdown waits for the connection: the bind's answer is written, then it closes."""
     service = _service()
     entered, release = _hold_binds(service)
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    server = uvicorn.Server(server_config(service, ServeOptions()))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
-    thread.start()
-    while not server.started and thread.is_alive():
-        threading.Event().wait(0.02)
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as connection:
-            connection.sendall(_request("/bind", BIND))
-            assert entered.wait(WAIT)
-            server.should_exit = True
-            while _accepts(port):  # the shutdown has begun once the listener is closed
-                threading.Event().wait(0.02)
+    with serving(service) as (server, port, thread):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as connection:
+                connection.sendall(_request("/bind", BIND))
+                assert entered.wait(WAIT)
+                server.should_exit = True
+                while _accepts(port):  # the shutdown has begun once the listener is closed
+                    threading.Event().wait(0.02)
+                release.set()
+                answer = b""
+                while chunk := connection.recv(65536):
+                    answer += chunk
+        finally:
             release.set()
-            answer = b""
-            while chunk := connection.recv(65536):
-                answer += chunk
-    finally:
-        release.set()
-        server.should_exit = True
-        thread.join(WAIT)
     assert not thread.is_alive()
     (status, headers, body), = _answers(answer)
     assert status == b"HTTP/1.1 200 OK" and body == b'{"Error":""}' and headers[b"connection"] == b"close"
