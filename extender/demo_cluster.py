@@ -86,6 +86,7 @@ class DemoCluster:
         self._answered: dict[str, Delivered] = {name: {} for name in self.topologies}  # the agents' records
         self.events: list[tuple[str, str, str, str]] = []
         self._generation = 0
+        self._topology_text: dict[str, tuple[Topology, str]] = {}
         self._lock = threading.RLock()
         state.nodes.replace([self._node(name) for name in self.topologies])
         state.nodes.synced()
@@ -215,10 +216,11 @@ class DemoCluster:
                                  "requests": {self.state.resource: str(gpus)}}}]},
                              "status": {"phase": "Pending"}})
 
-    def add_pod(self, pod: Mapping[str, Any]) -> dict[str, Any]:
-        """Admit a pod object as the API server would hold it (a pending copy of it)."""
+    def add_pod(self, pod: Mapping[str, Any], adopt: bool = False) -> dict[str, Any]:
+        """Admit a pod object as the API server would hold it: a pending copy of it, or with `adopt` the object
+        itself (one made for this call, which the caller no longer touches)."""
         with self._lock:
-            stored = copy.deepcopy(dict(pod))
+            stored = dict(pod) if adopt else copy.deepcopy(dict(pod))
             stored["spec"].pop("nodeName", None)
             stored["metadata"]["resourceVersion"] = str(stored["metadata"].get("resourceVersion") or "1")
             self.pods[stored["metadata"]["uid"]] = stored
@@ -266,12 +268,20 @@ class DemoCluster:
         observed = Sharing.NONE if shared is None else Sharing.MIG if shared.mig else Sharing.REPLICAS
         state = NodeState(used, frozenset(), datetime.fromtimestamp(self.clock(), timezone.utc), self._generation,
                           pods, observed)
-        topology = self.topologies[name]
         return {"metadata": {"name": name, "resourceVersion": str(self._generation),
                              "labels": {**self.labels.get(name, {}), **(shared.labels if shared is not None else {})},
-                             "annotations": {self.state.keys.topology: encode_topology(topology),
+                             "annotations": {self.state.keys.topology: self._published(name),
                                              self.state.keys.state: encode_state(state)}},
                 "status": {"allocatable": {self.state.resource: str(self.allocatable(name))}}}
+
+    def _published(self, name: str) -> str:
+        """The node's topology annotation, encoded again only when its board changed: its agent publishes the
+        same text on every report, and a load test's churn would otherwise spend the extender's CPU on it."""
+        topology = self.topologies[name]
+        known = self._topology_text.get(name)
+        if known is None or known[0] is not topology:
+            known = self._topology_text[name] = (topology, encode_topology(topology))
+        return known[1]
 
     def _find(self, namespace: str, name: str) -> dict[str, Any]:
         uids = self._uids.get((namespace, name))

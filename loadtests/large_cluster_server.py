@@ -269,7 +269,7 @@ class Churn:
 
     def create_up_to(self, last: int) -> None:
         while self.next_pending <= last:
-            self.cluster.add_pod(load_pod(self.next_pending))
+            self.cluster.add_pod(load_pod(self.next_pending), adopt=True)
             self.next_pending += 1
             self.created += 1
 

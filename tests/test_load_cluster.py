@@ -53,6 +53,16 @@ def test_pods_bind_churn_and_boards_are_replaced_with_no_gpu_twice() -> None:
         assert sorted(gpu for held in containers.values() for gpu in held) == sorted(annotated)
 
 
+def test_a_pod_is_copied_when_admitted_unless_the_caller_hands_it_over() -> None:
+    _, cluster, _, _ = load.build(20, 0.45, 0, seed=1)
+    kept, handed = load.load_pod(900), load.load_pod(901)
+    stored = cluster.add_pod(kept)
+    assert stored is not kept and stored["spec"] is not kept["spec"] and stored == kept
+    adopted = cluster.add_pod(handed, adopt=True)
+    assert adopted["spec"] is handed["spec"] and adopted["metadata"] is handed["metadata"], "not copied"
+    assert cluster.pods[handed["metadata"]["uid"]] is adopted
+
+
 def test_the_hostile_node_publishes_a_new_used_set_each_rotation(tmp_path: Path) -> None:
     path = tmp_path / "hostile.json"
     path.write_text(encode_topology(SHAPES["circulant-40"][1]()), encoding="utf-8")
