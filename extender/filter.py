@@ -12,7 +12,7 @@ from functools import partial
 
 from extender._names import group, unique
 from extender.drain import Drains, keys_seen
-from extender.memo import ShapeMemo
+from extender.memo import ON_LOOP, ShapeMemo
 from extender.pod_request import PodRequest
 from extender.state import ClusterState, Key, SharedKey
 from extender.wait import WAITING, WaitClock
@@ -61,7 +61,8 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
     """One verdict per distinct node key (remembered across requests in `memo`); every pass over the names
     runs in C (extender/_names.c), not Python loops. A pod within its topology wait (extender/wait.py) passes
     only nodes that can give it a full-bandwidth set; GPUs drained for other waiting pods (extender/drain.py)
-    are not free to it. Without `compute`, only remembered verdicts are used: memo.Unknown if one is missing."""
+    are not free to it. Without `compute`, only remembered verdicts and those quick to work out (memo.ON_LOOP) are
+    used: memo.Unknown if one more is missing."""
     if pod.problem is not None:
         return FilterOutcome([], {}, {pod.problem: list(names)})
     if pod.request is None:
@@ -70,8 +71,8 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
     distinct = set(unique(keys))
     waiting = wait is not None and wait.waits(pod, state.clock())
     known = (memo or ShapeMemo()).answers((pod.request, pod.required, waiting), distinct,
-                                          partial(_verdict, selector, pod, waiting) if compute else None,
-                                          state.key_epoch)
+                                          partial(_verdict, selector, pod, waiting), state.key_epoch,
+                                          None if compute else ON_LOOP)
     # Number the distinct verdicts (0 = pass), then sort the names into one list per number in one C pass.
     numbers: dict[Verdict, int] = {None: 0}
     number_of = {key: numbers.setdefault(known[key], len(numbers)) for key in distinct}

@@ -112,8 +112,8 @@ class ExtenderService:
         threading.Thread(target=self._sweep, name="bind-outcomes", daemon=True).start()
 
     def filter(self, args: ExtenderArgs, compute: bool = True) -> FilterOutcome:
-        """Without `compute`, from remembered verdicts only: memo.Unknown where an answer needs more (a new
-        verdict, a group's plan, a drain to start)."""
+        """Without `compute`, from remembered verdicts and quick new ones only (memo.ON_LOOP): memo.Unknown where
+        an answer needs more (a verdict on a big board, a group's plan, a drain to start)."""
         pod = self.pod_request(args.pod)
         if not compute and pod.group_key is not None:
             raise Unknown
@@ -131,7 +131,8 @@ class ExtenderService:
         return outcome
 
     def prioritize(self, args: ExtenderArgs, compute: bool = True) -> tuple[list[str], list[int]]:
-        """Without `compute`, from remembered offers only: memo.Unknown where an answer needs more."""
+        """Without `compute`, from remembered offers and quick new ones only (memo.ON_LOOP): memo.Unknown where an
+        answer needs more."""
         names = args.candidates()
         pod = self.pod_request(args.pod)
         if not compute and pod.group_key is not None:

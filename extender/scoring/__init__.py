@@ -14,7 +14,7 @@ from functools import partial
 
 from extender._names import lookup_few, unique
 from extender.drain import Drains, keys_seen
-from extender.memo import ShapeMemo
+from extender.memo import ON_LOOP, ShapeMemo
 from extender.pod_request import PodRequest
 from extender.scoring.bandwidth import bandwidth_score
 from extender.scoring.domains import domain_penalty
@@ -45,15 +45,15 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
     """A score per name. Scores depend only on the node key, so each distinct key is scored once; what each
     node key offers the pod is remembered across requests in `memo`. The passes over the names run in C
     (extender/_names.c). GPUs drained for other pods (extender/drain.py) are not free to this one. Without
-    `compute`, only remembered offers are used: memo.Unknown if one is missing."""
+    `compute`, only remembered offers and those quick to work out (memo.ON_LOOP) are used: memo.Unknown if one
+    more is missing."""
     if pod.request is None:
         return [0] * len(names)
     keys = keys_seen(state, names, drains, pod.uid, None)
     distinct = set(unique(keys))
     boards = [key for key in distinct if isinstance(key, NodeKey)]
-    known = (memo or ShapeMemo()).answers(pod.request, boards,
-                                          partial(_offer, selector, pod.request) if compute else None,
-                                          state.key_epoch)
+    known = (memo or ShapeMemo()).answers(pod.request, boards, partial(_offer, selector, pod.request),
+                                          state.key_epoch, None if compute else ON_LOOP)
     offers = {key: known[key] for key in boards}
     live = [offer for offer in offers.values() if offer is not None]
     best_ring = max((offer.choice.ring_gbps or 0.0 for offer in live if offer.meets_preferences), default=0.0)
