@@ -5,8 +5,8 @@ block labels) follow, outermost first as Kueue's Topology levels list them. A no
 path of its label values from the outermost level down to that one, so two leaves that reuse a name under
 different spines stay two leaves. A node whose GPUs reach no other node over NVLink (an HGX or DGX board, no
 fabric) is an NVLink domain of its own, as NCCL counts an NVLink clique as one node: a group spanning an NVLink
-domain there shares one node. A node whose fabric is in doubt is in no NVLink domain. A node without the label of a level is in no domain there, and a group that
-spans that level cannot be placed on it.
+domain there shares one node. A node whose fabric is in doubt is in no NVLink domain. A node without the label
+of a level is in no domain there, and a group that spans that level cannot be placed on it.
 
 The index is kept as nodes change (a watch event at a time), so the planner reads each domain's members
 without scanning the cluster. It also keeps which nodes sit in a domain that is still whole (every GPU of every

@@ -168,7 +168,8 @@ class GroupPlacement:
         boards = {found.compiled for found in state.keys_for(list(candidates)) if isinstance(found, NodeKey)}
         for span in spans:
             placed_nodes = [members[uid] for uid in placed if members.get(uid)]
-            every = [(domain, self._usable(pod, key, nodes, now)) for domain, nodes in self._domains(span, placed_nodes)]
+            every = [(domain, self._usable(pod, key, nodes, now))
+                     for domain, nodes in self._domains(span, placed_nodes)]
             domains = [(domain, usable) for domain, usable in every
                        if any(found.compiled in boards for _, found in usable)]
             best = best_layout(layout(self.selector, domain, usable, remaining, request.count, candidates)

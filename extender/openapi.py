@@ -82,7 +82,8 @@ def _verb(summary: str, request: str, answer: str) -> Schema:
                      "requestBody": {"required": True, "content": json_of(request)},
                      "responses": {"200": {"description": "the answer", "content": json_of(answer)},
                                    "400": {"description": "the body is not JSON", "content": json_of("Error")},
-                                   "413": {"description": "the body is over MAX_BODY_BYTES", "content": json_of("Error")},
+                                   "413": {"description": "the body is over MAX_BODY_BYTES",
+                                           "content": json_of("Error")},
                                    "408": {"description": "the request did not arrive within its deadline"}}}}
 
 

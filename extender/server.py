@@ -135,7 +135,8 @@ def limited_protocol(limits: Limits, client_names: frozenset[str], refused: Call
                 if not names & client_names:
                     refused("client_name")
                     log.warning("refused a client certificate from %s named %s: not one of --client-name %s",
-                                _peer(self.client), ", ".join(sorted(names)) or "(none)", ", ".join(sorted(client_names)))
+                                _peer(self.client), ", ".join(sorted(names)) or "(none)",
+                                ", ".join(sorted(client_names)))
                     self.app = _forbidden  # every request on this connection: 403, and the connection closes
 
         def connection_lost(self, exc: Exception | None) -> None:

@@ -352,7 +352,8 @@ class ClusterState:
         previous = self._views.get(name)
         if previous is not None and previous.raw_topology == raw and previous.compiled is not None:
             # Heartbeats leave the topology as it was: keep what was decoded, only the state is new.
-            view = NodeView(name, previous.compiled, previous.ids, previous.index_of, raw_topology=previous.raw_topology,
+            view = NodeView(name, previous.compiled, previous.ids, previous.index_of,
+                            raw_topology=previous.raw_topology,
                             reported_domain=previous.reported_domain)
         else:
             try:

@@ -392,7 +392,8 @@ def all_free_table(name: str, by_k: dict[int, list[Query]]) -> str:
 def precompute_table(precompute: dict[str, dict[str, float]]) -> str:
     rows = ["### Every (free mask, k) of an 8-GPU node", "",
             "Ours: `Selector().precompute()` on a fresh compiled topology. Baseline: the same queries one by one.",
-            "", "| node | entries | ours median s | ours max s | baseline s | ratio |", "|---|---:|---:|---:|---:|---:|"]
+            "", "| node | entries | ours median s | ours max s | baseline s | ratio |",
+            "|---|---:|---:|---:|---:|---:|"]
     for name, result in precompute.items():
         rows.append(f"| {name} | {result['entries']:,} | {result['median_s']:.3f} | {result['max_s']:.3f} "
                     f"| {result['baseline_s']:.3f} | {result['baseline_s'] / result['median_s']:.2g}x |")
@@ -405,7 +406,8 @@ def ring_table(rings: dict[str, RingComparison]) -> str:
             "Ratio: baseline ring / our ring (GB/s per direction, topology.select.ring_gbps).", "",
             "Not compared: k = 1, searches stopped by the budget, and padded picks (go-gpuallocator returns nil "
             "devices there, PR #80).", "",
-            "| node | compared | baseline worse | baseline better | worst ratio | unfinished | padded pick | worst case |",
+            "| node | compared | baseline worse | baseline better | worst ratio | unfinished | padded pick | "
+            "worst case |",
             "|---|---:|---:|---:|---:|---:|---:|---|"]
     for name, ring in rings.items():
         share = f"{ring.worse} ({100 * ring.worse / ring.compared:.1f}%)" if ring.compared else "0"
@@ -430,7 +432,8 @@ def run_header(title: str, script: str, argv: Sequence[str] | None, elapsed: flo
 def header(argv: Sequence[str] | None, args: argparse.Namespace, elapsed: float) -> str:
     return "\n".join(run_header("Selection", "bench_select.py", argv, elapsed) + [
         f"- Queries: per k, the all-free mask and up to {args.masks} (8 GPUs) / {args.masks16} (16 GPUs) random free "
-        f"masks (a free count uniform in k..n, then the GPUs uniformly), seed {args.seed}; {args.repeat} timed runs per query (one for a baseline search over 50 ms); "
+        f"masks (a free count uniform in k..n, then the GPUs uniformly), seed {args.seed}; {args.repeat} timed runs "
+        "per query (one for a baseline search over 50 ms); "
         f"baseline budget {args.budget:g} s per query. Times from `time.perf_counter_ns`, with the garbage "
         "collector disabled during the timed loops. One run on a shared VM: a per-row p99 rests on 5 to 125 "
         "samples, so a single scheduling stall shows in it.",

@@ -190,8 +190,9 @@ class NodeLock:
 
             def patch() -> None:
                 current = self.scheduler.node(node)
-                self.scheduler.patch_node(node, {"metadata": {"annotations": {LOCK_KEY: value},
-                                                              "resourceVersion": current["metadata"]["resourceVersion"]}})
+                self.scheduler.patch_node(node,
+                                          {"metadata": {"annotations": {LOCK_KEY: value},
+                                                        "resourceVersion": current["metadata"]["resourceVersion"]}})
             error = _retry_on_error(patch)
         return "" if error is None else f"failed to set node lock (node={node}): {error}"
 
@@ -546,7 +547,8 @@ def summary(all_rows: list[Row], delays: Sequence[float]) -> list[str]:
                              f"batch), lock+backoff {backoff.rate:.2f} ({ours.rate / backoff.rate:.1f}x)")
         count, gpus = BATCH[node]
         if parts:
-            lines.append(f"- {BOARD[node]}, {count} pods of {gpus} GPU{'s' if gpus > 1 else ''}: " + "; ".join(parts) + ".")
+            lines.append(f"- {BOARD[node]}, {count} pods of {gpus} GPU{'s' if gpus > 1 else ''}: "
+                         + "; ".join(parts) + ".")
     return lines
 
 
@@ -565,7 +567,8 @@ def growth(all_rows: list[Row], delays: Sequence[float]) -> list[str]:
         n = BATCH[node][0]
         first, last = min(costs), max(costs)
         lines.append(f"- {BOARD[node]} (n = {n}): " + ", ".join(f"{costs[d]:+.2f} s at {_delay(d)}" for d in costs)
-                     + f"; measured change {costs[last] - costs[first]:+.2f} s, model {(n - 1) * (last - first):+.2f} s.")
+                     + f"; measured change {costs[last] - costs[first]:+.2f} s, "
+                       f"model {(n - 1) * (last - first):+.2f} s.")
     return lines
 
 

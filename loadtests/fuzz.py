@@ -195,7 +195,8 @@ def run_parsers(seed_value: int, examples: int) -> dict[str, int]:
     """Each parser either parses or refuses with its own error type."""
     tried: Counter[str] = Counter()
     json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.floats() | st.text(),
-                               lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+                               lambda inner: st.lists(inner, max_size=4)
+                                             | st.dictionaries(st.text(), inner, max_size=4),
                                max_leaves=30)
     captures = [orjson.loads(path.read_bytes()) for path in sorted(CAPTURES.glob("*--filter.json"))]
     keys = AnnotationKeys()

@@ -747,7 +747,8 @@ class Report:
                 if runs:
                     pauses.append(f"gen{generation} {runs} runs, {1000 * (new['seconds'] - old['seconds']):.1f} ms "
                                   f"in all, longest {1000 * new['longest']:.2f} ms (over the process's life)")
-            lines.append(f"- {size:,} names: the in-process API server (the Binding and the kubelet's admission, with the watch events "
+            lines.append(f"- {size:,} names: the in-process API server (the Binding and the kubelet's admission, "
+                         "with the watch events "
                          f"they apply to the extender's state) took {api / max(binds, 1):.3f} ms per bind "
                          f"({calls} calls); pods created {after['pending_created'] - before['pending_created']}, "
                          f"ended {after['pods_ended'] - before['pods_ended']}; garbage collector: "
@@ -952,7 +953,8 @@ def header(argv: Sequence[str] | None, args: argparse.Namespace, elapsed: float,
         f"(board, free GPUs) node states. Network labels: Topograph's `{LEAF}` on each {facts['leaf_nodes']} "
         f"consecutive nodes (every leaf holds the same mix of platforms) and `{SPINE}` on each "
         f"{facts['spine_leaves']} leaves; the extender's state is built with those levels (spine, leaf). "
-        "While the load runs, every bind of a load pod is followed, on a thread of the extender process, by a new pending pod and the end of the oldest running pod (watch "
+        "While the load runs, every bind of a load pod is followed, on a thread of the extender process, by a new "
+        "pending pod and the end of the oldest running pod (watch "
         "events, as a real API server would send), so the number of running pods stays where it started. Nodes are not "
         "republished on a heartbeat during the run (no stale nodes).",
         "- Pods: `load-{i}` shaped like the pod kube-scheduler v1.36.2 sent in the captured "

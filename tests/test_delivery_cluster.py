@@ -106,7 +106,8 @@ def _mismatches(cluster: DeliveryCluster) -> float:
 
 
 def _annotated(pod: dict) -> dict[str, set[str]]:
-    return {name: set(ids) for name, ids in orjson.loads(pod["metadata"]["annotations"]["gpu-topology.io/containers"]).items()}
+    return {name: set(ids)
+            for name, ids in orjson.loads(pod["metadata"]["annotations"]["gpu-topology.io/containers"]).items()}
 
 
 def test_every_container_gets_exactly_its_annotated_gpus_through_a_kubelet_restart(cluster: DeliveryCluster) -> None:

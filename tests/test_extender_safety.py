@@ -39,7 +39,8 @@ def _assert_no_gpu_twice(cluster: DemoCluster) -> None:
         if not node or not gpus:
             continue
         for gpu in gpus.split(","):
-            assert (node, gpu) not in held, f"{gpu} on {node} given to {held[(node, gpu)]} and {pod['metadata']['name']}"
+            assert (node, gpu) not in held, (
+                f"{gpu} on {node} given to {held[(node, gpu)]} and {pod['metadata']['name']}")
             held[(node, gpu)] = pod["metadata"]["name"]
 
 
@@ -160,7 +161,8 @@ def test_stale_node_is_refused_for_bind_and_filtered() -> None:
     ("filter", b"[]", 200, {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {},
                             "Error": "body is not a JSON object"}),
     ("filter", b'{"Pod": 3}', 200, {"Nodes": None, "NodeNames": None, "FailedNodes": {},
-                                    "FailedAndUnresolvableNodes": {}, "Error": "Pod: expected a Pod object, got a number"}),
+                                    "FailedAndUnresolvableNodes": {},
+                                    "Error": "Pod: expected a Pod object, got a number"}),
     ("filter", b'{"Pod": {"metadata": {}}, "NodeNames": [1]}', 200,
      {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {},
       "Error": "NodeNames[0]: expected a string, got a number"}),

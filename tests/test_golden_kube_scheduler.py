@@ -150,7 +150,8 @@ def test_config_a_scenarios_in_capture_order() -> None:
     while len(replay.cluster.events) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert sorted((pod, reason) for pod, _, reason, _ in replay.cluster.events) == [
-        ("default/stub-error-field", "InvalidGPUTopologyRequest"), ("default/unresolvable", "InvalidGPUTopologyRequest")]
+        ("default/stub-error-field", "InvalidGPUTopologyRequest"),
+        ("default/unresolvable", "InvalidGPUTopologyRequest")]
 
 
 def test_bind_conflict_retry_does_not_assign_twice() -> None:

@@ -469,7 +469,8 @@ def test_leader_election_refuses_to_start_without_its_pod_to_label(monkeypatch, 
     Replica.write_seal_key(tmp_path)
     monkeypatch.setenv("POD_NAMESPACE", NAMESPACE)
     monkeypatch.delenv("POD_NAME", raising=False)
-    assert cli.main(["serve", "--leader-elect", "--kubeconfig", "k", "--seal-key-file", str(tmp_path / "seal.key")]) == 2
+    assert cli.main(["serve", "--leader-elect", "--kubeconfig", "k", "--seal-key-file",
+                     str(tmp_path / "seal.key")]) == 2
     assert capsys.readouterr().err == (
         "gpu-topology-extender: error: --leader-elect needs the environment variables POD_NAME and POD_NAMESPACE "
         "(the downward API): the leader labels its own Pod so that the Service routes to it alone\n")

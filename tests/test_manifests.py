@@ -1138,7 +1138,8 @@ def test_scheduler_deployment_is_hardened_and_probed() -> None:
 WORKLOADS = [(f"{doc['kind']}/{doc['metadata']['name']}", doc) for _, doc in _docs()
              if doc.get("kind") in {"Deployment", "DaemonSet", "StatefulSet", "Job", "CronJob"}]
 # uid 0 where the kubelet's root-owned sockets demand it, and only there: the node agent connects to
-# pod-resources/kubelet.sock (agent.yaml) and creates its device-plugin socket next to the kubelet's (agent-deliver.yaml).
+# pod-resources/kubelet.sock (agent.yaml) and creates its device-plugin socket next to the kubelet's
+# (agent-deliver.yaml).
 # scheduler-config/README.md ("Least privilege, and why root") says why no capability or group makes that unneeded.
 ROOT_FOR_KUBELET_SOCKETS = {"DaemonSet/gpu-topology-agent", "DaemonSet/gpu-topology-agent-deliver"}
 
@@ -1657,7 +1658,8 @@ def own_pod_request(new: Doc, old: Doc, *, claim: list[str] | None = None, names
     request = pod_request("UPDATE", new, old, user=EXTENDER_USER, sub_resource=sub_resource)
     request["name"], request["namespace"] = new["metadata"]["name"], namespace
     request["userInfo"]["extra"] = {"authentication.kubernetes.io/pod-name": [OWN_POD_NAME] if claim is None
-                                    else claim, "authentication.kubernetes.io/pod-uid": [EXTENDER_POD["metadata"]["uid"]]}
+                                    else claim,
+                                    "authentication.kubernetes.io/pod-uid": [EXTENDER_POD["metadata"]["uid"]]}
     if claim == []:
         del request["userInfo"]["extra"]
     return request
@@ -1833,7 +1835,8 @@ def test_cert_manager_resources_are_well_formed() -> None:
         assert set(spec) <= _CERTIFICATE_SPEC_FIELDS, set(spec) - _CERTIFICATE_SPEC_FIELDS
         assert spec["secretName"]
         issuer = ISSUERS[spec["issuerRef"]["name"]]
-        assert spec["issuerRef"] == {"group": "cert-manager.io", "kind": issuer["kind"], "name": issuer["metadata"]["name"]}
+        assert spec["issuerRef"] == {"group": "cert-manager.io", "kind": issuer["kind"],
+                                     "name": issuer["metadata"]["name"]}
         if issuer["kind"] == "Issuer":  # a namespaced Issuer serves its own namespace only
             assert issuer["metadata"]["namespace"] == certificate["metadata"]["namespace"]
         assert set(spec.get("usages", [])) <= _KEY_USAGES
@@ -1858,7 +1861,8 @@ def test_cert_manager_issues_the_secrets_the_deployments_mount() -> None:
 def test_the_extender_accepts_only_kube_schedulers_certificate_and_its_own() -> None:
     # Pinned by name: kube-scheduler's client certificate, and the extender's own for its probes.
     assert "--client-ca" in flag_values(container(EXTENDER)["args"][1:])
-    assert sorted(CLIENT_NAMES) == sorted([KUBE_SCHEDULER_NAME, CERTIFICATES[EXTENDER_TLS_SECRET]["spec"]["commonName"]])
+    assert sorted(CLIENT_NAMES) == sorted([KUBE_SCHEDULER_NAME,
+                                           CERTIFICATES[EXTENDER_TLS_SECRET]["spec"]["commonName"]])
     assert CERTIFICATES[SCHEDULER_TLS_SECRET]["spec"]["commonName"] == KUBE_SCHEDULER_NAME
     assert "dnsNames" not in CERTIFICATES[SCHEDULER_TLS_SECRET]["spec"]
     # No other certificate of the CA carries a pinned name.
@@ -1881,7 +1885,8 @@ def test_the_ca_key_stays_out_of_the_extenders_namespace() -> None:
     self_signed = ISSUERS[ca["spec"]["issuerRef"]["name"]]
     assert self_signed["kind"] == "Issuer" and self_signed["metadata"]["namespace"] == CA_NAMESPACE
     # The Deployments mount the leaf Secrets only.
-    mounted = {v["secret"]["secretName"] for d in (EXTENDER, SCHEDULER) for v in d["spec"]["template"]["spec"]["volumes"]
+    mounted = {v["secret"]["secretName"] for d in (EXTENDER, SCHEDULER)
+               for v in d["spec"]["template"]["spec"]["volumes"]
                if "secret" in v}
     assert ca["spec"]["secretName"] not in mounted
 

@@ -270,7 +270,8 @@ def test_a_watch_that_ends_at_once_never_spins():
         watches.append(version)
         return iter(())
 
-    reflector = Reflector(lambda: ([], "7"), watch, RecordingSink(), sleep=sleep, backoff=Backoff(initial=0.2, rand=lambda: 0.5))
+    reflector = Reflector(lambda: ([], "7"), watch, RecordingSink(), sleep=sleep,
+                          backoff=Backoff(initial=0.2, rand=lambda: 0.5))
     reflector.start()
     assert enough.wait(20)
     reflector.stop(timeout=0)

@@ -114,7 +114,8 @@ def test_the_acceptance_names_every_figure_that_falls_short() -> None:
     assert "(+9.50 points)" in met and "meets the acceptance" in met
     short = bench.acceptance([_summary("1", 0.5, 0.70, 30), _summary("2", 0.6, 0.72, 20),
                               _summary("3", 0.9, 0.71, 20), _summary("4", 0.98, 0.71, 25)])
-    assert "falls short" in short and "at 100% 98.0%" in short and "GPU utilization 71.00% against 70.00% (1) and 72.00% (2)" in short
+    assert ("falls short" in short and "at 100% 98.0%" in short
+            and "GPU utilization 71.00% against 70.00% (1) and 72.00% (2)" in short)
     assert "p95 pending 25 s" in short
 
 

@@ -17,7 +17,8 @@ INF = float("inf")
 
 
 def _run(nodes: list[ClusterNode], jobs: list[Job], seed: int = 1):
-    return {outcome.job.name: outcome for outcome in replay(nodes, jobs, StockPolicy("quantity", DEFAULT), seed).outcomes}
+    return {outcome.job.name: outcome
+            for outcome in replay(nodes, jobs, StockPolicy("quantity", DEFAULT), seed).outcomes}
 
 
 def test_a_waiting_pod_is_placed_when_a_departure_frees_its_gpus_in_arrival_order() -> None:

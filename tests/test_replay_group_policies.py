@@ -95,7 +95,8 @@ def test_kueue_takes_the_best_fit_block_then_fills_its_nodes_most_free_first() -
 
 
 def _labelled(name: str, rack: str, leaf: str) -> ClusterNode:
-    return ClusterNode(name, "gb200-node", "GB200", labels=((CLIQUE_LABEL, rack), (SPINE_LABEL, "s"), (LEAF_LABEL, leaf)))
+    return ClusterNode(name, "gb200-node", "GB200",
+                       labels=((CLIQUE_LABEL, rack), (SPINE_LABEL, "s"), (LEAF_LABEL, leaf)))
 
 
 def test_the_group_metrics_on_placements_known_by_hand() -> None:

@@ -21,7 +21,8 @@ DGX1 = ClusterNode("dgx1-a", "dgx1-v100", "V100")
 H100 = ClusterNode("h100-a", "dgx-h100", "H100")
 
 
-def _placements(nodes: list[ClusterNode], jobs: list[Job], policy, seed: int = 1) -> list[tuple[str, tuple[int, ...]] | None]:
+def _placements(nodes: list[ClusterNode], jobs: list[Job], policy,
+                seed: int = 1) -> list[tuple[str, tuple[int, ...]] | None]:
     run = replay(nodes, jobs, policy, seed)
     return [None if o.placement is None else (o.placement.node, o.placement.gpus) for o in run.outcomes]
 

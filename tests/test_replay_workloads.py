@@ -13,8 +13,8 @@ import pytest
 from loadtests.replay import clusters, derive_alibaba, workloads
 from loadtests.replay.clusters import alibaba_fleet, installed_gpus, load_gpu_model_map, mixed_fleet, pool_capacity
 from loadtests.replay.model import ClusterNode, Job
-from loadtests.replay.workloads import (alibaba_trace, at_load, describe, inflation, offered_load, parse_gpu_mix, read_csv,
-                                        synthetic, trace_statistics, unplaceable)
+from loadtests.replay.workloads import (alibaba_trace, at_load, describe, inflation, offered_load, parse_gpu_mix,
+                                        read_csv, synthetic, trace_statistics, unplaceable)
 from topology.platforms import PLATFORMS
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
@@ -205,7 +205,8 @@ def test_a_user_csv_becomes_jobs_sorted_by_arrival(tmp_path: Path) -> None:
     ("submit_time_s,duration_s,num_gpus\n0,1,0\n", ":2: num_gpus '0' is not a whole number from 1 to 64"),
     ("submit_time_s,duration_s,num_gpus\n0,1,65\n", ":2: num_gpus '65'"),
     ("submit_time_s,duration_s,num_gpus\n0,1,2.5\n", ":2: num_gpus '2.5'"),
-    ("submit_time_s,duration_s,num_gpus,gpu_model\n0,1,1,H100 80GB\n", ":2: gpu_model 'H100 80GB' is not a label value"),
+    ("submit_time_s,duration_s,num_gpus,gpu_model\n0,1,1,H100 80GB\n",
+     ":2: gpu_model 'H100 80GB' is not a label value"),
     ("submit_time_s,duration_s,num_gpus,gpu_model\n0,1,1,-H100\n", ":2: gpu_model '-H100'"),
     ('submit_time_s,duration_s,num_gpus\n0,1,"1\n', "cannot be read as a UTF-8 CSV file"),
 ])
@@ -249,6 +250,7 @@ def test_the_output_line_says_how_many_fractional_pods_count_as_one_gpu(trace: t
 
 def test_a_gpu_mix_is_parsed_strictly() -> None:
     assert parse_gpu_mix("1:60, 2:20,4:12,8:8") == {1: 60.0, 2: 20.0, 4: 12.0, 8: 8.0}
-    for bad in ("1:60,1:40", "0:1", "65:1", "2:0", "2:-1", "2:nan", "2", "two:1", ",".join(f"{i}:1" for i in range(1, 18))):
+    for bad in ("1:60,1:40", "0:1", "65:1", "2:0", "2:-1", "2:nan", "2", "two:1",
+                ",".join(f"{i}:1" for i in range(1, 18))):
         with pytest.raises(ValueError, match="gpu mix"):
             parse_gpu_mix(bad)

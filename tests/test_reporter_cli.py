@@ -162,7 +162,8 @@ def test_once_patches_the_node_named_by_node_name(kube_server, kubelet, tmp_path
     kubelet.allocate("ns", "a", ["2"])
     monkeypatch.setenv("NODE_NAME", NODE)
     config = kube_server.write_kubeconfig(tmp_path / "kubeconfig")
-    argv = ["--once", "--kubeconfig", str(config), "--from-topo", "rtx-a6000-pairs", "--socket", str(kubelet.socket_path)]
+    argv = ["--once", "--kubeconfig", str(config), "--from-topo", "rtx-a6000-pairs", "--socket",
+            str(kubelet.socket_path)]
     assert cli.main(argv) == 0
     annotations = kube_server.node(NODE)["metadata"]["annotations"]
     assert decode_state(annotations[KEYS.state]).used == {"GPU2"}

@@ -247,7 +247,8 @@ def _gpu(raw: Any, where: str) -> Gpu:
         pcie_gen, pcie_width = (_int(value, f"{where}.pcie") for value in pair)
     return Gpu(index=_int(raw["i"], f"{where}.i"), model=_text(raw["model"], f"{where}.model"),
                uuid=_optional_text(raw["uuid"], f"{where}.uuid"), pci_bus_id=_optional_text(raw["bus"], f"{where}.bus"),
-               numa_node=_optional_int(raw["numa"], f"{where}.numa"), memory_mib=_optional_int(raw["mem"], f"{where}.mem"),
+               numa_node=_optional_int(raw["numa"], f"{where}.numa"),
+               memory_mib=_optional_int(raw["mem"], f"{where}.mem"),
                nvlink=nvlink, pcie_gen=pcie_gen, pcie_width=pcie_width)
 
 

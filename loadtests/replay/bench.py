@@ -322,7 +322,8 @@ def render(bench: Bench, root: Path, times: bool = True) -> str:
         "steady-state level at load 0.9 (the M/G/inf ramp of the trace's lognormal durations; the whole fleet "
         "would need ten times the jobs for the same).",
         f"- The nvl72 runs replay {NVL72_JOBS:,} jobs of the multi-node mix with policies (1), (6) and (4) (its "
-        "members asking required, then preferred placement) of `policies.group_policies`; their table is `report.group_table`, and the all-reduce figures behind the "
+        "members asking required, then preferred placement) of `policies.group_policies`; their table is "
+        "`report.group_table`, and the all-reduce figures behind the "
         "modelled job time are `spans.ALLREDUCE` (" + "; ".join(
             f"{platform}: {figures.domain_gbps:g} GB/s in one NVLink domain, {figures.leaf_gbps:g} within a leaf"
             for platform, figures in ALLREDUCE.items())
@@ -343,7 +344,8 @@ def render(bench: Bench, root: Path, times: bool = True) -> str:
                  "nvl72": f" ({Spans(cluster_of(spec)).outline()})"}[spec.cluster]
         lines += ["", f"### {spec.title}", "",
                   f"- Cluster: {spec.cluster} fleet{fleet}, {result.nodes:,} nodes, {result.gpus:,} GPUs; workload "
-                  f"{spec.workload}{mix}{load}: {result.jobs}." + (f" Run time {result.seconds:,.0f} s." if times else ""),
+                  f"{spec.workload}{mix}{load}: {result.jobs}."
+                  + (f" Run time {result.seconds:,.0f} s." if times else ""),
                   "", group_table(list(zip(result.summaries, result.groups))) if result.groups
                   else markdown_table(result.summaries)]
         if result.verdict is not None:

@@ -101,7 +101,8 @@ def load_gpu_model_map(path: Path = GPU_MODEL_MAP) -> dict[tuple[str, int], Mode
         mapping = _mapping(entry, f"{path}: [[map]] entry {number}")
         key = (mapping.model, mapping.gpus)
         if key in mappings:
-            raise ValueError(f"{path}: [[map]] entry {number}: {mapping.model} with {mapping.gpus} GPUs is mapped twice")
+            raise ValueError(f"{path}: [[map]] entry {number}: {mapping.model} with {mapping.gpus} GPUs "
+                             "is mapped twice")
         mappings[key] = mapping
     return mappings
 

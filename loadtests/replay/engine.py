@@ -12,8 +12,9 @@ A group's members (model.py) arrive together and are scheduled together: at its 
 them is retried, its waiting members are attempted in order until one is not placed (count alone fails the rest
 too; Kueue admits a group whole; our extender plans it whole at its first member). A member placed holds its
 GPUs while the others wait; the group runs from its last member's placement, and its members leave together.
-At one instant departures come before arrivals. The only randomness is kube-scheduler's tie-break among equal node scores, drawn from
-one `random.Random(seed)` per run, so a run is a function of (cluster, workload, policy, seed).
+At one instant departures come before arrivals. The only randomness is kube-scheduler's tie-break among equal
+node scores, drawn from one `random.Random(seed)` per run, so a run is a function of (cluster, workload,
+policy, seed).
 """
 
 from __future__ import annotations

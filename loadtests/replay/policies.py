@@ -231,7 +231,8 @@ class ExtenderPolicy(_KubeSearch):
             return {}
         keys = self.state.keys
         return {keys.group: job.group, keys.group_size: str(job.pods),
-                keys.group_span: GROUP_SPAN[self.spans.tightest(job, labelled=True)], keys.group_placement: self.group_placement}
+                keys.group_span: GROUP_SPAN[self.spans.tightest(job, labelled=True)],
+                keys.group_placement: self.group_placement}
 
 
 def standard_policies(nodes: Sequence[ClusterNode], topology_wait: float = TOPOLOGY_WAIT_SECONDS

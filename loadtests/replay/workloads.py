@@ -302,7 +302,8 @@ def unplaceable(jobs: Sequence[Job], cluster: Sequence[ClusterNode]) -> str | No
     checked: set[str] = set()
     for job in jobs:
         if job.gpu_model is not None and job.gpu_model not in largest:
-            return f"{job.name}: gpu_model {job.gpu_model!r} is not a pool of this cluster ({', '.join(sorted(largest))})"
+            return (f"{job.name}: gpu_model {job.gpu_model!r} is not a pool of this cluster "
+                    f"({', '.join(sorted(largest))})")
         most = anywhere if job.gpu_model is None else largest[job.gpu_model]
         where = "any node" if job.gpu_model is None else f"a {job.gpu_model} node"
         if job.gpus > most:

@@ -559,7 +559,8 @@ def test_fake_reporter_publishes_the_gpus_of_bound_pods(fake_cluster, topologies
 
     reporter.start()
     try:
-        wait_until(lambda: decode_state(server.node("node-v100")["metadata"]["annotations"][KEYS.state]).generation >= 3,
+        wait_until(lambda: decode_state(server.node("node-v100")["metadata"]["annotations"]
+                                        [KEYS.state]).generation >= 3,
                    30, "two more reports from the reporter's thread")
     finally:
         reporter.stop()
@@ -614,7 +615,8 @@ def test_the_extender_process_filters_and_binds_over_mtls(fake_cluster, topologi
 
         refused = _post(port, "/filter", {"Pod": bad, "NodeNames": names, "Nodes": None}, scheduler)
         assert refused["NodeNames"] == [] and set(refused["FailedAndUnresolvableNodes"]) == set(names)
-        assert all("gpu-topology.io/min-bandwidth" in reason for reason in refused["FailedAndUnresolvableNodes"].values())
+        assert all("gpu-topology.io/min-bandwidth" in reason
+                   for reason in refused["FailedAndUnresolvableNodes"].values())
         event = wait_until(lambda: next((e for e in server.events if e.get("reason") == "InvalidGPUTopologyRequest"),
                                         None), 30, "the extender's InvalidGPUTopologyRequest event", watch=[process])
         assert event["involvedObject"]["name"] == "bad" and "gpu-topology.io/min-bandwidth" in event["message"]

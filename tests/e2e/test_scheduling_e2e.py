@@ -162,7 +162,8 @@ def test_two_gpu_pod_requiring_nvlink_lands_on_an_nvlink_pair(h100_full: Cluster
 
     assert node in fitting
     assert frozenset(gpus) in nvlink_pairs(cluster, node), (
-        f"{name} got GPUs {gpus} on {node}, which are not an NVLink pair ({sorted(map(sorted, nvlink_pairs(cluster, node)))})")
+        f"{name} got GPUs {gpus} on {node}, which are not an NVLink pair "
+        f"({sorted(map(sorted, nvlink_pairs(cluster, node)))})")
 
 
 def test_one_gpu_pods_pack_so_two_gpu_pods_get_whole_bridge_pairs(e2e_cluster: Cluster) -> None:
@@ -214,7 +215,8 @@ def test_four_gpu_nvlink_pod_stays_pending_with_our_reason(h100_full: Cluster) -
             if _node_of(pod) == name:
                 held |= set(placed(cluster, pod)[1])
         mask = sum(1 << index for index in range(compiled.size) if index not in held)
-        assert not isinstance(selector.select(compiled, mask, ring), Choice), f"{name} can still give a 4-GPU NVLink ring"
+        assert not isinstance(selector.select(compiled, mask, ring), Choice), (
+            f"{name} can still give a 4-GPU NVLink ring")
     assert candidates, f"no node has 4 free GPUs by count, so the extender would never be asked: {free}"
 
     name = create(cluster, "nvlink-ring4", 4, annotations=NVLINK_REQUIRED)
