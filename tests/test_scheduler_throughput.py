@@ -119,6 +119,15 @@ def _round(config: str, rate: float, cpu: dict[str, float]) -> throughput.RoundR
         0.0, [], (0.0, 0.0))
 
 
+def test_a_ratio_just_over_its_line_reads_as_over_it() -> None:
+    results = [_round("alone-qps5000", 300.0, {"kube-scheduler": 3.0}),
+               _round("extender", 179.0, {"kube-scheduler": 3.903, "extender": 1.4})]
+    table = throughput.ratios(results)
+    assert "| pods/s with the extender >= 0.6x alone at qps 5000 | 0.597x | **no** |" in table
+    assert ("| kube-scheduler CPU per pod with the extender <= 1.3x alone (qps 5000, same profile) | 1.301x | **no** |"
+            in table)
+
+
 def test_the_floor_compares_both_extenders_with_kube_scheduler_alone() -> None:
     results = [_round("alone-qps5000", 300.0, {"kube-scheduler": 3.0}),
                _round("extender", 180.0, {"kube-scheduler": 4.5, "extender": 1.5}),
