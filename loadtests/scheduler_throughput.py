@@ -637,8 +637,8 @@ def tables(results: Sequence[RoundResult]) -> list[str]:
             f"| {sum(r.bound for r in rounds)}/{sum(r.pods for r in rounds)} "
             f"| {_num(statistics.median(rates), 1)} ({_num(min(rates), 1)}-{_num(max(rates), 1)}) "
             f"| {_num(_median([r.makespan for r in rounds]), 1)} | "
-            + " | ".join(_num(_median([r.cpu_ms_per_pod(role) for r in rounds])) for role in ROLES)
-            + f" | {_num(_median([r.cpu_ms_per_pod('harness') for r in rounds]))} "
+            + " | ".join(_num(_median_cpu(rounds, role)) for role in ROLES)
+            + f" | {_num(_median_cpu(rounds, 'harness'))} "
             f"| {_ms_quantile(bind, 0.5)} / {_ms_quantile(bind, 0.99)} "
             f"| {sum(len(r.double_given) for r in rounds)} | {sum(len(r.overcommitted) for r in rounds)} "
             f"| {sum(r.scheduled_events for r in rounds)}/{sum(r.bound for r in rounds)} "
@@ -691,10 +691,8 @@ def ratios(results: Sequence[RoundResult]) -> list[str]:
     if not {"extender", "alone-qps5000"} <= set(grouped):
         return []
     ours, fast = grouped["extender"], grouped["alone-qps5000"]
-    rate = statistics.median(r.rate for r in ours) / statistics.median(r.rate for r in fast)
-    cpu = (_median([r.cpu_ms_per_pod("kube-scheduler") for r in ours]) or 0) / (
-        _median([r.cpu_ms_per_pod("kube-scheduler") for r in fast]) or math.inf)
-    extender = _median([r.cpu_ms_per_pod("extender") for r in ours])
+    rate, cpu = _against_alone(ours, fast)
+    extender = _median_cpu(ours, "extender")
     verbs: dict[str, dict[float, float]] = {}
     for r in ours:
         add(verbs, r.verbs)
@@ -720,21 +718,24 @@ def floor(results: Sequence[RoundResult]) -> list[str]:
         return []
     fast = grouped["alone-qps5000"]
     shown = [config for config in WITH_EXTENDER if config in grouped]
-    alone_rate = statistics.median(r.rate for r in fast)
-
-    def cpu(rounds: list[RoundResult], role: str) -> float | None:
-        return _median([r.cpu_ms_per_pod(role) for r in rounds])
-
-    alone_cpu = cpu(fast, "kube-scheduler") or math.inf
-
-    def row(what: str, value: Callable[[list[RoundResult]], str]) -> str:
-        return f"| {what} | " + " | ".join(value(grouped[config]) for config in shown) + " |"
+    against = [_against_alone(grouped[config], fast) for config in shown]
     return [f"| against kube-scheduler alone at qps {FAST_QPS} | " + " | ".join(shown) + " |",
             "|---|" + "---:|" * len(shown),
-            row("pods/s", lambda rounds: f"{statistics.median(r.rate for r in rounds) / alone_rate:.2f}x"),
-            row("kube-scheduler CPU per pod",
-                lambda rounds: f"{(cpu(rounds, 'kube-scheduler') or 0) / alone_cpu:.2f}x"),
-            row("the extender's own CPU, ms per pod", lambda rounds: _num(cpu(rounds, "extender")))]
+            "| pods/s | " + " | ".join(f"{rate:.2f}x" for rate, _ in against) + " |",
+            "| kube-scheduler CPU per pod | " + " | ".join(f"{cpu:.2f}x" for _, cpu in against) + " |",
+            "| the extender's own CPU, ms per pod | "
+            + " | ".join(_num(_median_cpu(grouped[config], "extender")) for config in shown) + " |"]
+
+
+def _median_cpu(rounds: Sequence[RoundResult], role: str) -> float | None:
+    return _median([r.cpu_ms_per_pod(role) for r in rounds])
+
+
+def _against_alone(rounds: Sequence[RoundResult], alone: Sequence[RoundResult]) -> tuple[float, float]:
+    """(pods/s, kube-scheduler CPU per pod) of `rounds` over those of kube-scheduler `alone`, medians."""
+    rate = statistics.median(r.rate for r in rounds) / statistics.median(r.rate for r in alone)
+    cpu = (_median_cpu(rounds, "kube-scheduler") or 0) / (_median_cpu(alone, "kube-scheduler") or math.inf)
+    return rate, cpu
 
 
 def _yes(ok: bool) -> str:
