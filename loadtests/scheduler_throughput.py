@@ -112,7 +112,8 @@ NAMESPACE = "throughput"
 STALE_AFTER = "3600"  # no agent here: the nodes' state, written at creation, must stay fresh for the whole run
 VERBS = ("filter", "prioritize", "bind", "preempt")
 EXTENDER_LATENCY = "gpu_topology_extender_request_seconds"
-# Grown in a round: connections the extender accepted; the sum and count of the ring bandwidth it granted.
+# Grown in a round: connections the extender (or the null extender) accepted; the sum and count of the ring bandwidth it
+# granted.
 GROWING = ("gpu_topology_extender_connections_opened_total", "gpu_topology_extender_granted_ring_gbps_sum",
            "gpu_topology_extender_granted_ring_gbps_count")
 SCHEDULER_BIND = "scheduler_framework_extension_point_duration_seconds"
@@ -290,7 +291,7 @@ class RoundResult:
     scheduled_events: int
     drop_lines: list[str]
     qps: str
-    connections: float  # connections the extender accepted in the round (kube-scheduler's, each a TLS handshake)
+    connections: float  # connections either extender accepted in the round (kube-scheduler's, each a TLS handshake)
     event_lags: list[float]  # seconds from each pod's bind to its Scheduled Event's creation (to within 1 s)
     ring: tuple[float, ...]  # (sum, count) of the ring bandwidth the extender granted multi-GPU pods, GB/s
 
@@ -674,7 +675,7 @@ def _lags(lags: Sequence[float]) -> str:
 
 
 def _connections(rounds: Sequence[RoundResult]) -> str:
-    if rounds[0].config != "extender":
+    if rounds[0].config not in ("extender", "null-extender"):
         return "-"
     return f"{sum(r.connections for r in rounds) / max(1, sum(r.bound for r in rounds)):.2f}"
 

@@ -109,14 +109,22 @@ def test_the_null_extender_runs_only_when_its_binary_is_given() -> None:
             throughput.parse_args(wrong)
 
 
-def _round(config: str, rate: float, cpu: dict[str, float]) -> throughput.RoundResult:
+def _round(config: str, rate: float, cpu: dict[str, float], connections: float = 0.0) -> throughput.RoundResult:
     """A round of 1,001 pods bound over 1,000 / rate seconds, with `cpu` ms per pod of each role (so many CPU
     seconds over the 1,000 pods after the first)."""
     window = 1000 / rate
     return throughput.RoundResult(
         config, 0, 1001, 1001, throughput.Snapshot(0.0, dict.fromkeys(cpu, 0.0)),
         throughput.Snapshot(window, dict(cpu)), window, {}, {}, [], [], 1001, [], "300",
-        0.0, [], (0.0, 0.0))
+        connections, [], (0.0, 0.0))
+
+
+def test_connections_per_pod_are_shown_for_both_extenders_and_not_for_kube_scheduler_alone() -> None:
+    rows = throughput.tables([_round("alone-qps5000", 300.0, {"kube-scheduler": 3.0}),
+                              _round("extender", 180.0, {"kube-scheduler": 4.5}, connections=200.0),
+                              _round("null-extender", 190.0, {"kube-scheduler": 4.4}, connections=300.3)])
+    connections = {row.split(" | ")[0].strip("| "): row.split(" | ")[-2] for row in rows[2:5]}
+    assert connections == {"alone-qps5000": "-", "extender": "0.20", "null-extender": "0.30"}
 
 
 def test_a_ratio_just_over_its_line_reads_as_over_it() -> None:

@@ -13,11 +13,14 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
+	"sync/atomic"
 )
 
 func main() {
@@ -51,7 +54,12 @@ func main() {
 		mux.HandleFunc("/bind", func(w http.ResponseWriter, r *http.Request) { bind(w, r, client, *api) })
 	}
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok")) })
-	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {})
+	// The extender's own counter, by the same name, so the harness compares how often kube-scheduler's client
+	// opens a connection (a TLS handshake each) to either.
+	var opened atomic.Int64
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = fmt.Fprintf(w, "gpu_topology_extender_connections_opened_total %d\n", opened.Load())
+	})
 	server := &http.Server{
 		Addr:    *listen,
 		Handler: mux,
@@ -59,6 +67,11 @@ func main() {
 			ClientAuth: tls.RequireAndVerifyClientCert},
 		// HTTP/1.1 only, as gpu-topology-extender serves: kube-scheduler's client then pools connections alike.
 		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
+		ConnState: func(_ net.Conn, state http.ConnState) {
+			if state == http.StateNew {
+				opened.Add(1)
+			}
+		},
 	}
 	log.Fatal(server.ListenAndServeTLS("", ""))
 }
