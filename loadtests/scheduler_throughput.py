@@ -112,8 +112,8 @@ NAMESPACE = "throughput"
 STALE_AFTER = "3600"  # no agent here: the nodes' state, written at creation, must stay fresh for the whole run
 VERBS = ("filter", "prioritize", "bind", "preempt")
 EXTENDER_LATENCY = "gpu_topology_extender_request_seconds"
-# Grown in a round: connections the extender (or the null extender) accepted; the sum and count of the ring bandwidth it
-# granted.
+# Grown in a round: connections the extender (or the null extender) accepted; the sum and count of the ring
+# bandwidth it granted.
 GROWING = ("gpu_topology_extender_connections_opened_total", "gpu_topology_extender_granted_ring_gbps_sum",
            "gpu_topology_extender_granted_ring_gbps_count")
 SCHEDULER_BIND = "scheduler_framework_extension_point_duration_seconds"
