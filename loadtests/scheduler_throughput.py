@@ -813,7 +813,10 @@ def section(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float
                   "`null-extender` speaks every verb the extender does, over the same mTLS, and decides nothing "
                   "(loadtests/null_extender). What kube-scheduler spends beside it is spent in its own extender "
                   "client (the pod and every candidate name encoded twice a pod, the answers decoded, a map of the "
-                  "candidates per call) and in waiting out each call, not in the extender's choices.", "",
+                  "candidates per call) and in waiting out each call, not in the extender's choices. It counts the "
+                  "connections it accepts as the extender does: kube-scheduler's client keeps two idle connections "
+                  "to an extender (Go's default per host) and opens another, with a full TLS handshake, whenever a "
+                  "bind overlaps the next pod's calls, so both see about as many a pod.", "",
                   *floor_lines]
     drops = [line for r in results for line in r.drop_lines[:2]]
     if drops:
