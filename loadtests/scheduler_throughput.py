@@ -675,7 +675,7 @@ def _lags(lags: Sequence[float]) -> str:
 
 
 def _connections(rounds: Sequence[RoundResult]) -> str:
-    if rounds[0].config not in ("extender", "null-extender"):
+    if rounds[0].config not in WITH_EXTENDER:
         return "-"
     return f"{sum(r.connections for r in rounds) / max(1, sum(r.bound for r in rounds)):.2f}"
 

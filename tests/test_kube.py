@@ -194,8 +194,8 @@ def test_a_pod_leaving_the_active_selector_arrives_as_deleted(kube_server, api):
 def test_a_watch_that_ends_keeps_its_connection_for_the_next_request(kube_server):
     """As kube-apiserver: its watch handler returns at the timeout and Go's server ends the chunked answer and keeps
     the connection, which a client's pool may then use again (the stand-in used to hang up unannounced)."""
-    host, port = urlsplit(kube_server.url).hostname, urlsplit(kube_server.url).port
-    connection = http.client.HTTPConnection(host, port, timeout=10)
+    url = urlsplit(kube_server.url)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
     try:
         connection.request("GET", "/api/v1/nodes?watch=true&timeoutSeconds=1&resourceVersion=0")
         watch = connection.getresponse()
