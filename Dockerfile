@@ -3,7 +3,7 @@
 # uid 0 with every capability dropped, for the kubelet's root-owned sockets).
 #   docker build -t gpu-topology-extender:0.1.0 .
 # Two stages on the same base: the first installs the package into a virtual environment, compiling its C
-# extension (extender/_names.c) with gcc, the second copies only that environment, so no build tools or sources
+# extension (extender/api/_names.c) with gcc, the second copies only that environment, so no build tools or sources
 # end up in the image.
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 \

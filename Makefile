@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 .PHONY: demo test bench bench-select bench-bind loadtest throughput hostile soak failover fuzz clean
 
 # Rebuilt when the C extension's source changes too: `pip install -e` compiles it into extender/.
-$(BIN)/activate: pyproject.toml extender/_names.c
+$(BIN)/activate: pyproject.toml extender/api/_names.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test,harness]'  # the suite runs the replay harness too

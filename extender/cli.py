@@ -12,24 +12,25 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from extender.collector import settle_when_synced
-from extender.demo import run_demo
-from extender.demo_cluster import DemoCluster
-from extender.demo_groups import run_groups_demo
-from extender.demo_shared import run_shared_demo
-from extender.domains import DomainIndex
-from extender.group_plans import GROUP_TIMEOUT_SECONDS
-from extender.group_sizes import KINDS, GroupSizes
-from extender.kube import KubeError, KubernetesApi
-from extender.leader import LeaderElector, Timings
-from extender.leader_label import LeaderLabel
-from extender.pod_request import DEFAULT_GPU_RESOURCE
-from extender.reflector import Reflector
-from extender.server import ServeOptions, serve
-from extender.service import ExtenderService
-from extender.seal import Seal
-from extender.state import BIND_OUTCOME_SECONDS, ClusterState
-from extender.wait import TOPOLOGY_WAIT_SECONDS
+from extender.server.gc_freeze import settle_when_synced
+from extender.demo.mixed_pods import run_demo
+from extender.demo.cluster import DemoCluster
+from extender.demo.groups import run_groups_demo
+from extender.demo.shared import run_shared_demo
+from extender.cache.domains import DomainIndex
+from extender.groups.plans import GROUP_TIMEOUT_SECONDS
+from extender.api.group_request import KINDS
+from extender.groups.sizes import GroupSizes
+from extender.kube.client import KubeError, KubernetesApi
+from extender.kube.leader_election import LeaderElector, Timings
+from extender.kube.leader_label import LeaderLabel
+from extender.api.pod_request import DEFAULT_GPU_RESOURCE
+from extender.kube.reflector import Reflector
+from extender.server.serve import ServeOptions, serve
+from extender.verbs.service import ExtenderService
+from extender.cache.seal import Seal
+from extender.cache.cluster_state import BIND_OUTCOME_SECONDS, ClusterState
+from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS
 from topology.annotations import DEFAULT_PREFIX, AnnotationKeys
 from topology.backoff import Backoff
 from topology.bounds import MAX_TOPOLOGY_WAIT_SECONDS

@@ -73,7 +73,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 import kube_api_server  # noqa: E402
 from bench_select import percentile, run_header, write_section  # noqa: E402
 from delivery_cluster import GPU, KEYS, Admitted, DeliveryCluster, NodeRig, gpu_pod  # noqa: E402
-from extender.wire import BindingArgs, parse_extender_args  # noqa: E402
+from extender.api.wire import BindingArgs, parse_extender_args  # noqa: E402
 from reporter_fakes import short_tmpdir  # noqa: E402
 
 BEGIN, END = "<!-- bind_throughput:begin -->", "<!-- bind_throughput:end -->"
@@ -283,7 +283,7 @@ class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.rewatches = _Count()
-        logging.getLogger("extender.reflector").addHandler(self.rewatches)
+        logging.getLogger("extender.kube.reflector").addHandler(self.rewatches)
         # Go's net/http, so kube-apiserver, sets TCP_NODELAY on every connection; Python's http.server does not,
         # and then each answer (headers, then body) waits ~40 ms for the client's delayed ACK on loopback.
         kube_api_server._Handler.disable_nagle_algorithm = True

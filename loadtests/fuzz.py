@@ -1,11 +1,11 @@
 """make fuzz: a bounded fuzzing campaign against the real extender server, with fixed seeds; writes FUZZING.md.
 
-Four parts, every request over HTTP to the real server (uvicorn, `extender.server`'s limits) on loopback:
-1. schemathesis against `extender.openapi` (positive and negative bodies for the four verbs and the probes);
+Four parts, every request over HTTP to the real server (uvicorn, `extender.server.serve`'s limits) on loopback:
+1. schemathesis against `extender.api.openapi` (positive and negative bodies for the four verbs and the probes);
 2. the real kube-scheduler bodies (tests/fixtures/kube-scheduler) with one field set to a value of each wrong
    shape, at seeded random places;
-3. hypothesis on the parsers and the codec in process (topology.nvidia_smi, topology.codec, extender.wire,
-   extender.pod_request): each input parses or is refused with its own error type, nothing else;
+3. hypothesis on the parsers and the codec in process (topology.nvidia_smi, topology.codec, extender.api.wire,
+   extender.api.pod_request): each input parses or is refused with its own error type, nothing else;
 4. adversarial topologies (hostile_node.SHAPES and seeded random boards) published by a node, then filter and
    prioritize through it.
 A failure is a 5xx, an "internal error" answer, or a traceback in the log. The script exits 1 on any.
@@ -42,13 +42,13 @@ sys.path.insert(0, str(HERE))
 from bench_select import run_header, write_section  # noqa: E402
 from hostile_node import SHAPES, _board, hostile_pod  # noqa: E402
 
-from extender.demo_cluster import DemoCluster, with_uuids  # noqa: E402
-from extender.openapi import document  # noqa: E402
-from extender.pod_request import parse_pod  # noqa: E402
-from extender.server import ServeOptions, server_config  # noqa: E402
-from extender.service import ExtenderService  # noqa: E402
-from extender.state import ClusterState  # noqa: E402
-from extender.wire import BadRequest, NotJson, parse_binding_args, parse_extender_args, parse_preemption_args  # noqa: E402
+from extender.demo.cluster import DemoCluster, with_uuids  # noqa: E402
+from extender.api.openapi import document  # noqa: E402
+from extender.api.pod_request import parse_pod  # noqa: E402
+from extender.server.serve import ServeOptions, server_config  # noqa: E402
+from extender.verbs.service import ExtenderService  # noqa: E402
+from extender.cache.cluster_state import ClusterState  # noqa: E402
+from extender.api.wire import BadRequest, NotJson, parse_binding_args, parse_extender_args, parse_preemption_args  # noqa: E402
 from topology.annotations import AnnotationKeys  # noqa: E402
 from topology.codec import CodecError, decode_state, decode_topology, encode_topology  # noqa: E402
 from topology.levels import Level  # noqa: E402
@@ -220,7 +220,7 @@ def run_parsers(seed_value: int, examples: int) -> dict[str, int]:
     def wire(value: Any) -> None:
         body = json.dumps({"Pod": value, "NodeNames": value} if isinstance(value, dict) else value).encode()
         for parse in (parse_extender_args, parse_binding_args, parse_preemption_args):
-            check("extender.wire", lambda: parse(body), (BadRequest, NotJson))
+            check("extender.api.wire", lambda: parse(body), (BadRequest, NotJson))
 
     @seed(seed_value)
     @common
@@ -232,7 +232,7 @@ def run_parsers(seed_value: int, examples: int) -> dict[str, int]:
         for step in where[:-1]:
             target = target[step]
         target[where[-1]] = data.draw(json_values)
-        tried["extender.pod_request"] += 1
+        tried["extender.api.pod_request"] += 1
         parse_pod(pod, keys)  # never raises: a problem is a reason
 
     @seed(seed_value)
@@ -310,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         before = recorder.total
         code, schemathesis_log = run_schemathesis(port, args.seed, max(1, int(1000 * args.scale)))
-        rows.append(("schemathesis against extender/openapi.py", f"--seed {args.seed}", recorder.total - before,
+        rows.append(("schemathesis against extender/api/openapi.py", f"--seed {args.seed}", recorder.total - before,
                      "exit code 0" if code == 0 else f"exit code {code}"))
         mutations = run_mutations(port, random.Random(args.seed), int(6000 * args.scale))
         rows.append(("real kube-scheduler bodies, one field of a wrong shape", f"random.Random({args.seed})",

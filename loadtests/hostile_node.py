@@ -35,7 +35,7 @@ from bench_select import percentile, run_header, write_section  # noqa: E402
 from large_cluster_server import HOSTILE_NODE, KEYS, load_pod, node_names  # noqa: E402
 from load_extender import Samples, Server, _connect, _post  # noqa: E402
 
-from extender.demo_cluster import with_uuids  # noqa: E402
+from extender.demo.cluster import with_uuids  # noqa: E402
 from topology.codec import CodecError, decode_topology, encode_topology  # noqa: E402
 from topology.levels import Level  # noqa: E402
 from topology.model import Gpu, NvLinkPair, Topology, TopologyError  # noqa: E402

@@ -1,10 +1,10 @@
 """The real extender server on a large in-memory cluster, for `loadtests/load_extender.py`.
 
-It builds a DemoCluster of N nodes (the ten real platforms of `extender.demo_cluster.DEMO_NODES`, repeated with
+It builds a DemoCluster of N nodes (the ten real platforms of `extender.demo.cluster.DEMO_NODES`, repeated with
 a numeric suffix), occupies a share of the GPUs by binding 1-, 2- and 4-GPU pods through `ExtenderService.bind`
 on random nodes (so free masks vary from node to node), creates the first pending pods the load generator will
-schedule, then serves `extender.app.create_app(service)` as `gpu-topology-extender serve` does
-(`extender.server.server_config`: uvicorn with the extender's own protocol, which answers the verbs; plain HTTP),
+schedule, then serves `extender.server.app.create_app(service)` as `gpu-topology-extender serve` does
+(`extender.server.serve.server_config`: uvicorn with the extender's own protocol, which answers the verbs; plain HTTP),
 one process, one worker, no access log, 127.0.0.1 only. It prints one line `READY {json}` with the port and the
 cluster's figures.
 
@@ -60,14 +60,14 @@ from typing import Any, TypeVar
 import uvicorn
 from fastapi.responses import JSONResponse
 
-from extender.app import create_app
-from extender.collector import settle_when_synced
-from extender.demo_cluster import DEMO_NODES, DemoCluster, with_uuids
-from extender.ledger import Phase
-from extender.server import ServeOptions, server_config
-from extender.service import ExtenderService
-from extender.state import ClusterState, NodeKey
-from extender.wire import BindingArgs, ExtenderArgs
+from extender.server.app import create_app
+from extender.server.gc_freeze import settle_when_synced
+from extender.demo.cluster import DEMO_NODES, DemoCluster, with_uuids
+from extender.cache.ledger import Phase
+from extender.server.serve import ServeOptions, server_config
+from extender.verbs.service import ExtenderService
+from extender.cache.cluster_state import ClusterState, NodeKey
+from extender.api.wire import BindingArgs, ExtenderArgs
 from topology.agent.claims import Board
 from topology.annotations import AnnotationKeys
 from topology.codec import NodeState, decode_topology, encode_state
@@ -89,7 +89,7 @@ SPINE, LEAF = "network.topology.nvidia.com/spine", "network.topology.nvidia.com/
 SPINE_LEAVES = 8
 PLAN_NAMESPACE = "training"
 # GPUs per member of a planned group. Two, not one: a single GPU has no ring, so no full-bandwidth set of one
-# exists (topology/full_sets.py) and a group of 1-GPU members is never planned (extender/group_plan.py).
+# exists (topology/full_sets.py) and a group of 1-GPU members is never planned (extender/groups/layouts.py).
 PLAN_GPUS = 2
 
 
@@ -437,7 +437,7 @@ def serve(service: ExtenderService, cluster: LoadCluster, churn: Churn, facts: d
 
 class VerbProfile:
     """cProfile of the service's filter and prioritize where they run on the verbs' thread, which a profiler
-    enabled on the event loop does not see (extender/app.py answers on the event loop what needs only remembered
+    enabled on the event loop does not see (extender/server/app.py answers on the event loop what needs only remembered
     answers, and sends new work to that thread). On the event loop they are left to the loop's profiler: a second
     one there would take its place. Parsing the body and writing the answer are outside it."""
 

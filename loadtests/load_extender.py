@@ -2,7 +2,7 @@
 a bare FastAPI echo server as the floor, in one run (DESIGN.md §9).
 
 Three processes besides this one (four with plans), all on 127.0.0.1:
-- the extender: `loadtests/large_cluster_server.py` (`extender.app.create_app` on a DemoCluster of N nodes
+- the extender: `loadtests/large_cluster_server.py` (`extender.server.app.create_app` on a DemoCluster of N nodes
   with a share of its GPUs taken and Topograph's network labels, its state built with those levels, uvicorn,
   one worker);
 - with `--plans N` (1,000 by default), a second extender built alike that then plans N groups before serving,
@@ -946,7 +946,7 @@ def header(argv: Sequence[str] | None, args: argparse.Namespace, elapsed: float,
                f"these CPUs. Load average (1, 5, 15 min) before the run {loadavg_before}, after it {loadavg_after}"
                + (f"; {args.idle_note}" if args.idle_note else ""))
     return "\n".join(run_header("Extender over HTTP", "load_extender.py", argv, elapsed, machine) + [
-        f"- Cluster: {facts['nodes']:,} nodes, the ten platforms of `extender.demo_cluster.DEMO_NODES` repeated "
+        f"- Cluster: {facts['nodes']:,} nodes, the ten platforms of `extender.demo.cluster.DEMO_NODES` repeated "
         f"({facts['boards']} distinct boards), {facts['gpus']:,} GPUs; {facts['fill_pods']:,} running 1-, 2- and "
         f"4-GPU pods bound through the extender to random nodes first hold {facts['used_gpus']:,} GPUs "
         f"({100 * facts['used_gpus'] / facts['gpus']:.0f}%), giving {facts['distinct_node_keys']} distinct "

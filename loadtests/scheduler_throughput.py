@@ -97,7 +97,7 @@ from kube_e2e import (  # noqa: E402
     write_kubeconfig,
 )
 
-from extender.pod_request import DEFAULT_GPU_RESOURCE  # noqa: E402
+from extender.api.pod_request import DEFAULT_GPU_RESOURCE  # noqa: E402
 from topology.annotations import AnnotationKeys  # noqa: E402
 
 BEGIN, END = "<!-- scheduler_throughput:begin -->", "<!-- scheduler_throughput:end -->"

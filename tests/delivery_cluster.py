@@ -30,12 +30,12 @@ import grpc
 import kubernetes.client as k8s
 import orjson
 
-from extender.demo_cluster import with_uuids
-from extender.kube import KubernetesApi
-from extender.reflector import Reflector
-from extender.service import ExtenderService
-from extender.state import ClusterState
-from extender.wire import BindingArgs, parse_extender_args
+from extender.demo.cluster import with_uuids
+from extender.kube.client import KubernetesApi
+from extender.kube.reflector import Reflector
+from extender.verbs.service import ExtenderService
+from extender.cache.cluster_state import ClusterState
+from extender.api.wire import BindingArgs, parse_extender_args
 from kube_api_server import FakeKubeApiServer, make_node
 from kubelet_standin import Admission, KubeletStandIn, pod_containers
 from topology.agent import deviceplugin_v1beta1 as dp

@@ -23,15 +23,15 @@ import orjson
 from fastapi.testclient import TestClient
 from kube_api_server import FakeKubeApiServer, wait_until
 
-from extender.app import create_app
-from extender.demo_cluster import with_uuids
-from extender.kube import KubernetesApi
-from extender.leader import LeaderElector
-from extender.leader_label import LeaderLabel
-from extender.reflector import Reflector
-from extender.seal import Seal
-from extender.service import ExtenderService
-from extender.state import ClusterState
+from extender.server.app import create_app
+from extender.demo.cluster import with_uuids
+from extender.kube.client import KubernetesApi
+from extender.kube.leader_election import LeaderElector
+from extender.kube.leader_label import LeaderLabel
+from extender.kube.reflector import Reflector
+from extender.cache.seal import Seal
+from extender.verbs.service import ExtenderService
+from extender.cache.cluster_state import ClusterState
 from topology.codec import NodeState, encode_state, encode_topology
 from topology.model import Topology
 from topology.platforms import PLATFORMS

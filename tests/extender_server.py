@@ -1,4 +1,4 @@
-"""The real extender server (uvicorn, `extender.server`'s protocol and limits) on a free loopback port, in a thread."""
+"""The real extender server (uvicorn, `extender.server.serve`'s protocol and limits) on a free loopback port, in a thread."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import NamedTuple
 
 import uvicorn
 
-from extender.server import ServeOptions, server_config
-from extender.service import ExtenderService
+from extender.server.serve import ServeOptions, server_config
+from extender.verbs.service import ExtenderService
 
 
 class Serving(NamedTuple):

@@ -19,8 +19,8 @@ from kube_api_server import kube_server_fixture, make_pod
 from kubernetes import client as k8s
 from test_client_name import pki
 
-from extender.api_writer import MAX_ANSWER_BYTES, AnswerError, ApiWriter, StaleConnection, endpoint_of
-from extender.kube import KubernetesApi
+from extender.kube.binding_writer import MAX_ANSWER_BYTES, AnswerError, ApiWriter, StaleConnection, endpoint_of
+from extender.kube.client import KubernetesApi
 
 __all__ = ["kube_server_fixture", "pki"]  # the `kube_server` fixture, and test_client_name's certificates
 

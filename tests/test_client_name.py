@@ -12,10 +12,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from extender.demo_cluster import DemoCluster
-from extender.server import ServeOptions, certificate_names
-from extender.service import ExtenderService
-from extender.state import ClusterState
+from extender.demo.cluster import DemoCluster
+from extender.server.serve import ServeOptions, certificate_names
+from extender.verbs.service import ExtenderService
+from extender.cache.cluster_state import ClusterState
 from extender_server import running_server
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")

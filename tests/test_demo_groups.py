@@ -7,7 +7,7 @@ from itertools import combinations
 
 import pytest
 
-from extender.demo_groups import GROUPS, RUNNING, STEPS, Comparison, Run, arrivals, compare, run_groups_demo
+from extender.demo.groups import GROUPS, RUNNING, STEPS, Comparison, Run, arrivals, compare, run_groups_demo
 from topology.annotations import AnnotationKeys
 
 

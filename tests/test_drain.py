@@ -1,16 +1,16 @@
-"""Draining (extender/drain.py): a pod that every candidate refused only to wait for a full-bandwidth set gets
+"""Draining (extender/verbs/drains.py): a pod that every candidate refused only to wait for a full-bandwidth set gets
 the full set nearest to free drained for it; other pods' filter, prioritize and bind no longer see its free GPUs.
 On the real PCIe L40S board: GPUs 0-3 on one socket, 4-7 on the other (a full set of four is a socket)."""
 
 from __future__ import annotations
 
-from extender.demo_cluster import DemoCluster
-from extender.drain import Drains
-from extender.filter import NOT_ENOUGH_FREE
-from extender.service import ExtenderService
-from extender.state import ClusterState, NodeKey
-from extender.wait import WAITING
-from extender.wire import BindingArgs, ExtenderArgs
+from extender.demo.cluster import DemoCluster
+from extender.verbs.drains import Drains
+from extender.verbs.filter import NOT_ENOUGH_FREE
+from extender.verbs.service import ExtenderService
+from extender.cache.cluster_state import ClusterState, NodeKey
+from extender.verbs.wait import WAITING
+from extender.api.wire import BindingArgs, ExtenderArgs
 from reported_nodes import ManualClock, reported_cluster
 from topology.select import Selector
 

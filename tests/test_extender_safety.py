@@ -10,12 +10,12 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
-from extender.app import create_app
-from extender.demo_cluster import DemoCluster
-from extender.ledger import Phase
-from extender.service import ExtenderService
-from extender.state import ClusterState
-from extender.wire import BindingArgs
+from extender.server.app import create_app
+from extender.demo.cluster import DemoCluster
+from extender.cache.ledger import Phase
+from extender.verbs.service import ExtenderService
+from extender.cache.cluster_state import ClusterState
+from extender.api.wire import BindingArgs
 from topology.codec import NodeState, encode_state
 
 NODES = (("dgx-a", "dgx-h100"), ("dgx-b", "dgx-h100"), ("v100", "dgx1-v100"), ("a6000", "rtx-a6000-pairs"))
@@ -147,7 +147,7 @@ def test_stale_node_is_refused_for_bind_and_filtered() -> None:
     pod = cluster.create_pod("late", 1)
     request = service.pod_request(pod)
     now[0] += 61
-    from extender.filter import filter_nodes
+    from extender.verbs.filter import filter_nodes
     outcome = filter_nodes(state, service.selector, request, ["n1", "unknown"])
     assert outcome.reasons() == ({"n1": "no fresh GPU state from the node reporter"},
                                  {"unknown": "no GPU topology reported"})

@@ -15,10 +15,10 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
-from extender.app import create_app
-from extender.demo_cluster import DemoCluster
-from extender.service import ExtenderService
-from extender.state import ClusterState
+from extender.server.app import create_app
+from extender.demo.cluster import DemoCluster
+from extender.verbs.service import ExtenderService
+from extender.cache.cluster_state import ClusterState
 
 BODIES = Path(__file__).parent / "fixtures" / "kube-scheduler"
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "kube-scheduler"

@@ -1,4 +1,4 @@
-"""Whole groups in one NVLink domain (extender/group_placement.py, group_plan.py, group_plans.py).
+"""Whole groups in one NVLink domain (extender/verbs/group_placement.py, group_plan.py, group_plans.py).
 
 The cluster: GB200 NVL72 compute trays (the real 4-GPU capture, NVSwitch) in two NVLink domains named as GPU
 feature discovery names them (`nvidia.com/gpu.clique`), under two leaves of one spine. Pods go through the
@@ -13,14 +13,15 @@ from typing import Any
 
 import pytest
 
-from extender.group_placement import ELSEWHERE
-from extender.group_sizes import COSCHEDULING, SCHEDULING_GROUP, GroupSizes
-from extender.ledger import Phase
-from extender.pod_request import parse_pod
-from extender.seal import Seal
-from extender.service import ExtenderService
-from extender.state import ClusterState
-from extender.wire import BindingArgs, ExtenderArgs
+from extender.verbs.group_placement import ELSEWHERE
+from extender.api.group_request import COSCHEDULING, SCHEDULING_GROUP
+from extender.groups.sizes import GroupSizes
+from extender.cache.ledger import Phase
+from extender.api.pod_request import parse_pod
+from extender.cache.seal import Seal
+from extender.verbs.service import ExtenderService
+from extender.cache.cluster_state import ClusterState
+from extender.api.wire import BindingArgs, ExtenderArgs
 from reported_nodes import ManualClock, reported_cluster
 from topology.annotations import AnnotationKeys
 
@@ -50,7 +51,7 @@ class _Kube:
         return None
 
     def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
-        from extender.kube import KubeError
+        from extender.kube.client import KubeError
         if name in self.refuse:
             raise KubeError(f"pods {name!r} is forbidden", 403)
         pod = self.pods[uid]

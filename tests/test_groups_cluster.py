@@ -6,7 +6,7 @@ reflectors, the service with --topology-levels) behind its real HTTP server (tes
 plays kube-scheduler, as the real one does in tests/e2e/test_groups_e2e.py: the pods in arrival order, for each
 its own count check (NodeResourcesFit: a tray's 4 GPUs less what the pods bound there request), then the
 extender's filter over every tray that fits, prioritize, and bind to the best score, over HTTP
-(extender/demo_scheduler.py's cycle). A pod the extender refuses is tried again after the next cluster event (a
+(extender/demo/scheduler.py's cycle). A pod the extender refuses is tried again after the next cluster event (a
 bind, a deletion), as its Extender rejector makes kube-scheduler retry it then.
 
 After every cycle the pods are checked as the end-to-end test checks them at every poll: no group's bound members
@@ -45,8 +45,8 @@ from group_scenario import (
 )
 from kube_api_server import FakeKubeApiServer, make_node, make_pod, wait_until
 
-from extender.demo_scheduler import Scheduler
-from extender.pod_request import DEFAULT_GPU_RESOURCE, effective_gpu_request
+from extender.demo.scheduler import Scheduler
+from extender.api.pod_request import DEFAULT_GPU_RESOURCE, effective_gpu_request
 
 NAMESPACE = "ml"
 LABELS = tray_labels()
@@ -113,7 +113,7 @@ def cluster_fixture() -> Iterator[tuple[FakeKubeApiServer, Extender, KubeSchedul
                                       gpus=GPUS_PER_MEMBER, labels=labels))
         extender = start(server, stale_after=3600.0, levels=LEVELS)
         try:
-            with running_server(extender.service) as port, Scheduler(port) as scheduler:
+            with running_server(extender.verbs.service) as port, Scheduler(port) as scheduler:
                 yield server, extender, KubeScheduler(server, scheduler)
         finally:
             extender.stop()
@@ -131,7 +131,7 @@ def report(server: FakeKubeApiServer, extender: Extender) -> None:
         node["metadata"]["annotations"] = node_annotations(tray, platform=PLATFORM, used=used[tray],
                                                            observed=datetime.now(UTC), generation=2)
         server.update_node(node)
-    wait_until(lambda: all((view := extender.state.view(tray)) is not None and view.reported_used == used[tray]
+    wait_until(lambda: all((view := extender.cache.cluster_state.view(tray)) is not None and view.reported_used == used[tray]
                            for tray in LABELS), what="the extender to read the reports")
 
 
@@ -163,7 +163,7 @@ def test_groups_land_whole_and_a_waiting_group_takes_the_domain_a_deleted_group_
     scheduler.waiting.discard(group)
     gone = [pod["metadata"] for pod in bound_members(pods, FREES_ROOM)]
     scheduler.delete(meta["name"] for meta in gone)
-    wait_until(lambda: all(extender.state.ledger.get(meta["uid"]) is None for meta in gone),
+    wait_until(lambda: all(extender.cache.cluster_state.ledger.get(meta["uid"]) is None for meta in gone),
                what=f"the extender to see {FREES_ROOM}'s pods go")
     scheduler.run()
 

@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 
 import topology.compiled as compiled_module
 import topology.select as select_module
-from extender.filter import BUDGET, filter_nodes
-from extender.memo import ShapeMemo
-from extender.metrics import Metrics
-from extender.pod_request import parse_pod
-from extender.scoring import prioritize_nodes
-from extender.state import MAX_DEAD_BOARDS, ClusterState
+from extender.verbs.filter import BUDGET, filter_nodes
+from extender.verbs.answer_memo import ShapeMemo
+from extender.verbs.metrics import Metrics
+from extender.api.pod_request import parse_pod
+from extender.verbs.scoring import prioritize_nodes
+from extender.cache.cluster_state import MAX_DEAD_BOARDS, ClusterState
 from hostile_boards import bipartite, bridge_pairs, mesh, ties
 from topology.budget import WORK_BUDGET, WorkBudget
 from topology.codec import NodeState, encode_state, encode_topology

@@ -1,4 +1,4 @@
-"""extender.kube through the real `kubernetes` client, against the in-process API server."""
+"""extender.kube.client through the real `kubernetes` client, against the in-process API server."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from kube_api_server import (
 )
 from kubernetes import client as k8s
 
-from extender.kube import (
+from extender.kube.client import (
     ACTIVE_PODS,
     COMPONENT,
     Conflict,

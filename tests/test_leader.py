@@ -1,4 +1,4 @@
-"""Leader election on a Lease (extender.leader), and what it gates: only the leader binds and carries the leader
+"""Leader election on a Lease (extender.kube.leader_election), and what it gates: only the leader binds and carries the leader
 label (the Service routes to it); every replica with synced caches is ready, to serve or to take over.
 
 The election rules run over the real client and the in-process API server (Leases with resourceVersion
@@ -20,9 +20,9 @@ from extender_harness import (APP_LABELS, GPUS_KEY, LEADER_LABEL, Extender, Repl
                               node_annotations, start)
 from kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node, make_pod, wait_until
 
-from extender.kube import KubeError, KubernetesApi
-from extender.leader import LeaderElector, LeaseRecord, Timings, micro_time
-from extender.leader_label import LeaderLabel
+from extender.kube.client import KubeError, KubernetesApi
+from extender.kube.leader_election import LeaderElector, LeaseRecord, Timings, micro_time
+from extender.kube.leader_label import LeaderLabel
 from topology.annotations import AnnotationKeys
 
 __all__ = ["kube_server_fixture"]

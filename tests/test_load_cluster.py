@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "loadtests"))
 import large_cluster_server as load  # noqa: E402
 from hostile_node import SHAPES  # noqa: E402
 
-from extender.wire import BindingArgs, ExtenderArgs  # noqa: E402
+from extender.api.wire import BindingArgs, ExtenderArgs  # noqa: E402
 from topology.codec import decode_state, encode_topology  # noqa: E402
 
 

@@ -1022,7 +1022,7 @@ def test_extender_runs_two_replicas_on_two_nodes_with_one_leader() -> None:
 
 
 def _synced(pod: ReplicaPod) -> bool:
-    """The extender's readiness: caches synced, on the leader and on a standby alike (extender/service.py)."""
+    """The extender's readiness: caches synced, on the leader and on a standby alike (extender/verbs/service.py)."""
     return pod.synced
 
 
@@ -1197,9 +1197,9 @@ def bindings_of(service_account: str) -> set[tuple[str, str | None, str, str]]:
 
 def test_extender_rbac_is_exactly_least_privilege() -> None:
     role = obj("ClusterRole", "gpu-topology-extender")
-    # What extender/kube.py calls: list_node (list and watch), list_pod_for_all_namespaces (list and watch),
+    # What extender/kube/client.py calls: list_node (list and watch), list_pod_for_all_namespaces (list and watch),
     # read_namespaced_pod (get), create_namespaced_pod_binding, create_namespaced_event, and PodGroups of both kinds
-    # (list_cluster_custom_object, list and watch: extender/group_sizes.py). No pod patch or update:
+    # (list_cluster_custom_object, list and watch: extender/groups/sizes.py). No pod patch or update:
     # the bind annotations travel in the Binding. No node get: Nodes come from the watch only.
     assert flatten_rules(role["rules"]) == {
         ("", "nodes", "list", ()),
@@ -1219,11 +1219,11 @@ def test_extender_rbac_is_exactly_least_privilege() -> None:
         ("RoleBinding", NAMESPACE, "Role", "gpu-topology-extender-lease"),
         ("RoleBinding", NAMESPACE, "Role", "gpu-topology-extender-leader-label"),
     }
-    # The leader label (extender/leader_label.py: one merge patch of its own Pod): patch only, in its namespace
+    # The leader label (extender/kube/leader_label.py: one merge patch of its own Pod): patch only, in its namespace
     # only. resourceNames cannot name a Deployment's Pods; extender-policy.yaml holds it to its own Pod.
     assert flatten_rules(LEADER_LABEL_ROLE["rules"]) == {("", "pods", "patch", ())}
     assert LEADER_LABEL_ROLE["metadata"]["namespace"] == EXTENDER["metadata"]["namespace"]
-    # Leader election (extender/leader.py: get, create, replace): create cannot name its object; get and update
+    # Leader election (extender/kube/leader_election.py: get, create, replace): create cannot name its object; get and update
     # name the one Lease. In the extender's namespace only.
     assert flatten_rules(LEASE_ROLE["rules"]) == {
         ("coordination.k8s.io", "leases", "create", ()),
@@ -1272,7 +1272,7 @@ USER = "jane@example.com"
 REPLICASET_CONTROLLER = "system:serviceaccount:kube-system:replicaset-controller"
 KUBELET = "system:node:gpu-node-1"
 
-# What the extender writes into the Binding (extender/bind.py), for a 2-GPU pod with one container.
+# What the extender writes into the Binding (extender/verbs/bind.py), for a 2-GPU pod with one container.
 BOUND = {
     KEYS.gpus: "GPU-5d1b6c2e-0a3f-4e7b-9c41-2f8e1d0a7b64,GPU-8a2f4c1d-7e5b-4a93-b0c6-1d2e3f4a5b6c",
     KEYS.containers: "train=GPU-5d1b6c2e-0a3f-4e7b-9c41-2f8e1d0a7b64,GPU-8a2f4c1d-7e5b-4a93-b0c6-1d2e3f4a5b6c",
@@ -1489,8 +1489,8 @@ def test_bind_policy_names_exactly_the_keys_the_extender_writes() -> None:
     prefix = celtypes.StringType(policy_variable(BIND_POLICY, "prefix"))
     value = program(keys).evaluate({"variables": celtypes.MapType({celtypes.StringType("prefix"): prefix})})
     assert [str(key) for key in value] == BIND_KEYS
-    # The extender's bind puts these and only these into the Binding (extender/bind.py).
-    source = (ROOT / "extender" / "bind.py").read_text()
+    # The extender's bind puts these and only these into the Binding (extender/verbs/bind.py).
+    source = (ROOT / "extender" / "verbs" / "bind.py").read_text()
     written = set(re.findall(r"state\.keys\.(\w+): ", source)) | set(re.findall(r"annotations\[state\.keys\.(\w+)\]",
                                                                              source))
     assert written == {"gpus", "containers", "seal", "ring_bandwidth", "group_plan"}
@@ -2097,8 +2097,8 @@ def test_make_certs_makes_the_seal_key_the_extender_mounts(certs: tuple[Path, st
     # 32 random bytes as 64 hex digits (whitespace-proof: the extender strips the file), readable by its owner only.
     assert re.fullmatch(r"[0-9a-f]{64}\n", key.read_text())
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
-    # The extender accepts it (extender/seal.py: at least 16 bytes).
-    from extender.seal import Seal
+    # The extender accepts it (extender/cache/seal.py: at least 16 bytes).
+    from extender.cache.seal import Seal
 
     seal = Seal.from_file(key)
     assert seal.verify(seal.sign("uid", "node", "GPU-a", "c=GPU-a"), "uid", "node", "GPU-a", "c=GPU-a")

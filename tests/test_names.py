@@ -1,4 +1,4 @@
-"""extender/_names.c against plain Python: each per-name pass gives what the Python it replaced gives, for any
+"""extender/api/_names.c against plain Python: each per-name pass gives what the Python it replaced gives, for any
 names a request can carry (quotes, backslashes, control characters, non-ASCII, empty, over-long, not strings),
 and refuses what it cannot answer with an exception, never a wrong answer."""
 
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extender._names import first_bad, group, lookup, lookup_few, scores_json, unique
-from extender.pod_request import MAX_NAME_CHARS
-from extender.wire import BadRequest, parse_extender_args
+from extender.api._names import first_bad, group, lookup, lookup_few, scores_json, unique
+from extender.api.pod_request import MAX_NAME_CHARS
+from extender.api.wire import BadRequest, parse_extender_args
 
 # Characters JSON must escape, and some it must not, often; then any character but a lone surrogate.
 AWKWARD = '"\\\x00\x01\x08\x09\x0a\x0c\x0d\x1f\x7f/ ,:{}[]éß€\u2028😀'
@@ -162,9 +162,9 @@ def test_every_install_builds_the_extension() -> None:
     """A fresh clone's `make demo` or `make test` (pip install -e), a changed C source (make rebuilds), and the
     image, whose build stage has a compiler and whose runtime stage has none."""
     modules = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["ext-modules"]
-    assert modules == [{"name": "extender._names", "sources": ["extender/_names.c"]}]
+    assert modules == [{"name": "extender.api._names", "sources": ["extender/api/_names.c"]}]
     makefile = (ROOT / "Makefile").read_text()
-    assert "$(BIN)/activate: pyproject.toml extender/_names.c" in makefile
+    assert "$(BIN)/activate: pyproject.toml extender/api/_names.c" in makefile
     build, runtime = (ROOT / "Dockerfile").read_text().split("\nFROM ")[1:]
     assert "gcc" in build and "COPY extender ./extender" in build
     assert "gcc" not in runtime and "apt-get" not in runtime

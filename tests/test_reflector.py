@@ -1,4 +1,4 @@
-"""extender.reflector over the real client and the in-process API server, plus its backoff alone."""
+"""extender.kube.reflector over the real client and the in-process API server, plus its backoff alone."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from kube_api_server import PODS, FakeKubeApiServer, kube_server_fixture, make_pod, wait_until
 from kubernetes import client as k8s
 
-from extender.kube import KubernetesApi
-from extender.reflector import Reflector
+from extender.kube.client import KubernetesApi
+from extender.kube.reflector import Reflector
 from topology.backoff import Backoff
 
 __all__ = ["kube_server_fixture"]  # the `kube_server` fixture

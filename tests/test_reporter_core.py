@@ -43,7 +43,7 @@ def container(*ids: str, resource: str = "nvidia.com/gpu", pod: str = "p") -> Co
 
 
 def test_gpu_ids_agree_with_the_extender():
-    assert GpuIds(TOPOLOGY).ids == tuple(f"GPU{i}" for i in range(8))  # extender.state: uuid or GPU<index>
+    assert GpuIds(TOPOLOGY).ids == tuple(f"GPU{i}" for i in range(8))  # extender.cache.cluster_state: uuid or GPU<index>
     assert GpuIds(UUIDS).ids == tuple(g.uuid for g in UUIDS.gpus)
 
 

@@ -325,7 +325,7 @@ def test_occupancy_follows_pod_resources_within_one_interval_and_stop_is_prompt(
 
 @pytest.mark.parametrize("uuids", [True, False], ids=["nvml-uuids", "from-topo-indices"])
 def test_the_extender_sees_the_reporters_used_and_unhealthy_gpus(kube_server, node_api, kubelet, uuids):
-    from extender.state import ClusterState
+    from extender.cache.cluster_state import ClusterState
 
     topology = TOPOLOGY if uuids else PLATFORMS[NAME].topology()
     ids = U if uuids else [f"GPU{i}" for i in range(8)]

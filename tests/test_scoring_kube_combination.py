@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from extender.pod_request import PodRequest, parse_pod
-from extender.scoring import MAX_SCORE, prioritize_nodes
-from extender.scoring.fragmentation import lost_gpus
-from extender.state import ClusterState
+from extender.api.pod_request import PodRequest, parse_pod
+from extender.verbs.scoring import MAX_SCORE, prioritize_nodes
+from extender.verbs.scoring.fragmentation import lost_gpus
+from extender.cache.cluster_state import ClusterState
 from reported_nodes import reported_cluster
 from topology.compiled import compile_topology
 from topology.platforms import PLATFORMS

@@ -10,9 +10,9 @@ from datetime import datetime, timezone
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from extender.demo_cluster import DemoCluster
-from extender.ledger import Assignment, Phase
-from extender.state import ClusterState
+from extender.demo.cluster import DemoCluster
+from extender.cache.ledger import Assignment, Phase
+from extender.cache.cluster_state import ClusterState
 from topology.codec import NodeState, encode_state
 
 NODES = (("n1", "dgx-h100"), ("n2", "dgx-a100"))

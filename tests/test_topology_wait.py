@@ -1,4 +1,4 @@
-"""The topology wait (extender/wait.py): a multi-GPU pod that states nothing holds out, for a bounded time from
+"""The topology wait (extender/verbs/wait.py): a multi-GPU pod that states nothing holds out, for a bounded time from
 the first filter call, for a node that can give it a full-bandwidth set; on real boards, through the filter."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from extender.cli import main
-from extender.filter import NOT_ENOUGH_FREE, filter_nodes
-from extender.pod_request import PodRequest, parse_pod
-from extender.state import ClusterState
-from extender.wait import WAITING, WaitClock
+from extender.verbs.filter import NOT_ENOUGH_FREE, filter_nodes
+from extender.api.pod_request import PodRequest, parse_pod
+from extender.cache.cluster_state import ClusterState
+from extender.verbs.wait import WAITING, WaitClock
 from topology.bounds import MAX_TOPOLOGY_WAIT_SECONDS
 from reported_nodes import ManualClock, reported_cluster
 from topology.select import Selector

@@ -1,4 +1,4 @@
-"""The extender's server answers the verbs in its own protocol (extender/server.py), not through ASGI: its answers
+"""The extender's server answers the verbs in its own protocol (extender/server/serve.py), not through ASGI: its answers
 are the ASGI routes' answers byte for byte, and it keeps HTTP/1.1's rules where uvicorn would (keep-alive,
 `Connection: close`, pipelining, `Expect: 100-continue`, a client gone before its answer, a body over the limit)."""
 
@@ -11,11 +11,11 @@ import threading
 import orjson
 from fastapi.testclient import TestClient
 
-from extender.app import create_app
-from extender.demo_cluster import DemoCluster
-from extender.ledger import Phase
-from extender.service import ExtenderService
-from extender.state import ClusterState
+from extender.server.app import create_app
+from extender.demo.cluster import DemoCluster
+from extender.cache.ledger import Phase
+from extender.verbs.service import ExtenderService
+from extender.cache.cluster_state import ClusterState
 from extender_server import running_server, serving
 
 WAIT = 30.0  # only a bound for a failing test, never a measurement

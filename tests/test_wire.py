@@ -10,12 +10,12 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
-from extender.app import create_app
-from extender.demo_cluster import DemoCluster
-from extender.openapi import document
-from extender.service import ExtenderService
-from extender.state import ClusterState
-from extender.wire import BadRequest, filter_result, parse_binding_args, parse_extender_args, prioritize_result
+from extender.server.app import create_app
+from extender.demo.cluster import DemoCluster
+from extender.api.openapi import document
+from extender.verbs.service import ExtenderService
+from extender.cache.cluster_state import ClusterState
+from extender.api.wire import BadRequest, filter_result, parse_binding_args, parse_extender_args, prioritize_result
 
 
 @pytest.mark.parametrize(("hosts", "scores", "answered"), [
@@ -166,7 +166,7 @@ def _json_schema(schema: object) -> object:
 @pytest.mark.parametrize("capture", sorted(path.name for path in BODIES.glob("*--*.json")
                                            if "response" not in path.name))
 def test_the_openapi_document_describes_what_kube_scheduler_sends(capture: str) -> None:
-    """make fuzz generates from extender/openapi.py: it must admit every real request body."""
+    """make fuzz generates from extender/api/openapi.py: it must admit every real request body."""
     jsonschema = pytest.importorskip("jsonschema")
     spec = document()
     verb = capture.split("--")[1].split(".")[0]

@@ -39,7 +39,7 @@ class AnnotationKeys:
     interconnect = _Key("interconnect")
     placement = _Key("placement")
     min_bandwidth = _Key("min-bandwidth")
-    topology_wait = _Key("topology-wait")  # seconds this pod waits for a full-bandwidth set (extender/wait.py)
+    topology_wait = _Key("topology-wait")  # seconds this pod waits for a full-bandwidth set (extender/verbs/wait.py)
     # On pods, written by the user: the job this pod is a member of, placed whole (DESIGN §10, extender/groups/).
     group = _Key("group")  # the group's name, in the pod's namespace
     group_size = _Key("group-size")  # members with GPUs, 1 to MAX_GROUP_SIZE
@@ -49,7 +49,7 @@ class AnnotationKeys:
     gpus = _Key("gpus")  # every GPU of the pod, comma-separated
     containers = _Key("containers")  # each container's GPUs (topology/assignment.py); the agent delivers these
     ring_bandwidth = _Key("ring-bandwidth")
-    seal = _Key("seal")  # the extender's MAC over the pod's UID, node and assignment (extender/seal.py)
+    seal = _Key("seal")  # the extender's MAC over the pod's UID, node and assignment (extender/cache/seal.py)
     group_plan = _Key("group-plan")  # the group's plan as it stood at this member's bind, sealed with `seal`
     # On the extender's own Pod, a label (not an annotation): "true" on the leader only, set once its ledger is
     # rebuilt and removed when it steps down; the Service selects it, so kube-scheduler reaches the leader alone.

@@ -68,7 +68,7 @@ STATE_MAX_BYTES = 32 * 1024
 
 
 # A day: the longest topology wait, from --topology-wait or a pod's gpu-topology.io/topology-wait
-# (extender/wait.py); a longer one would hold drained GPUs back past any wait a training job accepts.
+# (extender/verbs/wait.py); a longer one would hold drained GPUs back past any wait a training job accepts.
 MAX_TOPOLOGY_WAIT_SECONDS = 86_400
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from extender.wait import TOPOLOGY_WAIT_SECONDS
+from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS
 from loadtests.replay.clusters import alibaba_fleet, mixed_fleet, nvl72_fleet
 from loadtests.replay.engine import Policy, Run, replay
 from loadtests.replay.group_metrics import GroupSummary, summarize_groups

@@ -2,10 +2,10 @@
 against policy (4), the same extender in-process.
 
 Both runs replay the same jobs with the same seed. (5) is policy (4) whose filter, prioritize and bind travel as
-JSON bodies through the app of `serve --demo` (uvicorn on a local port, extender.demo.running_server) instead
+JSON bodies through the app of `serve --demo` (uvicorn on a local port, extender.demo.mixed_pods.running_server) instead
 of method calls: kube-scheduler's bodies with nodeCacheCapable (`NodeNames`, no NodeList), its answers read
 back as kube-scheduler reads them (filter's reasons come only when no node passes; prioritize leaves out the hosts
-at the request's least score, which add 0, and lowers the others by it: extender/wire.py). Any difference, a node,
+at the request's least score, which add 0, and lowers the others by it: extender/api/wire.py). Any difference, a node,
 a GPU or a time, is a mismatch: what the HTTP layer parses, remembers (the prioritize body memo) or serialises must
 change no decision.
 """
@@ -21,9 +21,9 @@ from typing import Any
 
 import orjson
 
-from extender.demo import running_server
-from extender.filter import FilterOutcome
-from extender.wire import BindingArgs, ExtenderArgs
+from extender.demo.mixed_pods import running_server
+from extender.verbs.filter import FilterOutcome
+from extender.api.wire import BindingArgs, ExtenderArgs
 from loadtests.replay.engine import Outcome, replay
 from loadtests.replay.model import ClusterNode, Job
 from loadtests.replay.policies import ExtenderPolicy

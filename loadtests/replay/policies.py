@@ -9,7 +9,7 @@
     report). The extender's ledger follows what the kubelet allocated, as in a real cluster.
 (4) as (3) with delivery: the kubelet asks the node agent's device plugin, which answers with the GPUs the
     extender bound (--mode deliver).
-(3) and (4) run the extender's own ExtenderService in-process on extender.demo_cluster.DemoCluster, which
+(3) and (4) run the extender's own ExtenderService in-process on extender.demo.cluster.DemoCluster, which
 plays the API server, the kubelets and the node agents; nothing of the extender's logic is repeated here.
 
 For multi-node jobs (a labelled fleet, spans.py) the replay compares: (1), whose kube-scheduler places each
@@ -28,12 +28,12 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
-from extender.demo_cluster import DemoCluster
-from extender.group_request import NVLINK_DOMAIN
-from extender.service import ExtenderService
-from extender.state import ClusterState
-from extender.wait import TOPOLOGY_WAIT_SECONDS
-from extender.wire import BindingArgs, ExtenderArgs
+from extender.demo.cluster import DemoCluster
+from extender.api.group_request import NVLINK_DOMAIN
+from extender.verbs.service import ExtenderService
+from extender.cache.cluster_state import ClusterState
+from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS
+from extender.api.wire import BindingArgs, ExtenderArgs
 from loadtests.gpuallocator_baseline import DGX1V_HIDDEN_PCIE, BestEffortBaseline
 from loadtests.replay.boards import BoardKey, board_key, board_topology
 from loadtests.replay.engine import Fleet, Placement

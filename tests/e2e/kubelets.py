@@ -48,7 +48,7 @@ from kube_e2e import (
     wait_until,
 )
 
-from extender.pod_request import DEFAULT_GPU_RESOURCE
+from extender.api.pod_request import DEFAULT_GPU_RESOURCE
 from topology.agent import deviceplugin_v1beta1 as dp
 from topology.agent.podresources import PodResourcesClient
 from topology.codec import encode_topology

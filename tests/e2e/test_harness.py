@@ -74,7 +74,7 @@ from kube_e2e import (
 )
 from test_manifests import KUBERNETES_VERSION, kube_scheduler_errors
 
-from extender.state import ClusterState
+from extender.cache.cluster_state import ClusterState
 from topology.annotations import AnnotationKeys
 from topology.codec import NodeState, decode_state, decode_topology, encode_state
 

@@ -41,7 +41,7 @@ from kubelets import (
     wait_node_ready,
 )
 
-from extender.pod_request import DEFAULT_GPU_RESOURCE
+from extender.api.pod_request import DEFAULT_GPU_RESOURCE
 from topology.agent.allocate import DEFAULT_CDI_KIND
 from topology.assignment import decode_containers
 from topology.codec import decode_state
@@ -263,7 +263,7 @@ def check_agents(kubelets: KubeletCluster, drawn: set[str]) -> None:
 def held_and_reported(kubelets: KubeletCluster) -> dict[str, tuple[set[str], frozenset[str] | None]]:
     """Per node: the GPUs the kubelet recorded for its live pods' app containers and sidecars, and the agent's
     `used` (None: no state). List never shows a plain init container, so GPUs only such a container holds are not in
-    `used` (the extender keeps counting them from its own reservation, extender/ledger.py `covered`)."""
+    `used` (the extender keeps counting them from its own reservation, extender/cache/ledger.py `covered`)."""
     pods = [pod for pod in kubelets.pods() if (pod.get("status") or {}).get("phase") not in FINISHED]
     result = {}
     for name, node in kubelets.nodes.items():

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from kube_e2e import Cluster, find_kube_binaries, gpu_pod, skip_reason, wait_until
 
-from extender.pod_request import DEFAULT_GPU_RESOURCE, effective_gpu_request
+from extender.api.pod_request import DEFAULT_GPU_RESOURCE, effective_gpu_request
 from topology.codec import decode_state
 from topology.compiled import compile_topology
 from topology.levels import Interconnect

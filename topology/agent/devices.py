@@ -1,6 +1,6 @@
 """What the kubelet and NVML say about this node's GPUs, as one observation in the annotations' GPU ids.
 
-GPU ids are those of the annotations and of the extender (`extender.state.NodeView.ids`): a GPU's UUID, or
+GPU ids are those of the annotations and of the extender (`extender.cache.cluster_state.NodeView.ids`): a GPU's UUID, or
 `GPU<index>` when the topology has no UUIDs (a `nvidia-smi topo -m` capture, `--from-topo`).
 
 The kubelet names devices by the ids the device plugin gave them. NVIDIA's device plugin uses the GPU UUID

@@ -1,0 +1,2 @@
+"""The extender protocol as kube-scheduler speaks it, and what a pod or a PodGroup asks for: wire types, their
+bounds, the OpenAPI document and the C passes over node names (`_names`). Imports only `topology`."""

@@ -1,0 +1,492 @@
+"""The cluster as the extender sees it: node topologies and GPU occupancy, fed by Node and Pod watches.
+
+Each node is held as an immutable `NodeView` that already carries its free-GPU mask, so the hot path
+(filter and prioritize over thousands of names) is a dictionary look-up per node. Views are rebuilt only
+when a node, a pod or the ledger changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from extender.api._names import lookup
+from extender.cache.domains import DomainIndex
+from extender.groups.plans import GROUP_TIMEOUT_SECONDS, GroupPlans
+from extender.cache.ledger import Assignment, Ledger, Phase
+from extender.api.pod_request import DEFAULT_GPU_RESOURCE, PodRequest, parse_pod
+from extender.cache.seal import Seal
+from topology.assignment import AssignmentError, decode_containers
+from topology.annotations import AnnotationKeys
+from topology.codec import CodecError, StateAheadError, check_state, decode_state, decode_topology
+from topology.compiled import CompiledTopology, compile_topology
+from topology.fabric import CLIQUE_LABEL, Domain, reconcile
+from topology.sharing import Sharing, combine, from_labels
+
+log = logging.getLogger(__name__)
+
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    name: str
+    compiled: CompiledTopology | None = None
+    ids: tuple[str, ...] = ()  # GPU id per index: the UUID, or GPU<index> when the topology has none
+    index_of: Mapping[str, int] = field(default_factory=dict)
+    unhealthy: int = 0  # mask
+    reported_used: frozenset[str] = frozenset()
+    reported_pods: Mapping[str, frozenset[str]] = field(default_factory=dict)  # "namespace/name" -> its GPUs
+    observed: float | None = None  # when the reporter last looked, epoch seconds
+    free: int = 0  # mask of free, healthy GPUs
+    problem: str | None = None  # why the node's topology cannot be used
+    refused: str | None = None  # the short, stable class of a refused annotation (REFUSED), for the metric
+    raw_topology: str | None = None
+    sharing: Sharing = Sharing.NONE  # from GFD's labels and the agent's observation (topology/sharing.py)
+    reported_domain: Domain | None = None  # the NVLink domain in the agent's topology annotation
+    domain: Domain = Domain(None, None)  # that and GFD's nvidia.com/gpu.clique label, reconciled
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+    def mask(self, gpu_ids: Iterable[str]) -> int:
+        return sum(1 << self.index_of[gpu] for gpu in set(gpu_ids) if gpu in self.index_of)
+
+    def gpu_ids(self, mask: int) -> tuple[str, ...]:
+        return tuple(gpu for index, gpu in enumerate(self.ids) if mask >> index & 1)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class NodeKey:
+    """What a node's verdict and score depend on: its board, free mask and unhealthy mask, and whether its
+    domain is whole (extender/verbs/scoring/domains.py).
+
+    Nodes with equal keys get equal answers, so a request over 5,000 nodes decides once per distinct key.
+    Keys are interned (one object per distinct value), so hashing one is hashing a pointer.
+    """
+
+    compiled: CompiledTopology
+    free: int
+    unhealthy: int
+    whole: bool = False  # its NVLink domain (else innermost block) has every GPU free
+
+
+@dataclass(frozen=True, slots=True)
+class SharedKey:
+    """The key of a node whose GPUs are shared: kube-scheduler's count decides, topology promises nothing."""
+
+    sharing: Sharing
+
+
+# A node's key, or for a node without a usable topology the reason.
+Key = NodeKey | SharedKey | str
+
+# Refused annotations: the metric's reason class -> the filter reason the node's pods are shown.
+REFUSED: dict[str, str] = {
+    "topology-invalid": "GPU topology annotation is invalid",
+    "state-invalid": "GPU state annotation is invalid",
+    "state-future": "GPU state annotation is dated in the future",
+}
+_MAX_INTERNED = 1 << 16
+MAX_DEAD_BOARDS = 256  # compiled boards kept by keys of no live node, at most
+
+STALE_RECHECK_SECONDS = 1.0
+# How long a reservation whose Binding answer was lost waits for the watch to tell whether it committed:
+# kube-apiserver's default --request-timeout, after which an accepted request has surely finished.
+BIND_OUTCOME_SECONDS = 60.0
+
+Mismatch = Callable[[Assignment, frozenset[str]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    request: PodRequest
+    node: str | None
+
+
+def _holds_alike(previous: Assignment, current: Assignment) -> bool:
+    """Two entries that `Ledger.taken` counts alike (it reads neither the phase, beyond `confirmed`, nor the
+    expiry): one may replace the other, if that clears no release, without recomputing the node."""
+    return (previous.node == current.node and previous.gpus == current.gpus and previous.at == current.at
+            and previous.pod_key == current.pod_key and previous.confirmed == current.confirmed)
+
+
+class ClusterState:
+    def __init__(self, keys: AnnotationKeys | None = None, resource: str = DEFAULT_GPU_RESOURCE,
+                 stale_after: float = 120.0, clock: Callable[[], float] = time.time, seal: Seal | None = None,
+                 bind_outcome_seconds: float = BIND_OUTCOME_SECONDS, levels: Sequence[str] = (),
+                 group_timeout: float = GROUP_TIMEOUT_SECONDS) -> None:
+        self.keys = keys or AnnotationKeys()
+        self.resource = resource
+        self.stale_after = stale_after
+        self.clock = clock
+        self.seal = seal or Seal.ephemeral()
+        self.bind_outcome_seconds = bind_outcome_seconds
+        self.on_mismatch: Mismatch | None = None  # told when the kubelet allocated other GPUs than we bound
+        self.ledger = Ledger()
+        self.domains = DomainIndex(levels, on_whole=self._rekey)
+        self.plans = GroupPlans(self, group_timeout)
+        self.group_members: dict[str, dict[str, str | None]] = {}  # group key -> member UID -> its node
+        self.group_sizes: dict[str, int] = {}  # group key -> members, from PodGroup objects (group_sizes.py)
+        self._views: dict[str, NodeView] = {}
+        self._keys: dict[str, Key] = {}
+        self._interned: dict[tuple[CompiledTopology, int, int, bool], NodeKey] = {}
+        self._interned_boards: set[CompiledTopology] = set()
+        self._boards_limit = MAX_DEAD_BOARDS
+        self.key_epoch = 0  # bumped when keys are forgotten: memos of answers per key must be emptied
+        self.version = 0  # bumped on every change of a node's view: what was worked out from the views is old
+        self._observed: dict[str, float] = {}
+        self._stale: tuple[float, frozenset[str]] = (float("-inf"), frozenset())  # (when checked, stale names)
+        self._pods: dict[str, PodRecord] = {}
+        self._synced: set[str] = set()
+        self.nodes = _Sink(self, "nodes", self._replace_nodes, self._apply_node)
+        self.pods = _Sink(self, "pods", self._replace_pods, self._apply_pod)
+
+    @property
+    def ready(self) -> bool:
+        return {"nodes", "pods"} <= self._synced
+
+    def view(self, name: str) -> NodeView | None:
+        return self._views.get(name)
+
+    def views(self) -> Mapping[str, NodeView]:
+        return self._views
+
+    def pod(self, uid: str) -> PodRecord | None:
+        return self._pods.get(uid)
+
+    def keys_for(self, names: list[str]) -> list[Key | None]:
+        """Each node's key, None for a node never seen; one C pass (extender/api/_names.c) for thousands of names."""
+        return lookup(names, self._keys)
+
+    def is_stale(self, view: NodeView, now: float) -> bool:
+        return view.observed is None or now - view.observed > self.stale_after
+
+    def stale_names(self) -> frozenset[str]:
+        """Nodes with a topology whose GPU state is too old, recomputed at most once a second."""
+        now = self.clock()
+        checked, stale = self._stale
+        if now - checked < STALE_RECHECK_SECONDS:
+            return stale
+        oldest = now - self.stale_after
+        observed = self._observed
+        if not observed or min(observed.values()) >= oldest:
+            stale = frozenset()
+        else:
+            stale = frozenset(name for name, seen in observed.items() if seen < oldest)
+        self._stale = (now, stale)
+        return stale
+
+    def _restale(self, name: str, *, stale: bool) -> None:
+        """Keep the cached stale set right for one node that changed, instead of rescanning every node."""
+        checked, names = self._stale
+        if (name in names) != stale:
+            self._stale = (checked, names | {name} if stale else names - {name})
+
+    def stale_count(self) -> int:
+        return len(self.stale_names())
+
+    def refused_counts(self) -> dict[str, int]:
+        """Nodes whose annotation was refused, per reason class (every class, zero where none)."""
+        counts = dict.fromkeys(REFUSED, 0)
+        for view in list(self._views.values()):
+            if view.refused is not None:
+                counts[view.refused] += 1
+        return counts
+
+    def refresh(self, node: str) -> None:
+        """Recompute a node's free mask from the ledger's reckoning of what is taken (extender/cache/ledger.py)."""
+        with self.ledger.lock:
+            view = self._views.get(node)
+            if view is None or view.compiled is None:
+                return
+            taken = self.ledger.taken(view)
+            free = view.compiled.full_mask & ~taken & ~view.unhealthy
+            if free != view.free:
+                self._store(replace(view, free=free))
+
+    def record(self, assignment: Assignment) -> None:
+        with self.ledger.lock:
+            previous = self.ledger.get(assignment.pod_uid)
+            cleared = self.ledger.record(assignment)
+            if previous is not None and not cleared and _holds_alike(previous, assignment):
+                return  # a bind's BINDING turned BOUND (by its answer or the watch): the node's GPUs are as they were
+            self.refresh(assignment.node)
+            if previous is not None and previous.node != assignment.node:
+                self.refresh(previous.node)
+
+    def release(self, pod_uid: str, *, freed: bool) -> None:
+        """`freed`: the pod ended. Otherwise its bind did not happen, and a group slot it claimed opens again."""
+        with self.ledger.lock:
+            if not freed:
+                self.plans.unclaim(pod_uid)
+            entry = self.ledger.release(pod_uid, self.clock(), freed=freed)
+            if entry is not None:
+                self.refresh(entry.node)
+
+    def uncertain(self, pod_uid: str) -> None:
+        """The Binding's answer was lost: keep the reservation until the watch, or time, tells the outcome."""
+        with self.ledger.lock:
+            entry = self.ledger.get(pod_uid)
+            if entry is not None and entry.phase is Phase.BINDING:
+                self.ledger.record(replace(entry, phase=Phase.UNCERTAIN,
+                                           expires=self.clock() + self.bind_outcome_seconds))
+
+    def sweep(self) -> None:
+        """End the waits that ran out: a pod the watch still shows unbound was not bound by the lost Binding."""
+        with self.ledger.lock:
+            for entry in self.ledger.expired(self.clock()):
+                record = self._pods.get(entry.pod_uid)
+                if record is not None and record.node == entry.node:
+                    self.record(replace(entry, phase=Phase.BOUND, expires=None))
+                else:
+                    self.release(entry.pod_uid, freed=False)
+
+    def _reconcile(self, node: str) -> None:
+        """What the kubelet allocated replaces each reservation the report covers."""
+        view = self._views.get(node)
+        if view is not None:
+            self.ledger.reconcile(view, self.on_mismatch)
+
+    def _replace_nodes(self, items: list[dict[str, Any]]) -> None:
+        with self.ledger.lock:
+            names = set()
+            for item in items:
+                names.add(self._apply_node("ADDED", item))
+            for gone in set(self._views) - names:
+                self._apply_node("DELETED", {"metadata": {"name": gone}})
+
+    def _apply_node(self, kind: str, node: dict[str, Any]) -> str:
+        metadata = node.get("metadata") or {}
+        name = str(metadata.get("name") or "")
+        with self.ledger.lock:
+            if kind == "DELETED":
+                self._views.pop(name, None)
+                self._keys.pop(name, None)
+                self.domains.remove(name)
+                self._observed.pop(name, None)
+                self.ledger.forget_node(name)
+                self._restale(name, stale=False)
+                return name
+            labels = metadata.get("labels") if isinstance(metadata.get("labels"), dict) else {}
+            view = self._decode_node(name, metadata.get("annotations") or {}, labels)
+            self._store(view)
+            self.domains.update(name, view.domain.name, labels, doubt=view.domain.problem is not None)
+            self._restale(name, stale=view.compiled is not None and self.is_stale(view, self.clock()))
+            if view.observed is not None:
+                self.ledger.reporter_observed(name, view.observed)
+            self._reconcile(name)
+            self.refresh(name)
+        return name
+
+    def _store(self, view: NodeView) -> None:
+        self._views[view.name] = view
+        self.version += 1
+        if view.sharing.shared:
+            # Its devices are replicas or slices: no free mask of ours means anything there, so it is never stale.
+            self._keys[view.name] = SharedKey(view.sharing)
+            self._observed.pop(view.name, None)
+        elif view.compiled is None:
+            self._keys[view.name] = view.problem or "no GPU topology reported"
+            self._observed.pop(view.name, None)
+        else:
+            self._keys[view.name] = self._intern(view.compiled, view.free, view.unhealthy,
+                                                 view.name in self.domains.whole)
+            self._observed[view.name] = float("-inf") if view.observed is None else view.observed
+        self.domains.set_busy(view.name, view.compiled is not None and view.free != view.compiled.full_mask)
+
+    def _rekey(self, name: str) -> None:
+        """The node's domain became whole, or stopped being whole: its key says so."""
+        key = self._keys.get(name)
+        if isinstance(key, NodeKey):
+            self._keys[name] = self._intern(key.compiled, key.free, key.unhealthy, name in self.domains.whole)
+
+    def key_without(self, key: NodeKey, gpus: int) -> NodeKey:
+        """The key of a node with `gpus` taken out of its free ones, as a pod sees a node that drains GPUs for
+        another pod (extender/verbs/drains.py)."""
+        if not key.free & gpus:
+            return key
+        with self.ledger.lock:
+            return self._intern(key.compiled, key.free & ~gpus, key.unhealthy, key.whole)
+
+    def _intern(self, compiled: CompiledTopology, free: int, unhealthy: int, whole: bool = False) -> NodeKey:
+        value = (compiled, free, unhealthy, whole)
+        key = self._interned.get(value)
+        if key is not None:
+            return key
+        if compiled not in self._interned_boards:
+            self._interned_boards.add(compiled)
+            if len(self._interned) > _MAX_INTERNED or len(self._interned_boards) > self._boards_limit:
+                self._forget_dead_keys()
+                self._interned_boards.add(compiled)
+        key = self._interned[value] = NodeKey(compiled, free, unhealthy, whole)
+        return key
+
+    def _forget_dead_keys(self) -> None:
+        """Keep only the keys of live nodes. A key pins its compiled board (up to ~70 KB for 64 GPUs), so a
+        reporter rewriting its topology must not keep boards alive through old keys: at most
+        MAX_DEAD_BOARDS boards beyond the live ones stay, and `key_epoch` tells the answer memos to let go."""
+        live = [key for key in self._keys.values() if isinstance(key, NodeKey)]
+        self._interned = {(key.compiled, key.free, key.unhealthy, key.whole): key for key in live}
+        self._interned_boards = {key.compiled for key in live}
+        self._boards_limit = len(self._interned_boards) + MAX_DEAD_BOARDS
+        self.key_epoch += 1
+
+    def _decode_node(self, name: str, annotations: Mapping[str, Any], labels: Mapping[str, Any]) -> NodeView:
+        view = self._decode_annotations(name, annotations)
+        sharing = combine(from_labels(labels), view.sharing)
+        domain = reconcile(view.reported_domain, labels.get(CLIQUE_LABEL))
+        previous = self._views.get(name)
+        if domain.problem is not None and (previous is None or previous.domain != domain):
+            log.warning("node %s: no NVLink domain: %s", name, domain.problem)  # once per change, not per heartbeat
+        return replace(view, sharing=sharing, domain=domain)
+
+    def _decode_annotations(self, name: str, annotations: Mapping[str, Any]) -> NodeView:
+        raw = annotations.get(self.keys.topology)
+        if raw is None:
+            return NodeView(name, problem="no GPU topology reported")
+        previous = self._views.get(name)
+        if previous is not None and previous.raw_topology == raw and previous.compiled is not None:
+            # Heartbeats leave the topology as it was: keep what was decoded, only the state is new.
+            view = NodeView(name, previous.compiled, previous.ids, previous.index_of,
+                            raw_topology=previous.raw_topology,
+                            reported_domain=previous.reported_domain)
+        else:
+            try:
+                topology = decode_topology(str(raw))
+            except CodecError as error:
+                log.warning("node %s: %s", name, error)
+                return _refused(name, "topology-invalid", str(raw))
+            # Only the compiled board (shared by identical nodes) and the GPU ids are kept per node.
+            ids = tuple(gpu.uuid or f"GPU{gpu.index}" for gpu in topology.gpus)
+            view = NodeView(name, compile_topology(topology), ids, {gpu: i for i, gpu in enumerate(ids)},
+                            raw_topology=str(raw), reported_domain=topology.domain)
+        raw_state = annotations.get(self.keys.state)
+        if raw_state is None:
+            return view
+        try:
+            state = decode_state(str(raw_state))
+            check_state(state, view.ids, self.clock())
+        except CodecError as error:
+            log.warning("node %s: %s", name, error)
+            return _refused(name, "state-future" if isinstance(error, StateAheadError) else "state-invalid",
+                            view.raw_topology)
+        return replace(view, unhealthy=view.mask(state.unhealthy), reported_used=state.used,
+                       reported_pods=state.pods, observed=state.observed.timestamp(), sharing=state.sharing)
+
+    def _replace_pods(self, items: list[dict[str, Any]]) -> None:
+        with self.ledger.lock:
+            seen = set()
+            for item in items:
+                self._apply_pod("ADDED", item)
+                seen.add(str((item.get("metadata") or {}).get("uid") or ""))
+            for uid in set(self._pods) - seen:
+                self._forget_pod(uid)
+            for assignment in self.ledger.pods():
+                if assignment.pod_uid not in seen and assignment.phase not in (Phase.BINDING, Phase.PLANNED):
+                    self.release(assignment.pod_uid, freed=True)
+
+    def _apply_pod(self, kind: str, pod: dict[str, Any]) -> None:
+        metadata = pod.get("metadata") or {}
+        uid = str(metadata.get("uid") or "")
+        phase = (pod.get("status") or {}).get("phase")
+        node = (pod.get("spec") or {}).get("nodeName")
+        # A terminating pod still holds its GPUs until it is gone, unless it never reached a node.
+        if kind == "DELETED" or phase in FINISHED_PHASES or (metadata.get("deletionTimestamp") and not node):
+            self._forget_pod(uid)
+            return
+        request = parse_pod(pod, self.keys, self.resource)
+        if request.gpus == 0:
+            return
+        previous = self._pods.get(uid)
+        self._pods[uid] = PodRecord(request, node)
+        group = request.group_key
+        with self.ledger.lock:  # group placement reads the members under it
+            if previous is not None and previous.request.group_key not in (None, group):
+                self._leave_group(previous.request.group_key, uid)  # its annotations were edited
+            if group is not None:
+                self.group_members.setdefault(group, {})[uid] = node
+            if not node:
+                return
+            current = self.ledger.get(uid)
+            if current is None:
+                annotations = metadata.get("annotations")
+                sealed = self._sealed(uid, node, annotations, request)
+                if sealed is not None:
+                    self.record(Assignment(uid, request.key, node, sealed, self.clock(), Phase.BOUND))
+                    if group is not None and isinstance(annotations, dict):
+                        self.plans.restore(group, uid, node, annotations.get(self.keys.group_plan), sealed)
+            elif current.phase in (Phase.BINDING, Phase.UNCERTAIN):
+                if current.node == node:  # the watch shows the Binding committed
+                    self.record(replace(current, phase=Phase.BOUND, expires=None))
+                else:
+                    self.release(uid, freed=False)
+
+    def _sealed(self, uid: str, node: str, annotations: Any, request: PodRequest) -> frozenset[str] | None:
+        """The GPUs of a bind record we sealed for this pod on this node, if the annotations are one.
+
+        This is how the ledger comes back after a restart. Anything else a pod carries (no seal, another
+        pod's seal, more GPUs than it requests, GPUs the node lacks) is not a record of ours and holds nothing.
+        """
+        if not isinstance(annotations, dict):
+            return None
+        gpus, containers = annotations.get(self.keys.gpus), annotations.get(self.keys.containers)
+        if not isinstance(gpus, str) or not isinstance(containers, str):
+            return None
+        if not self.seal.verify(annotations.get(self.keys.seal), uid, node, gpus, containers):
+            return None
+        held = frozenset(gpus.split(","))
+        try:
+            parts = decode_containers(containers)
+        except AssignmentError:
+            return None
+        view = self._views.get(node)
+        if len(held) > request.gpus or held != frozenset(gpu for _, ids in parts for gpu in ids):
+            return None
+        if view is not None and not held <= view.index_of.keys():
+            return None
+        return held
+
+    def _leave_group(self, group: str, uid: str) -> None:
+        members = self.group_members.get(group, {})
+        members.pop(uid, None)
+        if not members:
+            self.group_members.pop(group, None)
+
+    def _forget_pod(self, uid: str) -> None:
+        record = self._pods.pop(uid, None)
+        group = record.request.group_key if record is not None else None
+        with self.ledger.lock:
+            if group is not None:
+                self._leave_group(group, uid)
+            self.plans.forget_member(uid)
+            self.release(uid, freed=True)
+
+
+def _refused(name: str, reason: str, raw_topology: str | None) -> NodeView:
+    """A node whose annotation cannot be trusted: no GPU is offered on it, and filter says why."""
+    return NodeView(name, problem=REFUSED[reason], refused=reason, raw_topology=raw_topology)
+
+
+class _Sink:
+    """Adapts one resource kind's reflector to the state (the reflector's Sink protocol)."""
+
+    def __init__(self, state: ClusterState, kind: str, replace: Callable[[list[dict[str, Any]]], None],
+                 apply: Callable[[str, dict[str, Any]], object]) -> None:
+        self._state = state
+        self._kind = kind
+        self._replace = replace
+        self._apply = apply
+
+    def replace(self, items: list[dict[str, Any]]) -> None:
+        self._replace(items)
+
+    def apply(self, event_type: str, obj: dict[str, Any]) -> None:
+        self._apply(event_type, obj)
+
+    def synced(self) -> None:
+        self._state._synced.add(self._kind)

@@ -1,0 +1,3 @@
+"""`make demo`: an in-memory cluster of real platforms (`cluster`) driven over HTTP as kube-scheduler drives the
+extender (`scheduler`), beside count-only placement (`count_only`): mixed pods, shared GPUs, whole groups.
+Imports every package but `kubectl`."""

@@ -1,0 +1,134 @@
+"""Where a whole group goes: one domain, and a full-bandwidth GPU set on a node of it for every member.
+
+kube-scheduler gives extenders no Permit, so a group is planned whole at its first member, as HiveD (the one
+extender-based gang scheduler) plans a job's cells at its first pod. The domain is chosen best fit first, as
+Kueue's BestFit chooses: the one that leaves the least free capacity over once the group is in it, so partly
+used domains fill before empty ones are broken; among equals, a domain already partly used before an empty one.
+Inside the domain the fullest nodes are filled first, and a node's sets are taken together, so a 2-GPU-per-pod
+group shares nodes and the emptiest nodes stay whole.
+
+Only the node keys (board, free and unhealthy masks) are read, so planning is a function of the cluster as the
+ledger sees it, and a node's sets are worked out once per key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from topology.full_sets import full_choice, full_set_masks
+from topology.select import Selector, mask_of
+
+if TYPE_CHECKING:  # the cluster state holds the plans: a type only, to keep the import one way
+    from extender.cache.cluster_state import NodeKey
+
+_SETS_LIMIT = 1 << 16
+_sets: dict[tuple[NodeKey, int], tuple[int, ...]] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One member's place: a node and the GPUs (mask) it will get there."""
+
+    node: str
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What one domain can give a group now."""
+
+    domain: str
+    slots: tuple[Slot, ...]
+    leftover: int  # free GPUs of the domain left over once the group is in
+    empty: bool  # every healthy GPU of the domain was free: taking it breaks a whole domain
+
+
+def node_sets(selector: Selector, key: NodeKey, count: int) -> tuple[int, ...]:
+    """Disjoint full-bandwidth sets of `count` among the node's free GPUs, best first; remembered per key
+    (keys are interned, and few free masks recur), at most 65,536 answers. One GPU has no ring: any free GPU
+    is a set of one."""
+    found = _sets.get((key, count))
+    if found is None and count == 1:
+        found = tuple(1 << gpu for gpu in range(key.compiled.size) if key.free >> gpu & 1)
+    if found is None:
+        healthy = key.compiled.full_mask & ~key.unhealthy
+        sets: list[int] = []
+        rest = key.free
+        while rest.bit_count() >= count:
+            choice = full_choice(selector, key.compiled, rest, healthy, count)
+            if choice is None:
+                break
+            sets.append(mask_of(choice.gpus))
+            rest &= ~sets[-1]
+        found = tuple(sets)
+    if len(_sets) >= _SETS_LIMIT:
+        _sets.clear()
+    _sets[(key, count)] = found
+    return found
+
+
+def layout(selector: Selector, domain: str, nodes: Iterable[tuple[str, NodeKey]], members: int,
+           count: int, allowed: Container[str] | None = None) -> Layout | None:
+    """The group's layout in this domain, or None when it has too few free full-bandwidth sets on the `allowed`
+    nodes (None: all). What is left over counts every node of the domain."""
+    offers: list[tuple[int, str, tuple[int, ...]]] = []
+    free = 0
+    empty = True
+    for name, key in nodes:
+        free += key.free.bit_count()
+        empty = empty and key.free == key.compiled.full_mask & ~key.unhealthy
+        sets = node_sets(selector, key, count) if allowed is None or name in allowed else ()
+        if sets:
+            offers.append((key.free.bit_count(), name, sets))
+    slots: list[Slot] = []
+    for _, name, sets in sorted(offers):
+        slots.extend(Slot(name, gpus) for gpus in sets[:members - len(slots)])
+        if len(slots) == members:
+            return Layout(domain, tuple(slots), free - members * count, empty)
+    return None
+
+
+def best_layout(layouts: Iterable[Layout | None]) -> Layout | None:
+    """Best fit: least left over, then a partly used domain before an empty one, then the domain's name."""
+    return min((found for found in layouts if found is not None),
+               key=lambda found: (found.leftover, found.empty, found.domain), default=None)
+
+
+def capacity(selector: Selector, nodes: Sequence[tuple[str, NodeKey]], count: int) -> int:
+    """Members of `count` GPUs the domain holds with every healthy GPU free: whether the group could ever fit."""
+    return sum(len(_healthy_sets(selector, key, count)) for _, key in nodes)
+
+
+def drain_targets(selector: Selector, nodes: Sequence[tuple[str, NodeKey]], members: int,
+                  count: int) -> tuple[int, list[Slot]]:
+    """The `members` full-bandwidth sets of the domain nearest to free (most of their GPUs free now), one node's
+    disjoint, and how many of their GPUs are free: what to drain so that departures complete the group."""
+    candidates: list[tuple[int, str, int]] = []
+    for name, key in nodes:
+        ranked = sorted(_healthy_sets(selector, key, count, disjoint=False),
+                        key=lambda mask, free=key.free: -(mask & free).bit_count())
+        candidates.extend(((mask & key.free).bit_count(), name, mask) for mask in _disjoint(ranked))
+    candidates.sort(key=lambda candidate: (-candidate[0], candidate[1]))
+    chosen = candidates[:members]
+    return sum(ready for ready, _, _ in chosen), [Slot(name, mask) for _, name, mask in chosen]
+
+
+def _healthy_sets(selector: Selector, key: NodeKey, count: int, disjoint: bool = True) -> list[int]:
+    """The full-bandwidth sets of `count` among the node's healthy GPUs (single GPUs for one), disjoint or all."""
+    healthy = key.compiled.full_mask & ~key.unhealthy
+    if count == 1:
+        return [1 << gpu for gpu in range(key.compiled.size) if healthy >> gpu & 1]
+    masks = full_set_masks(selector, key.compiled, healthy, count)
+    return _disjoint(masks) if disjoint else list(masks)
+
+
+def _disjoint(masks: Iterable[int]) -> list[int]:
+    """Greedily, in the given order, the masks that overlap none taken before."""
+    taken, kept = 0, []
+    for mask in masks:
+        if not mask & taken:
+            kept.append(mask)
+            taken |= mask
+    return kept

@@ -1,0 +1,176 @@
+"""Draining for waiting pods: while a pod holds out for a full-bandwidth set (extender/verbs/wait.py), the free GPUs
+of the full set nearest to free on one candidate node are kept from other pods, so that departures complete the
+set instead of small pods refilling it.
+
+Why: waiting alone rarely works at high load. The replay (BENCHMARKS.md) showed 4-GPU pods that waited their
+whole wait on an L40S pool while 1-GPU pods took each GPU the moment it came free, so no socket of four ever
+emptied. Batch schedulers call this a reservation with draining; kube-scheduler has none, and kube-scheduler's
+own count filter still sees the drained GPUs as free, so our filter, prioritize and bind hide them from every
+other pod.
+
+A drain lasts no longer than its pod's wait and ends when the pod binds; at most one per pod and
+MAX_DRAINS in all, so a flood of waiting pods cannot hold back the cluster. Only GPUs that are free are drained:
+a drain never takes a GPU from anyone. A waiting group (extender/verbs/group_placement.py) drains one set per member
+across the nodes of the domain nearest to holding it, under the group's key: its members see them as free.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from extender.api._names import lookup
+from extender.cache.cluster_state import ClusterState, Key, NodeKey
+from topology.full_sets import full_set_masks
+from topology.select import Selector
+
+MAX_DRAINS = 1024
+"""Pods draining at once; a pod past it waits without draining."""
+FEW_DRAINED_NODES = 16
+"""Up to this many draining nodes, each is looked up among a request's names in C; past it, one pass."""
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    uid: str  # the waiting pod's UID, or the waiting group's key
+    targets: tuple[tuple[str, int], ...]
+    """(node, GPUs) of the full sets being drained: their free GPUs are held back now, busy ones as they free up."""
+    until: float
+
+    @property
+    def nodes(self) -> frozenset[str]:
+        return frozenset(node for node, _ in self.targets)
+
+
+class Drains:
+    """The drains in force, by pod UID, with the union of drained GPUs per node for the hot path."""
+
+    def __init__(self, limit: int = MAX_DRAINS) -> None:
+        self._limit = limit
+        self._by_pod: dict[str, Drain] = {}
+        self._by_node: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self.started = 0  # drains begun since start, for the replay's checks
+
+    def __len__(self) -> int:
+        return len(self._by_pod)
+
+    def held(self, node: str, uid: str, now: float) -> int:
+        """GPUs of `node` that pod `uid` may not take: those drained for other pods."""
+        return self._others(uid, now).get(node, 0)
+
+    def hide(self, state: ClusterState, names: Sequence[str], keys: list[Key | None], uid: str,
+             now: float) -> list[Key | None]:
+        """The keys as pod `uid` sees them: on nodes draining for other pods, the drained GPUs are not free."""
+        hidden = self._others(uid, now)
+        if not hidden:
+            return keys
+        if len(hidden) > FEW_DRAINED_NODES:
+            return [state.key_without(key, hidden[name]) if name in hidden and isinstance(key, NodeKey) else key
+                    for name, key in zip(names, keys, strict=True)]
+        keys = list(keys)
+        for node, gpus in hidden.items():  # a few C-speed scans beat one Python pass over 5,000 names
+            try:
+                at = names.index(node)  # kube-scheduler names each node once; bind holds the GPUs back anyway
+            except ValueError:
+                continue
+            key = keys[at]
+            if isinstance(key, NodeKey):
+                keys[at] = state.key_without(key, gpus)
+        return keys
+
+    def start(self, uid: str, candidates: Sequence[tuple[str, NodeKey]], selector: Selector, size: int,
+              until: float, now: float) -> Drain | None:
+        """Drain, for pod `uid`, the full set of `size` nearest to free among the candidate nodes (most GPUs
+        already free; the first candidate on a tie). A pod already draining keeps its drain."""
+        self._expire(now)
+        with self._lock:
+            if uid in self._by_pod:
+                return self._by_pod[uid]
+            if len(self._by_pod) >= self._limit:
+                return None
+            best: tuple[int, str, int] | None = None
+            for node, key in candidates:
+                taken = self._by_node.get(node, 0)
+                for target in full_set_masks(selector, key.compiled, key.compiled.full_mask & ~key.unhealthy, size):
+                    ready = (target & key.free).bit_count()
+                    if not target & taken and (best is None or ready > best[0]):
+                        best = (ready, node, target)
+            if best is None:
+                return None
+            _, node, target = best
+            return self._add(Drain(uid, ((node, target),), until))
+
+    def start_sets(self, uid: str, targets: Sequence[tuple[str, int]], until: float, now: float) -> Drain | None:
+        """Drain these sets for `uid` (a waiting group), unless it drains already or none overlaps another's."""
+        self._expire(now)
+        with self._lock:
+            if uid in self._by_pod:
+                return self._by_pod[uid]
+            if len(self._by_pod) >= self._limit or any(self._by_node.get(node, 0) & gpus for node, gpus in targets):
+                return None
+            return self._add(Drain(uid, tuple(targets), until))
+
+    def _add(self, drain: Drain) -> Drain:
+        self._by_pod[drain.uid] = drain
+        self.started += 1
+        for node, gpus in drain.targets:
+            self._by_node[node] = self._by_node.get(node, 0) | gpus
+        return drain
+
+    def end(self, uid: str) -> None:
+        with self._lock:
+            drain = self._by_pod.pop(uid, None)
+            if drain is not None:
+                self._remark(drain.nodes)
+
+    def _others(self, uid: str, now: float) -> dict[str, int]:
+        """Per node, the GPUs drained for pods other than `uid`."""
+        if not self._by_pod:  # the common case, on every filter and prioritize: no lock taken
+            return {}
+        self._expire(now)
+        with self._lock:
+            if not self._by_node:
+                return {}
+            hidden = dict(self._by_node)
+            own = self._by_pod.get(uid)
+            if own is not None:
+                for node in own.nodes:
+                    hidden[node] = self._drained(node, besides=uid)
+            return hidden
+
+    def _expire(self, now: float) -> None:
+        with self._lock:
+            expired = [drain for drain in self._by_pod.values() if drain.until <= now]
+            for drain in expired:
+                del self._by_pod[drain.uid]
+                self._remark(drain.nodes)
+
+    def _drained(self, node: str, besides: str | None = None) -> int:
+        mask = 0
+        for drain in self._by_pod.values():
+            if drain.uid != besides:
+                for target, gpus in drain.targets:
+                    if target == node:
+                        mask |= gpus
+        return mask
+
+    def _remark(self, nodes: frozenset[str]) -> None:
+        for node in nodes:
+            mask = self._drained(node)
+            if mask:
+                self._by_node[node] = mask
+            else:
+                self._by_node.pop(node, None)
+
+
+def keys_seen(state: ClusterState, names: list[str], drains: Drains | None, uid: str,
+              stale: Key | None) -> list[Key | None]:
+    """Each candidate's key as filter and prioritize read it for pod `uid`: GPUs drained for other pods hidden,
+    and `stale` in place of a node whose GPU state is too old. Passes over the names run in C (extender/api/_names.c)."""
+    keys = state.keys_for(names)
+    if drains is not None:
+        keys = drains.hide(state, names, keys, uid, state.clock())
+    old = state.stale_names()
+    return lookup(names, dict.fromkeys(old, stale), keys) if old else keys

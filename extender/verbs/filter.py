@@ -1,0 +1,130 @@
+"""filter: which candidate nodes can serve the pod, and a short, stable reason for the others.
+
+Reasons are shown verbatim by `kubectl describe pod` and counted per distinct string, so they carry no
+per-node numbers. A node goes to FailedAndUnresolvableNodes only when preemption cannot help: no usable
+topology, or a node that could not serve the pod even with every healthy GPU free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+
+from extender.api._names import group, unique
+from extender.verbs.drains import Drains, keys_seen
+from extender.verbs.answer_memo import ON_LOOP, ShapeMemo
+from extender.api.pod_request import PodRequest
+from extender.cache.cluster_state import ClusterState, Key, SharedKey
+from extender.verbs.wait import WAITING, WaitClock
+from topology.compiled import CompiledTopology
+from topology.full_sets import best_ring_gbps, full_choice
+from topology.levels import Interconnect
+from topology.select import Choice, NoFit, NoFitReason, Selector
+from topology.sharing import no_guarantee
+
+STALE = "no fresh GPU state from the node reporter"
+NO_TOPOLOGY = "no GPU topology reported"
+TOO_SMALL = "node has fewer healthy GPUs than the pod requests"
+NOT_ENOUGH_FREE = "not enough free GPUs"
+BUDGET = "GPU topology too tangled to search within the work budget"
+
+_RING_NAMES: dict[Interconnect, str] = {
+    Interconnect.NVLINK: "NVLink",
+    Interconnect.PCIE_SWITCH: "PCIe-switch",
+    Interconnect.HOST_BRIDGE: "host-bridge",
+    Interconnect.NUMA: "single-NUMA",
+    Interconnect.ANY: "",
+}
+
+
+@dataclass(slots=True)
+class FilterOutcome:
+    """Passing names, and the failing ones grouped by reason (reason -> names): a few groups, written whole."""
+
+    passed: list[str] = field(default_factory=list)
+    failed: dict[str, list[str]] = field(default_factory=dict)
+    unresolvable: dict[str, list[str]] = field(default_factory=dict)
+
+    def reasons(self) -> tuple[dict[str, str], dict[str, str]]:
+        """(FailedNodes, FailedAndUnresolvableNodes) as node -> reason, for people and tests."""
+        return ({name: reason for reason, names in self.failed.items() for name in names},
+                {name: reason for reason, names in self.unresolvable.items() for name in names})
+
+
+# (reason, resolvable) for a node that fails; None for one that passes.
+Verdict = tuple[str, bool] | None
+
+
+def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: list[str],
+                 memo: ShapeMemo[Verdict] | None = None, wait: WaitClock | None = None,
+                 drains: Drains | None = None, compute: bool = True) -> FilterOutcome:
+    """One verdict per distinct node key (remembered across requests in `memo`); every pass over the names
+    runs in C (extender/api/_names.c), not Python loops. A pod within its topology wait (extender/verbs/wait.py) passes
+    only nodes that can give it a full-bandwidth set; GPUs drained for other waiting pods (extender/verbs/drains.py)
+    are not free to it. Without `compute`, only remembered verdicts and those quick to work out (memo.ON_LOOP) are
+    used: memo.Unknown if one more is missing."""
+    if pod.problem is not None:
+        return FilterOutcome([], {}, {pod.problem: list(names)})
+    if pod.request is None:
+        return FilterOutcome(list(names), {}, {})
+    keys = keys_seen(state, names, drains, pod.uid, STALE)
+    distinct = set(unique(keys))
+    waiting = wait is not None and wait.waits(pod, state.clock())
+    known = (memo or ShapeMemo()).answers((pod.request, pod.required, waiting), distinct,
+                                          partial(_verdict, selector, pod, waiting), state.key_epoch,
+                                          None if compute else ON_LOOP)
+    # Number the distinct verdicts (0 = pass), then sort the names into one list per number in one C pass.
+    numbers: dict[Verdict, int] = {None: 0}
+    number_of = {key: numbers.setdefault(known[key], len(numbers)) for key in distinct}
+    groups = group(names, keys, number_of, len(numbers))
+    outcome = FilterOutcome(groups[0], {}, {})
+    for verdict, number in numbers.items():
+        if verdict is not None:
+            target = outcome.failed if verdict[1] else outcome.unresolvable
+            target.setdefault(verdict[0], []).extend(groups[number])
+    return outcome
+
+
+def _verdict(selector: Selector, pod: PodRequest, waiting: bool, key: Key | None) -> Verdict:
+    if key is None:
+        return NO_TOPOLOGY, False
+    if key == STALE:
+        return STALE, True
+    if isinstance(key, str):
+        return key, False
+    if isinstance(key, SharedKey):
+        # Placed as kube-scheduler alone would place it, unless the pod requires what shared devices cannot give.
+        return (no_guarantee(key.sharing), False) if pod.requires_topology else None
+    return node_verdict(selector, pod, key.compiled, key.free, key.unhealthy, waiting)
+
+
+def node_verdict(selector: Selector, pod: PodRequest, compiled: CompiledTopology, free: int,
+                 unhealthy: int, waiting: bool = False) -> Verdict:
+    request = pod.request
+    assert request is not None
+    healthy = compiled.full_mask & ~unhealthy
+    if healthy.bit_count() < request.count:
+        return TOO_SMALL, False
+    if free.bit_count() < request.count:
+        return NOT_ENOUGH_FREE, True
+    if waiting and best_ring_gbps(selector, compiled, healthy, request.count) is not None and full_choice(
+            selector, compiled, free, healthy, request.count) is None:
+        return WAITING, True
+    if not pod.requires_topology:
+        return None
+    result = selector.select(compiled, free, request)
+    if isinstance(result, Choice):
+        return None
+    reason = constraint_reason(pod, result)
+    emptied = selector.select(compiled, healthy, request)
+    return reason, isinstance(emptied, Choice)
+
+
+def constraint_reason(pod: PodRequest, no_fit: NoFit) -> str:
+    request = pod.request
+    assert request is not None
+    if no_fit.reason is NoFitReason.INTERCONNECT:
+        return f"no free {_RING_NAMES[request.interconnect]} ring of {request.count} GPUs"
+    if no_fit.reason is NoFitReason.BUDGET:
+        return BUDGET
+    return f"ring bandwidth below {request.min_ring_gbps:g} GB/s"

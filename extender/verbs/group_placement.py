@@ -1,0 +1,227 @@
+"""filter and prioritize for a member of a group: the group goes whole into one domain, or waits.
+
+At the first member's filter the whole group is planned (extender/groups/layouts.py) and the plan is put in force
+(extender/groups/plans.py): its GPUs are held against every other pod, and each member's filter passes only the
+nodes where the plan has a place left for it. The members still to come are planned, not the size the group
+states: after a restart, an expired plan or a lost node, the rest of the group is planned again inside the
+domain where its bound members already are.
+
+A group no domain of its span can hold now waits, as a single pod waits for a full-bandwidth set
+(extender/verbs/wait.py), and drains the domain nearest to holding it (extender/verbs/drains.py): every node says why, and
+nothing of it binds. A group with `required` placement waits for as long as it takes (it drains only within
+the wait); a preferred one, once its wait is out, tries wider spans (a leaf, a spine), then places its
+members as single pods. A group no domain could hold even empty is refused at once if required, and placed
+member by member if preferred.
+
+Every node the plan does not name is refused as unresolvable: kube-scheduler's preemption of single pods
+cannot make a group fit (the preempt verb knows no groups yet).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from extender.cache.domains import span_name
+from extender.verbs.drains import Drains
+from extender.verbs.filter import FilterOutcome
+from extender.groups.layouts import best_layout, capacity, drain_targets, layout
+from extender.groups.plans import Plan
+from extender.api.pod_request import PodRequest
+from extender.cache.cluster_state import ClusterState, NodeKey
+from extender.verbs.wait import WaitClock
+from topology.select import Choice, Selector
+
+log = logging.getLogger(__name__)
+
+ELSEWHERE = "not in the placement planned for the pod's group"
+PLAN_LIMIT = "too many group plans in force; the group waits for one to end"
+MAX_SCORE = 10
+NO_ROOM_SECONDS = 1.0
+MAX_REMEMBERED_GROUPS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class _NoRoom:
+    """No domain of `span` holds the group now, though one could once GPUs come free."""
+
+    span: str
+    nodes: tuple[tuple[str, NodeKey], ...]  # the domain nearest to holding it, for the drain
+    members: int
+
+
+class GroupPlacement:
+    def __init__(self, state: ClusterState, selector: Selector, wait: WaitClock, drains: Drains) -> None:
+        self.state = state
+        self.selector = selector
+        self.wait = wait
+        self.drains = drains
+        self._no_room: OrderedDict[str, tuple[int, float, _NoRoom | None]] = OrderedDict()
+
+    def filter(self, pod: PodRequest, names: Sequence[str]) -> FilterOutcome | None:
+        """The member's verdicts, or None when it is to be placed as a single pod."""
+        group, key, request = pod.group, pod.group_key, pod.request
+        assert group is not None and key is not None and request is not None
+        state = self.state
+        size = group.size if group.size is not None else state.group_sizes.get(key)
+        if size is None:
+            if not group.required:
+                return None
+            return _refuse(names, f"group {group.name}: its PodGroup object gives no member count", resolvable=False)
+        if group.span not in state.domains.spans:
+            expected = " | ".join(state.domains.spans)
+            return _refuse(names, f"{state.keys.group_span}: {group.span[:63]!r} names no topology level; "
+                                  f"expected {expected}", resolvable=False)
+        now = state.clock()
+        with state.ledger.lock:
+            state.plans.expire(now)
+            plan = state.plans.get(key)
+            if plan is not None and plan.count != request.count:
+                return _refuse(names, f"group {group.name}: its members must request the same number of GPUs "
+                                      f"(the group's plan gives {plan.count} to each)", resolvable=False)
+            nodes = self._open_nodes(key, pod.uid)
+            if nodes:
+                return _only(names, nodes)
+            if state.plans.full and state.plans.get(key) is None:
+                return _refuse(names, PLAN_LIMIT, resolvable=True)
+            found = self._plan_once(pod, key, size, now, names)
+            if isinstance(found, Plan):
+                state.plans.install(found)
+                self.wait.forget(key)
+                self.drains.end(key)
+                log.info("group %s planned in %s %s: %s", key, span_name(found.span), found.domain,
+                         ", ".join(slot.node for slot in found.slots))
+                return _only(names, self._open_nodes(key, pod.uid))
+        seconds = self.wait.seconds(pod)
+        within = self.wait.holds(key, seconds, now)
+        if found is None:
+            if group.required:
+                return _refuse(names, f"no {span_name(group.span)} can hold the group's pods of "
+                                      f"{request.count} GPUs", resolvable=False)
+            return None
+        if not (group.required or within):
+            return None
+        if within:
+            deadline = self.wait.deadline(key, seconds)
+            _, targets = drain_targets(self.selector, found.nodes, found.members, request.count)
+            if deadline is not None and targets:
+                self.drains.start_sets(key, [(slot.node, slot.gpus) for slot in targets], deadline, now)
+        return _refuse(names, f"no {span_name(found.span)} with room for {found.members} pods of {request.count} "
+                              "GPUs", resolvable=False)
+
+    def prioritize(self, pod: PodRequest, names: Sequence[str]) -> list[int] | None:
+        """Planned nodes first; None when the member has no plan (it is placed as a single pod)."""
+        key = pod.group_key
+        assert key is not None
+        with self.state.ledger.lock:
+            nodes = self._open_nodes(key, pod.uid)
+        if not nodes:
+            return None
+        return [MAX_SCORE if name in nodes else 0 for name in names]
+
+    def _open_nodes(self, key: str, uid: str) -> frozenset[str]:
+        """Where the group's plan has a place for this member: its own claim, else every open slot's node."""
+        plans = self.state.plans
+        plan = plans.get(key)
+        if plan is None:
+            return frozenset()
+        claimed = plans.claim_of(uid, key)
+        if claimed is not None:
+            return frozenset({plan.slots[claimed].node})
+        return frozenset(slot.node for _, slot in plans.open_slots(key))
+
+    def _plan_once(self, pod: PodRequest, key: str, size: int, now: float,
+                   names: Sequence[str]) -> Plan | _NoRoom | None:
+        """`_plan`, but a group found no room for is not searched again until a node changes or a second passes:
+        kube-scheduler may retry a waiting gang a thousand times a second (README, kube-scheduler's pod groups)."""
+        seen = self._no_room.get(key)
+        if seen is not None and seen[0] == self.state.version and now - seen[1] < NO_ROOM_SECONDS:
+            return seen[2]
+        found = self._plan(pod, key, size, now, frozenset(names))
+        if isinstance(found, Plan):
+            self._no_room.pop(key, None)
+        else:
+            self._no_room[key] = (self.state.version, now, found)
+            self._no_room.move_to_end(key)
+            if len(self._no_room) > MAX_REMEMBERED_GROUPS:
+                self._no_room.popitem(last=False)
+        return found
+
+    def _plan(self, pod: PodRequest, key: str, size: int, now: float,
+              candidates: frozenset[str]) -> Plan | _NoRoom | None:
+        """A plan for the members still to come; else the span to wait at, or None if no domain ever holds them.
+
+        Only the candidates of this member's filter are planned on: kube-scheduler passed them by the pod's node
+        selector, affinity, taints and resources, which the members share and the extender does not evaluate. To
+        wait, only domains with a board of a candidate count (the pool a node selector picks is a GPU model), so
+        a rack of another pool is never drained for the group, while the pod's own racks are, busy or not."""
+        group, request = pod.group, pod.request
+        assert group is not None and request is not None
+        state = self.state
+        members = state.group_members.get(key, {})
+        placed = {uid for uid, node in members.items() if node and uid != pod.uid} | set(state.plans.claimed(key))
+        remaining = max(size - len(placed), 1)
+        spans = (group.span,) if group.required else state.domains.outward(group.span)
+        wait_at: _NoRoom | None = None
+        boards = {found.compiled for found in state.keys_for(list(candidates)) if isinstance(found, NodeKey)}
+        for span in spans:
+            placed_nodes = [members[uid] for uid in placed if members.get(uid)]
+            every = [(domain, self._usable(pod, key, nodes, now))
+                     for domain, nodes in self._domains(span, placed_nodes)]
+            domains = [(domain, usable) for domain, usable in every
+                       if any(found.compiled in boards for _, found in usable)]
+            best = best_layout(layout(self.selector, domain, usable, remaining, request.count, candidates)
+                               for domain, usable in domains)
+            if best is not None:
+                return Plan(key, span, best.domain, request.count, best.slots, now, now + state.plans.timeout)
+            if wait_at is None:
+                wait_at = self._nearest(span, domains, remaining, request.count)
+                if wait_at is not None and (group.required or self.wait.holds(key, self.wait.seconds(pod), now)):
+                    return wait_at
+        return wait_at
+
+    def _nearest(self, span: str, domains: list[tuple[str, list[tuple[str, NodeKey]]]], members: int,
+                 count: int) -> _NoRoom | None:
+        """Among the domains that could hold the group with every GPU free, the one nearest to holding it now."""
+        nearest: tuple[int, list[tuple[str, NodeKey]]] | None = None
+        for _, usable in domains:
+            if capacity(self.selector, usable, count) >= members:
+                ready, _ = drain_targets(self.selector, usable, members, count)
+                if nearest is None or ready > nearest[0]:
+                    nearest = (ready, usable)
+        return None if nearest is None else _NoRoom(span, tuple(nearest[1]), members)
+
+    def _domains(self, span: str, placed_nodes: list[str]) -> list[tuple[str, list[str]]]:
+        """The span's domains as (domain, nodes); only the one most of the group's bound members are in, if any."""
+        index = self.state.domains
+        where = Counter(domain for node in placed_nodes if (domain := index.domain_of(span, node)) is not None)
+        every = index.domains(span)
+        chosen = [where.most_common(1)[0][0]] if where else sorted(every)
+        return [(domain, sorted(every[domain])) for domain in chosen if domain in every]
+
+    def _usable(self, pod: PodRequest, key: str, nodes: list[str], now: float) -> list[tuple[str, NodeKey]]:
+        """The nodes' keys as the group sees them (fresh, whole GPUs, others' drains hidden), where a full set
+        meets what the pod requires."""
+        state = self.state
+        keys = self.drains.hide(state, nodes, state.keys_for(nodes), key, now)
+        stale = state.stale_names()
+        usable = [(name, found) for name, found in zip(nodes, keys, strict=True)
+                  if isinstance(found, NodeKey) and name not in stale]
+        if pod.requires_topology and pod.request is not None:
+            usable = [(name, found) for name, found in usable if isinstance(
+                self.selector.select(found.compiled, found.compiled.full_mask & ~found.unhealthy, pod.request), Choice)]
+        return usable
+
+
+def _only(names: Sequence[str], nodes: frozenset[str]) -> FilterOutcome:
+    passed = [name for name in names if name in nodes]
+    others = [name for name in names if name not in nodes]
+    return FilterOutcome(passed, {}, {ELSEWHERE: others} if others else {})
+
+
+def _refuse(names: Sequence[str], reason: str, *, resolvable: bool) -> FilterOutcome:
+    if resolvable:
+        return FilterOutcome([], {reason: list(names)}, {})
+    return FilterOutcome([], {}, {reason: list(names)})

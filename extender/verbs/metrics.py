@@ -1,0 +1,92 @@
+"""Prometheus metrics, in a registry of their own so that several apps (tests, demo) can coexist."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from extender.cache.cluster_state import ClusterState
+from topology.sharing import Sharing
+
+_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+_GBPS_BUCKETS = (5, 10, 20, 50, 100, 150, 200, 300, 450, 600, 900)
+
+
+class Metrics:
+    def __init__(self, state: ClusterState, leading: Callable[[], bool] = lambda: True) -> None:
+        self.registry = CollectorRegistry()
+        self.request_seconds = Histogram("gpu_topology_extender_request_seconds", "Time to answer a verb, server side",
+                                         ["verb"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.decisions = Counter("gpu_topology_extender_decisions_total", "Outcomes per verb",
+                                 ["verb", "outcome"], registry=self.registry)
+        self.ring_gbps = Histogram("gpu_topology_extender_granted_ring_gbps",
+                                   "Ring bandwidth of the GPU sets granted at bind (multi-GPU pods)",
+                                   buckets=_GBPS_BUCKETS, registry=self.registry)
+        self.requests_refused = Counter("gpu_topology_extender_requests_refused_total",
+                                        "Requests refused at the HTTP edge, by verb (or connection) and reason: "
+                                        "too_large, not_json, bad_shape, timeout, head_too_large, client_name",
+                                        ["verb", "reason"], registry=self.registry)
+        self.connections = Counter("gpu_topology_extender_connections_opened_total",
+                                   "Connections accepted. Each costs a TLS handshake; kube-scheduler keeps 2 idle "
+                                   "connections to an extender, so one per request means it opens more than it keeps",
+                                   registry=self.registry)
+        self.mismatches = Counter("gpu_topology_extender_allocation_mismatches_total",
+                                  "Pods the kubelet gave other GPUs than they were bound to (the ledger followed it)",
+                                  ["node"], registry=self.registry)
+        ledger = Gauge("gpu_topology_extender_ledger_pods",
+                       "Entries holding GPUs in the ledger: pods, and the open slots of group plans",
+                       registry=self.registry)
+        ledger.set_function(lambda: len(state.ledger))
+        plans = Gauge("gpu_topology_extender_group_plans", "Group plans in force (extender/groups/plans.py)",
+                      registry=self.registry)
+        plans.set_function(lambda: len(state.plans))
+        doubtful = Gauge("gpu_topology_extender_nodes_domain_refused",
+                         "Nodes whose NVLink domain was refused (fabric not complete, GPUs or sources disagreeing)",
+                         registry=self.registry)
+        doubtful.set_function(lambda: sum(1 for view in list(state.views().values()) if view.domain.problem))
+        stale = Gauge("gpu_topology_extender_stale_nodes", "Nodes whose GPU state is older than the bound",
+                      registry=self.registry)
+        stale.set_function(state.stale_count)
+        nodes = Gauge("gpu_topology_extender_nodes", "Nodes with a usable GPU topology", registry=self.registry)
+        nodes.set_function(lambda: sum(1 for view in state.views().values() if view.compiled is not None))
+        leader = Gauge("gpu_topology_extender_leader", "1 while this replica leads (always, without leader election)",
+                       registry=self.registry)
+        leader.set_function(lambda: 1 if leading() else 0)
+        self.registry.register(_RefusedNodes(state))
+        self.registry.register(_SharedNodes(state))
+
+
+class _RefusedNodes(Collector):
+    """gpu_topology_extender_nodes_refused{reason}: read from the node views at each scrape, so it is never stale."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("gpu_topology_extender_nodes_refused",
+                                   "Nodes whose GPU annotation was refused, by reason", labels=["reason"])
+        for reason, count in self._state.refused_counts().items():
+            family.add_metric([reason], count)
+        yield family
+
+
+class _SharedNodes(Collector):
+    """gpu_topology_extender_nodes_shared{mode}: nodes placed by count alone because they share their GPUs
+    (topology/sharing.py), every mode listed, zero where none."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("gpu_topology_extender_nodes_shared",
+                                   "Nodes whose GPUs are shared (time-slicing, MPS, MIG), by mode", labels=["mode"])
+        counts = dict.fromkeys((mode for mode in Sharing if mode.shared), 0)
+        for view in list(self._state.views().values()):
+            if view.sharing.shared:
+                counts[view.sharing] += 1
+        for mode, count in counts.items():
+            family.add_metric([mode.value], count)
+        yield family

@@ -1,0 +1,344 @@
+"""The extender's one object: state, selector, Kubernetes client and metrics, with one method per verb.
+
+Handlers in `app.py` parse, call one of these, and serialize; everything here is free of HTTP.
+
+With leader election, only the leader binds, so two replicas never hand out the same GPU. A replica that
+starts leading first rebuilds its ledger: it lists the pods afresh (a consistent read, holding every bind its
+predecessor made, which stopped binding before this replica could win) and binds, and `leads()`, only once that
+list is in the ledger. Readiness is no leadership test: a standby with synced caches is ready to take over, so
+rollouts and drains can proceed; the leader's label on its own Pod (extender/kube/leader_label.py) routes the
+Service to it alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from functools import partial
+from typing import Any, Protocol
+
+from extender.kube.binding_writer import StaleConnection
+from extender.verbs.bind import (
+    BindError,
+    Bound,
+    Reservation,
+    WouldRead,
+    begin_bind,
+    finish_bind,
+    needs_read,
+    post_binding,
+)
+from extender.verbs.drains import Drains
+from extender.verbs.filter import FilterOutcome, Verdict, filter_nodes
+from extender.verbs.group_placement import GroupPlacement
+from extender.kube.client import KubeApi
+from extender.cache.ledger import Assignment
+from extender.verbs.metrics import Metrics
+from extender.api.pod_request import PodRequest, parse_pod
+from extender.verbs.preempt import preempt_nodes
+from extender.verbs.answer_memo import ShapeMemo, Unknown
+from extender.verbs.scoring import Offer, prioritize_nodes
+from extender.cache.cluster_state import ClusterState, NodeKey
+from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS, WAITING, WaitClock
+from extender.api.wire import BindingArgs, ExtenderArgs, PreemptionArgs, Victims
+from topology.select import Selector
+
+log = logging.getLogger(__name__)
+
+_POD_CACHE_SIZE = 4096
+_EVENT_QUEUE_SIZE = 1024
+
+
+class Leadership(Protocol):
+    """The leader election, as the service sees it (`extender.kube.leader_election.LeaderElector`)."""
+
+    identity: str
+
+    def term(self) -> int | None: ...  # the current term while leading, else None
+
+    def on_new_term(self, listener: Callable[[int], None]) -> None: ...
+
+
+class Relister(Protocol):
+    """The pod reflector, as the service sees it: a fresh list on demand (`extender.kube.reflector.Reflector`)."""
+
+    def relist(self) -> int: ...
+
+    def listed(self, ticket: int) -> bool: ...
+
+
+def _pass_on(answer: asyncio.Future[str], done: asyncio.Future[str]) -> None:
+    if answer.done():
+        return
+    if done.cancelled():
+        answer.cancel()
+    elif (error := done.exception()) is not None:
+        answer.set_exception(error)
+    else:
+        answer.set_result(done.result())
+
+
+class ExtenderService:
+    def __init__(self, state: ClusterState, kube: KubeApi, selector: Selector | None = None, *,
+                 leader: Leadership | None = None, pods: Relister | None = None,
+                 topology_wait: float = TOPOLOGY_WAIT_SECONDS) -> None:
+        if (leader is None) != (pods is None):
+            raise ValueError("leader election needs the pod reflector, to rebuild the ledger on each win")
+        self.state = state
+        self.kube = kube
+        self.selector = selector or Selector()
+        self.wait = WaitClock(topology_wait)
+        self.drains = Drains()
+        self.groups = GroupPlacement(state, self.selector, self.wait, self.drains)
+        self.leader, self._pod_lists = leader, pods
+        self._rebuild: tuple[int, int] | None = None  # (term, ticket of the pod list that rebuilds its ledger)
+        if leader is not None:
+            leader.on_new_term(self._new_term)
+        self.metrics = Metrics(state, leading=lambda: leader is None or leader.term() is not None)
+        self._verdicts: ShapeMemo[Verdict] = ShapeMemo()
+        self._offers: ShapeMemo[Offer | None] = ShapeMemo()
+        self._pods: OrderedDict[str, tuple[str, PodRequest]] = OrderedDict()  # uid -> (resourceVersion, request)
+        self._pods_lock = threading.Lock()
+        self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._events: queue.Queue[tuple[str, str, str, str, str]] = queue.Queue(_EVENT_QUEUE_SIZE)
+        state.on_mismatch = self._mismatch
+        threading.Thread(target=self._send_events, name="pod-events", daemon=True).start()
+        threading.Thread(target=self._sweep, name="bind-outcomes", daemon=True).start()
+
+    def filter(self, args: ExtenderArgs, compute: bool = True) -> FilterOutcome:
+        """Without `compute`, from remembered verdicts and quick new ones only (memo.ON_LOOP): memo.Unknown where
+        an answer needs more (a verdict on a big board, a group's plan, a drain to start)."""
+        pod = self.pod_request(args.pod)
+        if not compute and pod.group_key is not None:
+            raise Unknown
+        outcome = self.groups.filter(pod, args.candidates()) if pod.group_key is not None else None
+        if outcome is None:
+            outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._verdicts, self.wait,
+                                   self.drains, compute)
+        if not outcome.passed and WAITING in outcome.failed:
+            if not compute:
+                raise Unknown
+            self._drain(pod, outcome.failed[WAITING])
+        self.metrics.decisions.labels("filter", "pass").inc(len(outcome.passed))
+        self.metrics.decisions.labels("filter", "fail").inc(sum(map(len, outcome.failed.values())))
+        self.metrics.decisions.labels("filter", "unresolvable").inc(sum(map(len, outcome.unresolvable.values())))
+        return outcome
+
+    def prioritize(self, args: ExtenderArgs, compute: bool = True) -> tuple[list[str], list[int]]:
+        """Without `compute`, from remembered offers and quick new ones only (memo.ON_LOOP): memo.Unknown where an
+        answer needs more."""
+        names = args.candidates()
+        pod = self.pod_request(args.pod)
+        if not compute and pod.group_key is not None:
+            raise Unknown
+        planned = self.groups.prioritize(pod, names) if pod.group_key is not None else None
+        if planned is not None:
+            return names, planned
+        return names, prioritize_nodes(self.state, self.selector, pod, names, self._offers, self.drains, compute)
+
+    def _drain(self, pod: PodRequest, waiting: list[str]) -> None:
+        """Every candidate refused the pod only to wait for a full set: drain the one nearest to free."""
+        deadline = self.wait.deadline(pod.uid, self.wait.seconds(pod))
+        if deadline is None or pod.request is None:
+            return
+        candidates = [(name, key) for name, key in zip(waiting, self.state.keys_for(waiting), strict=True)
+                      if isinstance(key, NodeKey)]
+        drain = self.drains.start(pod.uid, candidates, self.selector, pod.request.count, deadline, self.state.clock())
+        if drain is not None:
+            self.metrics.decisions.labels("filter", "drain").inc()
+
+    def preempt(self, args: PreemptionArgs) -> dict[str, Victims]:
+        kept = preempt_nodes(self.state, self.selector, self.pod_request(args.pod), args.victims)
+        self.metrics.decisions.labels("preempt", "kept").inc(len(kept))
+        self.metrics.decisions.labels("preempt", "dropped").inc(len(args.victims) - len(kept))
+        return kept
+
+    def readiness(self) -> str | None:
+        """None when this replica can serve or take over (its caches are synced), else why not."""
+        if not self.state.ready:
+            return "caches not synced"
+        return None
+
+    def leads(self) -> bool:
+        """True while this replica leads an election with its ledger rebuilt: its Pod should carry the label."""
+        return self.leader is not None and self._not_leading() is None
+
+    def _new_term(self, term: int) -> None:
+        """Called by the election on each win: list the pods afresh before binding."""
+        assert self._pod_lists is not None
+        self._rebuild = (term, self._pod_lists.relist())
+
+    def _not_leading(self) -> str | None:
+        """None when this replica may bind: no election, or leading with the ledger rebuilt in this term."""
+        if self.leader is None:
+            return None
+        term, rebuild = self.leader.term(), self._rebuild
+        if term is None:
+            return f"replica {self.leader.identity} is not the leader"
+        assert self._pod_lists is not None
+        if rebuild is None or rebuild[0] != term or not self._pod_lists.listed(rebuild[1]):
+            return f"replica {self.leader.identity} has just become the leader and is rebuilding its GPU ledger"
+        return None
+
+    def bind(self, args: BindingArgs) -> str:
+        """Bind the pod; returns "" or the error kube-scheduler should see."""
+        step = self._begin(args, self.kube)
+        if isinstance(step, str):
+            return step
+        return self._answer(args, partial(post_binding, self.state, self.kube, args, step))
+
+    def bind_soon(self, args: BindingArgs, threads: Executor) -> asyncio.Future[str] | None:
+        """`bind` on the running event loop, its Binding posted from there (KubeApi.bind_soon), or None, having
+        done nothing, where it would wait: the ledger is busy, or the pod needs a read from the API server first.
+        What still needs a thread then (a Binding without an idle connection, a conflict's read) goes to
+        `threads`."""
+        lock = self.state.ledger.lock
+        if not lock.acquire(blocking=False):
+            return None
+        try:
+            step = self._begin(args, None)
+        except WouldRead:
+            return None
+        finally:
+            lock.release()
+        answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        if isinstance(step, str):
+            answer.set_result(step)
+            return answer
+        post = partial(post_binding, self.state, self.kube, args, step)  # on a thread, from the start
+        finish = partial(finish_bind, self.state, self.kube, args, step)  # given what the POST raised, or None
+        try:
+            posted = self.kube.bind_soon(args.pod_namespace, args.pod_name, args.pod_uid, args.node,
+                                         step.annotations)
+        except Exception as error:  # settled as a Binding that raised: its GPUs stay reserved until the watch tells
+            self._settle(answer, None, partial(finish, error), args)
+            return answer
+        if posted is None:
+            self._settle(answer, threads, post, args)
+            return answer
+
+        def posted_done(posted: asyncio.Future[None]) -> None:
+            error = asyncio.CancelledError() if posted.cancelled() else posted.exception()
+            if isinstance(error, StaleConnection):
+                self._settle(answer, threads, post, args)
+            else:
+                self._settle(answer, threads if needs_read(error) else None, partial(finish, error), args)
+        posted.add_done_callback(posted_done)
+        return answer
+
+    def _begin(self, args: BindingArgs, kube: KubeApi | None) -> str | Reservation:
+        """The bind up to its Binding: the reservation to post, or kube-scheduler's answer when nothing is left to
+        post. Without `kube`, WouldRead where begin_bind would read from the API server."""
+        standby = self._not_leading()
+        if standby is not None:
+            self.metrics.decisions.labels("bind", "not-leader").inc()
+            return (f"binding {args.pod_namespace}/{args.pod_name} refused: {standby}; "
+                    "kube-scheduler will retry the pod")
+        self.state.sweep()
+        try:
+            held = self.drains.held(args.node, args.pod_uid, self.state.clock())
+            step = begin_bind(self.state, self.selector, kube, args, held)
+        except BindError as error:
+            return self._refused(args, error)
+        return self._bound(args, step) if isinstance(step, Bound) else step
+
+    def _answer(self, args: BindingArgs, finish: Callable[[], Bound]) -> str:
+        """kube-scheduler's answer once the Binding is settled by `finish`."""
+        try:
+            return self._bound(args, finish())
+        except BindError as error:
+            return self._refused(args, error)
+
+    def _settle(self, answer: asyncio.Future[str], threads: Executor | None, finish: Callable[[], Bound],
+                args: BindingArgs) -> None:
+        """`answer` from `finish`, run here or on `threads`; an exception other than BindError goes to it."""
+        if threads is None:
+            try:
+                answer.set_result(self._answer(args, finish))
+            except BaseException as error:
+                answer.set_exception(error)
+            return
+        asyncio.get_running_loop().run_in_executor(threads, self._answer, args, finish).add_done_callback(
+            partial(_pass_on, answer))
+
+    def _refused(self, args: BindingArgs, error: BindError) -> str:
+        self.metrics.decisions.labels("bind", "error").inc()
+        log.info("bind %s/%s to %s refused: %s", args.pod_namespace, args.pod_name, args.node, error)
+        return str(error)
+
+    def _bound(self, args: BindingArgs, bound: Bound) -> str:
+        self.metrics.decisions.labels("bind", "repeated" if bound.repeated else "bound").inc()
+        self.wait.forget(args.pod_uid)
+        self.drains.end(args.pod_uid)
+        if bound.ring_gbps is not None and not bound.repeated:
+            self.metrics.ring_gbps.observe(bound.ring_gbps)
+        # At debug: one line a pod took 4% of the extender's time under kube-scheduler (py-spy, scheduler_throughput)
+        # and says nothing new: the pod's annotations carry the GPUs, kube-scheduler logs the node (`--v=2`), the
+        # metrics count every bind.
+        log.debug("bound %s/%s to %s on %s (ring %s GB/s)", args.pod_namespace, args.pod_name, args.node,
+                  ",".join(bound.gpus), bound.ring_gbps)
+        return ""
+
+    def pod_request(self, pod: Mapping[str, Any]) -> PodRequest:
+        """Parsed once per pod version: filter and prioritize of one cycle carry the same pod."""
+        metadata = pod.get("metadata") or {}
+        uid = str(metadata.get("uid") or "")
+        version = str(metadata.get("resourceVersion") or "")
+        with self._pods_lock:
+            found = self._pods.get(uid)
+            if found is not None and found[0] == version and uid:
+                return found[1]
+        parsed = parse_pod(pod, self.state.keys, self.state.resource)
+        if uid:
+            with self._pods_lock:
+                self._pods[uid] = (version, parsed)
+                self._pods.move_to_end(uid)
+                while len(self._pods) > _POD_CACHE_SIZE:
+                    self._pods.popitem(last=False)
+        if parsed.problem is not None:
+            self._warn(parsed)
+        return parsed
+
+    def _mismatch(self, held: Assignment, allocated: frozenset[str]) -> None:
+        """The kubelet gave a pod other GPUs than we bound it to: the ledger now follows the kubelet."""
+        self.metrics.mismatches.labels(held.node).inc()
+        namespace, _, name = held.pod_key.partition("/")
+        message = (f"the kubelet allocated {', '.join(sorted(allocated))} on {held.node}, not the GPUs bound "
+                   f"({', '.join(sorted(held.gpus))}); is the node agent's device plugin serving this node?")
+        log.warning("pod %s: %s", held.pod_key, message)
+        self._queue_event(namespace, name, held.pod_uid, "GPUAllocationMismatch", message)
+
+    def _sweep(self) -> None:
+        while True:
+            time.sleep(1.0)
+            self.state.sweep()
+            with self.state.ledger.lock:
+                self.state.plans.expire(self.state.clock())
+
+    def _warn(self, pod: PodRequest) -> None:
+        """One Event per pod and problem, sent off the hot path; a full queue drops it."""
+        key = (pod.uid, pod.problem or "")
+        with self._pods_lock:
+            if key in self._warned or not pod.uid:
+                return
+            self._warned[key] = None
+            if len(self._warned) > _POD_CACHE_SIZE:
+                self._warned.popitem(last=False)
+        self._queue_event(pod.namespace, pod.name, pod.uid, "InvalidGPUTopologyRequest", pod.problem or "")
+
+    def _queue_event(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
+        try:
+            self._events.put_nowait((namespace, name, uid, reason, message))
+        except queue.Full:
+            log.warning("event queue full; not sending %s to pod %s/%s", reason, namespace, name)
+
+    def _send_events(self) -> None:
+        while True:
+            namespace, name, uid, reason, message = self._events.get()
+            self.kube.emit_event(namespace, name, uid, reason, message)
