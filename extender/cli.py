@@ -12,24 +12,25 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from extender.server.gc_freeze import settle_when_synced
-from extender.demo.mixed_pods import run_demo
+from extender.api.group_request import KINDS
+from extender.api.pod_request import DEFAULT_GPU_RESOURCE
+from extender.cache.cluster_state import ClusterState
+from extender.cache.domains import DomainIndex
+from extender.cache.ledger import BIND_OUTCOME_SECONDS
+from extender.cache.seal import Seal
 from extender.demo.cluster import DemoCluster
 from extender.demo.groups import run_groups_demo
+from extender.demo.mixed_pods import run_demo
 from extender.demo.shared import run_shared_demo
-from extender.cache.domains import DomainIndex
 from extender.groups.plans import GROUP_TIMEOUT_SECONDS
-from extender.api.group_request import KINDS
 from extender.groups.sizes import GroupSizes
 from extender.kube.client import KubeError, KubernetesApi
 from extender.kube.leader_election import LeaderElector, Timings
 from extender.kube.leader_label import LeaderLabel
-from extender.api.pod_request import DEFAULT_GPU_RESOURCE
 from extender.kube.reflector import Reflector
+from extender.server.gc_freeze import settle_when_synced
 from extender.server.serve import ServeOptions, serve
 from extender.verbs.service import ExtenderService
-from extender.cache.seal import Seal
-from extender.cache.cluster_state import BIND_OUTCOME_SECONDS, ClusterState
 from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS
 from topology.annotations import DEFAULT_PREFIX, AnnotationKeys
 from topology.backoff import Backoff
@@ -160,14 +161,13 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--group-timeout must be more than 0 and at most {MAX_TOPOLOGY_WAIT_SECONDS:g} seconds, "
                          f"not {args.group_timeout}")
     state = ClusterState(AnnotationKeys(args.annotation_prefix), args.gpu_resource, args.stale_after, seal=seal,
-                         bind_outcome_seconds=args.bind_outcome_seconds, levels=args.topology_levels,
-                         group_timeout=args.group_timeout)
+                         bind_outcome_seconds=args.bind_outcome_seconds, levels=args.topology_levels)
     elector: LeaderElector | None = None
     label: LeaderLabel | None = None
     if args.demo:
         kube = DemoCluster(state)
         _heartbeat(kube)
-        service = ExtenderService(state, kube, topology_wait=args.topology_wait)
+        service = ExtenderService(state, kube, topology_wait=args.topology_wait, group_timeout=args.group_timeout)
     else:
         kube = (KubernetesApi.in_cluster(timeout=args.api_timeout) if args.in_cluster
                 else KubernetesApi.from_kubeconfig(args.kubeconfig, timeout=args.api_timeout))
@@ -176,7 +176,7 @@ def _serve(args: argparse.Namespace) -> int:
         if timings is not None:
             elector = _elector(args, kube, timings)
         service = ExtenderService(state, kube, leader=elector, pods=pods if elector else None,
-                                  topology_wait=args.topology_wait)
+                                  topology_wait=args.topology_wait, group_timeout=args.group_timeout)
         nodes.start()
         pods.start()
         for kind in KINDS:  # a cluster without the CRD or the alpha API answers 404: ask every 5 minutes at most

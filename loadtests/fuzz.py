@@ -42,13 +42,13 @@ sys.path.insert(0, str(HERE))
 from bench_select import run_header, write_section  # noqa: E402
 from hostile_node import SHAPES, _board, hostile_pod  # noqa: E402
 
-from extender.demo.cluster import DemoCluster, with_uuids  # noqa: E402
 from extender.api.openapi import document  # noqa: E402
 from extender.api.pod_request import parse_pod  # noqa: E402
+from extender.api.wire import BadRequest, NotJson, parse_binding_args, parse_extender_args, parse_preemption_args  # noqa: E402
+from extender.cache.cluster_state import ClusterState  # noqa: E402
+from extender.demo.cluster import DemoCluster, with_uuids  # noqa: E402
 from extender.server.serve import ServeOptions, server_config  # noqa: E402
 from extender.verbs.service import ExtenderService  # noqa: E402
-from extender.cache.cluster_state import ClusterState  # noqa: E402
-from extender.api.wire import BadRequest, NotJson, parse_binding_args, parse_extender_args, parse_preemption_args  # noqa: E402
 from topology.annotations import AnnotationKeys  # noqa: E402
 from topology.codec import CodecError, decode_state, decode_topology, encode_topology  # noqa: E402
 from topology.levels import Level  # noqa: E402

@@ -60,14 +60,15 @@ from typing import Any, TypeVar
 import uvicorn
 from fastapi.responses import JSONResponse
 
+from extender.api.wire import BindingArgs, ExtenderArgs
+from extender.cache.assignments import Phase
+from extender.cache.cluster_state import ClusterState
+from extender.cache.node_view import NodeKey
+from extender.demo.cluster import DEMO_NODES, DemoCluster, with_uuids
 from extender.server.app import create_app
 from extender.server.gc_freeze import settle_when_synced
-from extender.demo.cluster import DEMO_NODES, DemoCluster, with_uuids
-from extender.cache.ledger import Phase
 from extender.server.serve import ServeOptions, server_config
 from extender.verbs.service import ExtenderService
-from extender.cache.cluster_state import ClusterState, NodeKey
-from extender.api.wire import BindingArgs, ExtenderArgs
 from topology.agent.claims import Board
 from topology.annotations import AnnotationKeys
 from topology.codec import NodeState, decode_topology, encode_state
@@ -314,10 +315,9 @@ def build(nodes: int, fill: float, window: int, seed: int, hostile: Path | None 
     started = time.perf_counter()
     layout = cluster_nodes(nodes)
     labels = network_labels([name for name, _ in layout], leaf_nodes) if leaf_nodes else None
-    state = ClusterState(stale_after=STALE_AFTER_SECONDS, levels=(SPINE, LEAF) if leaf_nodes else (),
-                         group_timeout=STALE_AFTER_SECONDS)
+    state = ClusterState(stale_after=STALE_AFTER_SECONDS, levels=(SPINE, LEAF) if leaf_nodes else ())
     cluster = LoadCluster(state, layout, labels)
-    service = ExtenderService(state, cluster)
+    service = ExtenderService(state, cluster, group_timeout=STALE_AFTER_SECONDS)
     names = list(cluster.topologies)
     total = sum(topology.size for topology in cluster.topologies.values())
     rng = random.Random(seed)
@@ -374,7 +374,7 @@ def plan_groups(service: ExtenderService, cluster: LoadCluster, count: int) -> d
 def plans_in_force(service: ExtenderService) -> dict[str, int]:
     """The plans in force, and their open slots and GPUs held in the ledger."""
     planned = [entry for entry in service.state.ledger.pods() if entry.phase is Phase.PLANNED]
-    return {"plans": len(service.state.plans), "planned_slots": len(planned),
+    return {"plans": len(service.plans), "planned_slots": len(planned),
             "planned_gpus": sum(len(entry.gpus) for entry in planned)}
 
 

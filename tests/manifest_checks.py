@@ -401,10 +401,12 @@ _SERIES_SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_buck
 @functools.cache
 def exported_series() -> frozenset[str]:
     """The series names a real extender's /metrics can carry (a labelled metric exports no sample until used)."""
-    from extender.verbs.metrics import Metrics
     from extender.cache.cluster_state import ClusterState
+    from extender.groups.plans import GroupPlans
+    from extender.verbs.metrics import Metrics
 
-    families = Metrics(ClusterState()).registry.collect()
+    state = ClusterState()
+    families = Metrics(state, GroupPlans(state)).registry.collect()
     return frozenset(family.name + suffix for family in families for suffix in _SERIES_SUFFIXES[family.type])
 
 

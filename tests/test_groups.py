@@ -174,7 +174,7 @@ def test_an_extender_restart_between_members_rebuilds_the_plan_and_gives_nothing
     restarted, kube2 = _cluster(clock)
     kube2.pods = kube.pods
     restarted.state.pods.replace(list(kube.pods.values()))
-    restored = restarted.state.plans.get("ml/train")
+    restored = restarted.plans.get("ml/train")
     assert restored is not None and {slot.node for slot in restored.slots} == planned | set(bound)  # type: ignore[operator]
     assert set(restarted.filter(ExtenderArgs(members[2], ALL, None)).passed) == planned
     rest = [_schedule(restarted, _pod(kube2, "intruder", 4))]  # another pod cannot take the planned trays
@@ -190,9 +190,9 @@ def test_a_plan_whose_members_do_not_come_expires_and_frees_its_gpus() -> None:
     service, kube = _cluster(clock)
     service.filter(ExtenderArgs(_pod(kube, "w0", 4, group="late"), ALL, None))
     assert service.state.ledger.pods()
-    clock.now += service.state.plans.timeout + 1
+    clock.now += service.plans.timeout + 1
     with service.state.ledger.lock:
-        service.state.plans.expire(clock.now)
+        service.plans.expire(clock.now)
     assert not service.state.ledger.pods()
     assert all(service.state.view(name).free == 0b1111 for name in ALL)  # type: ignore[union-attr]
 
@@ -223,7 +223,7 @@ def test_a_hostile_group_annotation_gets_a_clear_reason_and_holds_nothing(annota
     outcome = service.filter(ExtenderArgs(pod, ALL, None))
     assert outcome.passed == [] and len(outcome.unresolvable) == 1
     assert reason in next(iter(outcome.unresolvable))
-    assert not service.state.ledger.pods() and not len(service.state.plans)
+    assert not service.state.ledger.pods() and not len(service.plans)
 
 
 def test_a_span_naming_no_level_is_refused_with_the_levels_there_are() -> None:
@@ -339,7 +339,7 @@ def test_a_waiting_group_is_searched_again_only_once_a_node_changes_or_a_second_
     clock.now += 1.0
     service.filter(ExtenderArgs(pod, ALL, None))
     assert len(searches) == 2
-    service.state.release("nobody", freed=True)  # no view changes: still remembered
+    service.state.ledger.release("nobody", freed=True)  # no view changes: still remembered
     service.filter(ExtenderArgs(pod, ALL, None))
     assert len(searches) == 2
     assert _schedule(service, _pod(kube, "solo2", 1)) is not None  # a bind changes a node's view

@@ -19,6 +19,7 @@ import topology.compiled as compiled_module
 import topology.select as select_module
 from extender.verbs.filter import BUDGET, filter_nodes
 from extender.verbs.answer_memo import ShapeMemo
+from extender.groups.plans import GroupPlans
 from extender.verbs.metrics import Metrics
 from extender.api.pod_request import parse_pod
 from extender.verbs.scoring import prioritize_nodes
@@ -259,7 +260,7 @@ def test_refused_nodes_are_counted_by_reason_in_the_metric() -> None:
     state = _cluster({"evil": _forged(board, gpus=tuple(replace(gpu, pcie_width=-16) for gpu in board.gpus)),
                       "garbage": "{"})
     _report(state, "v100", "dgx1-v100", FAR_FUTURE)
-    metrics = Metrics(state)
+    metrics = Metrics(state, GroupPlans(state))
     assert {reason: metrics.registry.get_sample_value("gpu_topology_extender_nodes_refused", {"reason": reason})
             for reason in ("topology-invalid", "state-invalid", "state-future")} == {
         "topology-invalid": 2.0, "state-invalid": 0.0, "state-future": 1.0}

@@ -96,4 +96,4 @@ def test_planned_groups_hold_their_slots_against_the_load_and_do_not_expire() ->
     with cluster._lock:
         delivered = {gpu for containers in cluster.delivered.values() for ids in containers.values() for gpu in ids}
     assert not delivered & held, "a load pod got a planned GPU"
-    assert len(service.state.plans) == 12
+    assert len(service.plans) == 12

@@ -15,6 +15,7 @@ from extender.verbs.bind import BindError, Bound, begin_bind
 from extender.demo.cluster import single_gpu, with_uuids
 from extender.demo.shared import run_shared_demo
 from extender.verbs.filter import filter_nodes
+from extender.groups.plans import GroupPlans
 from extender.verbs.metrics import Metrics
 from extender.api.pod_request import PodRequest, parse_pod
 from extender.verbs.preempt import preempt_nodes
@@ -138,7 +139,7 @@ def test_bind_on_a_shared_node_is_a_plain_binding_and_holds_no_gpu(
         pod = _pod(state, 2, uid=uid)
         _watched(state, pod, 2)
         # A shared node's plain Binding is posted before begin_bind returns: nothing is left to post.
-        bound = begin_bind(state, Selector(), kube, BindingArgs(pod.name, "ml", uid, "shared"))  # type: ignore[arg-type]
+        bound = begin_bind(state, GroupPlans(state), Selector(), kube, BindingArgs(pod.name, "ml", uid, "shared"))  # type: ignore[arg-type]
         assert isinstance(bound, Bound) and bound.gpus == () and bound.ring_gbps is None
     assert kube.bindings == [(f"p-{uid}", "shared", {}) for uid in ("a", "b", "c")]
     assert list(state.ledger.entries("shared")) == []  # no replica became a whole GPU
@@ -146,7 +147,7 @@ def test_bind_on_a_shared_node_is_a_plain_binding_and_holds_no_gpu(
     required = _pod(state, 2, NVLINK, uid="r")
     _watched(state, required, 2, NVLINK)
     with pytest.raises(BindError, match="no topology guarantee"):
-        begin_bind(state, Selector(), kube, BindingArgs(required.name, "ml", "r", "shared"))  # type: ignore[arg-type]
+        begin_bind(state, GroupPlans(state), Selector(), kube, BindingArgs(required.name, "ml", "r", "shared"))  # type: ignore[arg-type]
 
 
 def test_preemption_keeps_kube_schedulers_victims_on_a_shared_node() -> None:
@@ -168,7 +169,7 @@ def test_a_shared_node_without_a_reporter_is_not_locked_out() -> None:
 
 def test_metrics_count_shared_nodes_by_mode() -> None:
     state = _cluster(MIG_MIXED, Sharing.MIG)
-    metrics = Metrics(state, leading=lambda: True)
+    metrics = Metrics(state, GroupPlans(state), leading=lambda: True)
     assert metrics.registry.get_sample_value("gpu_topology_extender_nodes_shared", {"mode": "mig-mixed"}) == 1
     assert metrics.registry.get_sample_value("gpu_topology_extender_nodes_shared", {"mode": "time-slicing"}) == 0
 

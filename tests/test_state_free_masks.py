@@ -39,21 +39,21 @@ def test_every_nodes_free_mask_is_what_the_ledger_gives(steps: list[tuple]) -> N
     state = ClusterState()
     cluster = DemoCluster(state, NODES)
     clock = [1000.0]
-    state.clock = lambda: clock[0]
+    state.ledger.clock = lambda: clock[0]
     for action, *args in steps:
         clock[0] += 1.0
         if action == "reserve":
             uid, node, indices, phase = args
             ids = [gpu.uuid for gpu in cluster.topologies[node].gpus]
-            state.record(Assignment(uid, f"default/{uid}", node, frozenset(ids[i] for i in indices), clock[0], phase))
+            state.ledger.record(Assignment(uid, f"default/{uid}", node, frozenset(ids[i] for i in indices), clock[0], phase))
         elif action == "phase":
             uid, phase = args
             entry = state.ledger.get(uid)
             if entry is not None:
-                state.record(replace(entry, phase=phase))
+                state.ledger.record(replace(entry, phase=phase))
         elif action == "release":
             uid, freed = args
-            state.release(uid, freed=freed)
+            state.ledger.release(uid, freed=freed)
         else:
             node, everything = args
             _report(state, cluster, node, clock[0], everything)

@@ -1,105 +1,50 @@
 """The cluster as the extender sees it: node topologies and GPU occupancy, fed by Node and Pod watches.
 
-Each node is held as an immutable `NodeView` that already carries its free-GPU mask, so the hot path
-(filter and prioritize over thousands of names) is a dictionary look-up per node. Views are rebuilt only
-when a node, a pod or the ledger changes.
+Each node is held as an immutable `NodeView` (extender/cache/node_view.py) that already carries its free-GPU
+mask, so the hot path (filter and prioritize over thousands of names) is a dictionary look-up per node. Views are
+rebuilt only when a node, a pod or the ledger changes. What a watch event means for a reservation is the ledger's
+to say (extender/cache/ledger.py): the state tells it, and it keeps the free masks in the views.
+
+Group plans are above the cache: the state knows them only as `MemberPlans`, which `use_plans` attaches.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 from extender.api._names import lookup
-from extender.cache.domains import DomainIndex
-from extender.groups.plans import GROUP_TIMEOUT_SECONDS, GroupPlans
-from extender.cache.ledger import Assignment, Ledger, Phase
 from extender.api.pod_request import DEFAULT_GPU_RESOURCE, PodRequest, parse_pod
+from extender.cache.assignments import Assignment, Phase
+from extender.cache.domains import DomainIndex
+from extender.cache.ledger import BIND_OUTCOME_SECONDS, Ledger, SlotClaims
+from extender.cache.node_view import REFUSED, Key, NodeKey, NodeView, SharedKey
 from extender.cache.seal import Seal
-from topology.assignment import AssignmentError, decode_containers
 from topology.annotations import AnnotationKeys
-from topology.codec import CodecError, StateAheadError, check_state, decode_state, decode_topology
+from topology.assignment import AssignmentError, decode_containers
+from topology.codec import (
+    CodecError,
+    StateAheadError,
+    check_state,
+    decode_state,
+    decode_topology,
+)
 from topology.compiled import CompiledTopology, compile_topology
-from topology.fabric import CLIQUE_LABEL, Domain, reconcile
-from topology.sharing import Sharing, combine, from_labels
+from topology.fabric import CLIQUE_LABEL, reconcile
+from topology.sharing import combine, from_labels
 
 log = logging.getLogger(__name__)
 
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
 
-@dataclass(frozen=True, slots=True)
-class NodeView:
-    name: str
-    compiled: CompiledTopology | None = None
-    ids: tuple[str, ...] = ()  # GPU id per index: the UUID, or GPU<index> when the topology has none
-    index_of: Mapping[str, int] = field(default_factory=dict)
-    unhealthy: int = 0  # mask
-    reported_used: frozenset[str] = frozenset()
-    reported_pods: Mapping[str, frozenset[str]] = field(default_factory=dict)  # "namespace/name" -> its GPUs
-    observed: float | None = None  # when the reporter last looked, epoch seconds
-    free: int = 0  # mask of free, healthy GPUs
-    problem: str | None = None  # why the node's topology cannot be used
-    refused: str | None = None  # the short, stable class of a refused annotation (REFUSED), for the metric
-    raw_topology: str | None = None
-    sharing: Sharing = Sharing.NONE  # from GFD's labels and the agent's observation (topology/sharing.py)
-    reported_domain: Domain | None = None  # the NVLink domain in the agent's topology annotation
-    domain: Domain = Domain(None, None)  # that and GFD's nvidia.com/gpu.clique label, reconciled
-
-    @property
-    def size(self) -> int:
-        return len(self.ids)
-
-    def mask(self, gpu_ids: Iterable[str]) -> int:
-        return sum(1 << self.index_of[gpu] for gpu in set(gpu_ids) if gpu in self.index_of)
-
-    def gpu_ids(self, mask: int) -> tuple[str, ...]:
-        return tuple(gpu for index, gpu in enumerate(self.ids) if mask >> index & 1)
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class NodeKey:
-    """What a node's verdict and score depend on: its board, free mask and unhealthy mask, and whether its
-    domain is whole (extender/verbs/scoring/domains.py).
-
-    Nodes with equal keys get equal answers, so a request over 5,000 nodes decides once per distinct key.
-    Keys are interned (one object per distinct value), so hashing one is hashing a pointer.
-    """
-
-    compiled: CompiledTopology
-    free: int
-    unhealthy: int
-    whole: bool = False  # its NVLink domain (else innermost block) has every GPU free
-
-
-@dataclass(frozen=True, slots=True)
-class SharedKey:
-    """The key of a node whose GPUs are shared: kube-scheduler's count decides, topology promises nothing."""
-
-    sharing: Sharing
-
-
-# A node's key, or for a node without a usable topology the reason.
-Key = NodeKey | SharedKey | str
-
-# Refused annotations: the metric's reason class -> the filter reason the node's pods are shown.
-REFUSED: dict[str, str] = {
-    "topology-invalid": "GPU topology annotation is invalid",
-    "state-invalid": "GPU state annotation is invalid",
-    "state-future": "GPU state annotation is dated in the future",
-}
 _MAX_INTERNED = 1 << 16
 MAX_DEAD_BOARDS = 256  # compiled boards kept by keys of no live node, at most
 
 STALE_RECHECK_SECONDS = 1.0
-# How long a reservation whose Binding answer was lost waits for the watch to tell whether it committed:
-# kube-apiserver's default --request-timeout, after which an accepted request has surely finished.
-BIND_OUTCOME_SECONDS = 60.0
-
-Mismatch = Callable[[Assignment, frozenset[str]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,30 +53,40 @@ class PodRecord:
     node: str | None
 
 
-def _holds_alike(previous: Assignment, current: Assignment) -> bool:
-    """Two entries that `Ledger.taken` counts alike (it reads neither the phase, beyond `confirmed`, nor the
-    expiry): one may replace the other, if that clears no release, without recomputing the node."""
-    return (previous.node == current.node and previous.gpus == current.gpus and previous.at == current.at
-            and previous.pod_key == current.pod_key and previous.confirmed == current.confirmed)
+class MemberPlans(SlotClaims, Protocol):
+    """The group plans (extender/groups/plans.py), as the watches tell them of their members."""
+
+    def restore(self, group: str, uid: str, node: str, value: object, held: frozenset[str]) -> None: ...
+
+    def forget_member(self, uid: str) -> None: ...
+
+
+class _NoPlans:
+    """Until plans are attached: no member holds a slot, and no sealed plan is read back."""
+
+    def unclaim(self, pod_uid: str) -> None:
+        """Nothing was claimed."""
+
+    def restore(self, group: str, uid: str, node: str, value: object, held: frozenset[str]) -> None:
+        """No plan is put in force."""
+
+    def forget_member(self, uid: str) -> None:
+        """Nothing is held."""
 
 
 class ClusterState:
     def __init__(self, keys: AnnotationKeys | None = None, resource: str = DEFAULT_GPU_RESOURCE,
                  stale_after: float = 120.0, clock: Callable[[], float] = time.time, seal: Seal | None = None,
-                 bind_outcome_seconds: float = BIND_OUTCOME_SECONDS, levels: Sequence[str] = (),
-                 group_timeout: float = GROUP_TIMEOUT_SECONDS) -> None:
+                 bind_outcome_seconds: float = BIND_OUTCOME_SECONDS, levels: Sequence[str] = ()) -> None:
         self.keys = keys or AnnotationKeys()
         self.resource = resource
         self.stale_after = stale_after
-        self.clock = clock
         self.seal = seal or Seal.ephemeral()
-        self.bind_outcome_seconds = bind_outcome_seconds
-        self.on_mismatch: Mismatch | None = None  # told when the kubelet allocated other GPUs than we bound
-        self.ledger = Ledger()
+        self.ledger = Ledger(self, self._placed, clock, bind_outcome_seconds)
         self.domains = DomainIndex(levels, on_whole=self._rekey)
-        self.plans = GroupPlans(self, group_timeout)
+        self.plans: MemberPlans = _NoPlans()
         self.group_members: dict[str, dict[str, str | None]] = {}  # group key -> member UID -> its node
-        self.group_sizes: dict[str, int] = {}  # group key -> members, from PodGroup objects (group_sizes.py)
+        self.group_sizes: dict[str, int] = {}  # group key -> members, from PodGroup objects (groups/sizes.py)
         self._views: dict[str, NodeView] = {}
         self._keys: dict[str, Key] = {}
         self._interned: dict[tuple[CompiledTopology, int, int, bool], NodeKey] = {}
@@ -145,6 +100,17 @@ class ClusterState:
         self._synced: set[str] = set()
         self.nodes = _Sink(self, "nodes", self._replace_nodes, self._apply_node)
         self.pods = _Sink(self, "pods", self._replace_pods, self._apply_pod)
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The one clock of the cache, the ledger's."""
+        return self.ledger.clock
+
+    def use_plans(self, plans: MemberPlans) -> None:
+        """Attach the group plans: members' sealed plans are read back into them, and the ledger gives a slot back
+        when its member's bind did not happen."""
+        self.plans = plans
+        self.ledger.claims = plans
 
     @property
     def ready(self) -> bool:
@@ -198,59 +164,10 @@ class ClusterState:
                 counts[view.refused] += 1
         return counts
 
-    def refresh(self, node: str) -> None:
-        """Recompute a node's free mask from the ledger's reckoning of what is taken (extender/cache/ledger.py)."""
-        with self.ledger.lock:
-            view = self._views.get(node)
-            if view is None or view.compiled is None:
-                return
-            taken = self.ledger.taken(view)
-            free = view.compiled.full_mask & ~taken & ~view.unhealthy
-            if free != view.free:
-                self._store(replace(view, free=free))
-
-    def record(self, assignment: Assignment) -> None:
-        with self.ledger.lock:
-            previous = self.ledger.get(assignment.pod_uid)
-            cleared = self.ledger.record(assignment)
-            if previous is not None and not cleared and _holds_alike(previous, assignment):
-                return  # a bind's BINDING turned BOUND (by its answer or the watch): the node's GPUs are as they were
-            self.refresh(assignment.node)
-            if previous is not None and previous.node != assignment.node:
-                self.refresh(previous.node)
-
-    def release(self, pod_uid: str, *, freed: bool) -> None:
-        """`freed`: the pod ended. Otherwise its bind did not happen, and a group slot it claimed opens again."""
-        with self.ledger.lock:
-            if not freed:
-                self.plans.unclaim(pod_uid)
-            entry = self.ledger.release(pod_uid, self.clock(), freed=freed)
-            if entry is not None:
-                self.refresh(entry.node)
-
-    def uncertain(self, pod_uid: str) -> None:
-        """The Binding's answer was lost: keep the reservation until the watch, or time, tells the outcome."""
-        with self.ledger.lock:
-            entry = self.ledger.get(pod_uid)
-            if entry is not None and entry.phase is Phase.BINDING:
-                self.ledger.record(replace(entry, phase=Phase.UNCERTAIN,
-                                           expires=self.clock() + self.bind_outcome_seconds))
-
-    def sweep(self) -> None:
-        """End the waits that ran out: a pod the watch still shows unbound was not bound by the lost Binding."""
-        with self.ledger.lock:
-            for entry in self.ledger.expired(self.clock()):
-                record = self._pods.get(entry.pod_uid)
-                if record is not None and record.node == entry.node:
-                    self.record(replace(entry, phase=Phase.BOUND, expires=None))
-                else:
-                    self.release(entry.pod_uid, freed=False)
-
-    def _reconcile(self, node: str) -> None:
-        """What the kubelet allocated replaces each reservation the report covers."""
-        view = self._views.get(node)
-        if view is not None:
-            self.ledger.reconcile(view, self.on_mismatch)
+    def _placed(self, uid: str) -> str | None:
+        """Where the watch shows the pod bound."""
+        record = self._pods.get(uid)
+        return record.node if record is not None else None
 
     def _replace_nodes(self, items: list[dict[str, Any]]) -> None:
         with self.ledger.lock:
@@ -274,16 +191,14 @@ class ClusterState:
                 return name
             labels = metadata.get("labels") if isinstance(metadata.get("labels"), dict) else {}
             view = self._decode_node(name, metadata.get("annotations") or {}, labels)
-            self._store(view)
+            self.store(view)
             self.domains.update(name, view.domain.name, labels, doubt=view.domain.problem is not None)
             self._restale(name, stale=view.compiled is not None and self.is_stale(view, self.clock()))
-            if view.observed is not None:
-                self.ledger.reporter_observed(name, view.observed)
-            self._reconcile(name)
-            self.refresh(name)
+            self.ledger.reported(view)
         return name
 
-    def _store(self, view: NodeView) -> None:
+    def store(self, view: NodeView) -> None:
+        """Hold the node's view and its key (the ledger stores a new free mask here)."""
         self._views[view.name] = view
         self.version += 1
         if view.sharing.shared:
@@ -388,7 +303,7 @@ class ClusterState:
                 self._forget_pod(uid)
             for assignment in self.ledger.pods():
                 if assignment.pod_uid not in seen and assignment.phase not in (Phase.BINDING, Phase.PLANNED):
-                    self.release(assignment.pod_uid, freed=True)
+                    self.ledger.release(assignment.pod_uid, freed=True)
 
     def _apply_pod(self, kind: str, pod: dict[str, Any]) -> None:
         metadata = pod.get("metadata") or {}
@@ -417,14 +332,14 @@ class ClusterState:
                 annotations = metadata.get("annotations")
                 sealed = self._sealed(uid, node, annotations, request)
                 if sealed is not None:
-                    self.record(Assignment(uid, request.key, node, sealed, self.clock(), Phase.BOUND))
+                    self.ledger.bound(Assignment(uid, request.key, node, sealed, self.clock(), Phase.BOUND))
                     if group is not None and isinstance(annotations, dict):
                         self.plans.restore(group, uid, node, annotations.get(self.keys.group_plan), sealed)
             elif current.phase in (Phase.BINDING, Phase.UNCERTAIN):
                 if current.node == node:  # the watch shows the Binding committed
-                    self.record(replace(current, phase=Phase.BOUND, expires=None))
+                    self.ledger.bound(current)
                 else:
-                    self.release(uid, freed=False)
+                    self.ledger.release(uid, freed=False)
 
     def _sealed(self, uid: str, node: str, annotations: Any, request: PodRequest) -> frozenset[str] | None:
         """The GPUs of a bind record we sealed for this pod on this node, if the annotations are one.
@@ -464,7 +379,7 @@ class ClusterState:
             if group is not None:
                 self._leave_group(group, uid)
             self.plans.forget_member(uid)
-            self.release(uid, freed=True)
+            self.ledger.release(uid, freed=True)
 
 
 def _refused(name: str, reason: str, raw_topology: str | None) -> NodeView:

@@ -1,187 +1,160 @@
-"""Scheduler-side GPU reservations, reconciled with what the kubelet reports, as scheduler-plugins'
+"""The ledger: the one owner of GPU reservations, reconciled with what the kubelet reports, as scheduler-plugins'
 noderesourcetopology cache reconciles its reservations with node reports.
 
-Only two sources are trusted. The extender's own bind records: a reservation taken at bind, kept until the
-outcome of the Binding is known, and after a restart the pod annotations that carry its seal. And the
-kubelet, through the node agent's report of which pod holds which GPUs. When the report shows a pod, what
-the kubelet allocated *replaces* the reservation (phase ALLOCATED); it is never added to it. A GPU is used
-when the report says so (unless its pod ended after the report was taken), or when a live pod holds it in a
-reservation the kubelet has not reported yet. A `gpus` annotation that a user wrote counts for nothing.
+Whoever takes or gives back GPUs asks the ledger once: bind reserves a set on a node (`reserve`) and settles it by
+its Binding's outcome (`bound`, `uncertain`, `release`), a group plan holds its open slots (`hold`), the watches
+report pods bound or gone and nodes reporting. Behind each call the ledger keeps the rest in step under its one
+lock: the entries (extender/cache/assignments.py), the node's free mask in its view (and with it the node's key and
+the domain index), the releases a report has not seen yet, and a group's slot when a member's bind did not happen.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from enum import Enum
+from dataclasses import replace
 from threading import RLock
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:  # the cluster state holds the ledger: a type only, to keep the import one way
-    from extender.cache.cluster_state import NodeView
+from extender.cache.assignments import Assignment, AssignmentBook, Phase
+from extender.cache.node_view import NodeView
 
+# How long a reservation whose Binding answer was lost waits for the watch to tell whether it committed:
+# kube-apiserver's default --request-timeout, after which an accepted request has surely finished.
+BIND_OUTCOME_SECONDS = 60.0
 
-class Phase(str, Enum):
-    PLANNED = "planned"  # an open slot of a group's plan (extender/groups/plans.py): held for a member to come
-    BINDING = "binding"  # reserved; the Binding is in flight
-    UNCERTAIN = "uncertain"  # the Binding's answer was lost: it may have committed; kept until that is known
-    BOUND = "bound"  # the Binding committed (its answer, the watch, or our seal on the pod says so)
-    ALLOCATED = "allocated"  # the kubelet reported these GPUs for the pod; they replaced the reservation
+Mismatch = Callable[[Assignment, frozenset[str]], None]
 
 
-@dataclass(frozen=True, slots=True)
-class Assignment:
-    pod_uid: str
-    pod_key: str  # namespace/name, as the node's report names pods
-    node: str
-    gpus: frozenset[str]  # GPU ids: UUIDs where the topology has them
-    at: float  # when it was reserved, or last confirmed by the kubelet; epoch seconds
-    phase: Phase
-    expires: float | None = None  # UNCERTAIN: when to stop waiting for the watch to tell the outcome
+class NodeViews(Protocol):
+    """The node views whose free masks the ledger keeps (the cluster state)."""
 
-    @property
-    def confirmed(self) -> bool:
-        """The kubelet has reported this pod's GPUs, so the node's report counts them, not the ledger."""
-        return self.phase is Phase.ALLOCATED
+    def view(self, name: str) -> NodeView | None: ...
+
+    def store(self, view: NodeView) -> None: ...
+
+
+class SlotClaims(Protocol):
+    """The group plans whose open slots the ledger holds (extender/groups/plans.py), as the ledger tells them that
+    a member's bind did not happen: its slot opens again."""
+
+    def unclaim(self, pod_uid: str) -> None: ...
+
+
+class _NoClaims:
+    def unclaim(self, pod_uid: str) -> None:
+        """No plans: nothing was claimed."""
 
 
 class Ledger:
-    """All mutation happens under one re-entrant lock, which bind also holds while it chooses GPUs."""
+    """Every change happens under one re-entrant lock, which bind also holds while it chooses GPUs."""
 
-    def __init__(self) -> None:
+    def __init__(self, nodes: NodeViews, placed: Callable[[str], str | None],
+                 clock: Callable[[], float] = time.time, bind_outcome_seconds: float = BIND_OUTCOME_SECONDS) -> None:
+        """`placed` tells where the watch shows a pod bound (None: unbound or unknown)."""
         self.lock = RLock()
-        self._by_pod: dict[str, Assignment] = {}
-        self._by_node: dict[str, dict[str, Assignment]] = {}
-        self._released: dict[str, dict[str, float]] = {}
-        # The UNCERTAIN entries, so that the sweep each bind makes reads them alone, not every pod's.
-        self._uncertain: dict[str, Assignment] = {}
+        self.clock = clock
+        self.bind_outcome_seconds = bind_outcome_seconds
+        self.on_mismatch: Mismatch | None = None  # told when the kubelet allocated other GPUs than we bound
+        self.claims: SlotClaims = _NoClaims()
+        self._book = AssignmentBook(self.lock)
+        self._nodes = nodes
+        self._placed = placed
 
     def __len__(self) -> int:
-        return len(self._by_pod)
+        return len(self._book)
 
     def get(self, pod_uid: str) -> Assignment | None:
-        return self._by_pod.get(pod_uid)
+        return self._book.get(pod_uid)
 
     def entries(self, node: str) -> list[Assignment]:
-        with self.lock:
-            return list(self._by_node.get(node, {}).values())
-
-    def released_since(self, node: str, observed: float | None) -> frozenset[str]:
-        """GPU ids freed after the report's observation, which its `used` list may still show."""
-        with self.lock:
-            released = self._released.get(node, {})
-            return frozenset(gpu for gpu, at in released.items() if observed is None or at > observed)
-
-    def record(self, assignment: Assignment) -> bool:
-        """Whether a release of one of its GPUs was cleared (what `taken` reads of the node changed beyond it)."""
-        with self.lock:
-            previous = self._by_pod.get(assignment.pod_uid)
-            if previous is not None:
-                self._drop_from_node(previous)
-            self._by_pod[assignment.pod_uid] = assignment
-            self._by_node.setdefault(assignment.node, {})[assignment.pod_uid] = assignment
-            if assignment.phase is Phase.UNCERTAIN:
-                self._uncertain[assignment.pod_uid] = assignment
-            else:
-                self._uncertain.pop(assignment.pod_uid, None)
-            released = self._released.get(assignment.node)
-            if not released or assignment.phase is Phase.PLANNED:
-                return False
-            # A pod now holds these GPUs: the release before it no longer says they are free. A plan's slot
-            # holds them for a pod to come, and gives them back to it, so the release still stands.
-            cleared = [gpu for gpu in assignment.gpus if released.pop(gpu, None) is not None]
-            return bool(cleared)
-
-    def release(self, pod_uid: str, at: float, *, freed: bool = True) -> Assignment | None:
-        """Drop a pod's entry. `freed` says its GPUs really came free (the pod ended), not a bind that failed."""
-        with self.lock:
-            entry = self._by_pod.pop(pod_uid, None)
-            if entry is None:
-                return None
-            self._drop_from_node(entry)
-            self._uncertain.pop(pod_uid, None)
-            if freed:
-                released = self._released.setdefault(entry.node, {})
-                for gpu in entry.gpus:
-                    released[gpu] = at
-            return entry
-
-    def reporter_observed(self, node: str, observed: float) -> None:
-        """Forget releases the report has now seen."""
-        with self.lock:
-            released = self._released.get(node)
-            if released:
-                for gpu in [gpu for gpu, at in released.items() if at <= observed]:
-                    del released[gpu]
-
-    def forget_node(self, node: str) -> None:
-        with self.lock:
-            for uid in list(self._by_node.pop(node, {})):
-                self._by_pod.pop(uid, None)
-                self._uncertain.pop(uid, None)
-            self._released.pop(node, None)
+        return self._book.entries(node)
 
     def pods(self) -> list[Assignment]:
-        with self.lock:
-            return list(self._by_pod.values())
-
-    def expired(self, now: float) -> list[Assignment]:
-        """UNCERTAIN entries whose wait for the outcome is over."""
-        with self.lock:
-            return [entry for entry in self._uncertain.values() if entry.expires is not None and entry.expires <= now]
+        return self._book.pods()
 
     def taken(self, view: NodeView) -> int:
-        """The node's GPUs in use, as a mask: what the kubelet reported (less what ended since the report), and
-        every entry the report does not show yet, a pod's reservation or a plan's open slot alike."""
-        assert view.compiled is not None
+        return self._book.taken(view)
+
+    def reserve(self, pod_uid: str, pod_key: str, node: str, gpus: frozenset[str]) -> Assignment:
+        """Reserve `gpus` on `node` for a bind about to post its Binding (BINDING). A reservation whose last
+        Binding's answer was lost is taken again as it was, for the Binding sent again with the same GPUs."""
         with self.lock:
-            taken = view.mask(view.reported_used - self.released_since(view.name, view.observed))
-            for entry in sorted(self.entries(view.name), key=lambda entry: entry.at):
-                if entry.confirmed or covered(view, entry):
-                    continue
-                reserved = view.mask(entry.gpus)
-                # GPUs the kubelet has given to another pod meanwhile (a plugin that ignores us): this pod will
-                # get as many others, so count it as many more, the lowest free ones, as the stock plugin picks.
-                own = view.mask(view.reported_pods.get(entry.pod_key, ()))
-                clash = (reserved & taken & ~own).bit_count()
-                taken |= reserved
-                for _ in range(clash):
-                    spare = view.compiled.full_mask & ~taken & ~view.unhealthy
-                    taken |= spare & -spare
-            return taken
+            previous = self._book.get(pod_uid)
+            at = previous.at if previous is not None and (previous.node, previous.gpus) == (node, gpus) else None
+            assignment = Assignment(pod_uid, pod_key, node, gpus, self.clock() if at is None else at, Phase.BINDING)
+            self.record(assignment)
+            return assignment
 
-    def reconcile(self, view: NodeView, on_mismatch: Callable[[Assignment, frozenset[str]], None] | None) -> None:
-        """What the kubelet allocated replaces each reservation the node's report covers; `on_mismatch` is told
-        of a pod that got other GPUs than it was bound to."""
-        if not view.reported_pods:
-            return
+    def bound(self, assignment: Assignment) -> None:
+        """The Binding committed (its answer, the watch, or a read after a conflict says so)."""
+        self.record(replace(assignment, phase=Phase.BOUND, expires=None))
+
+    def hold(self, slot_uid: str, owner: str, node: str, gpus: frozenset[str], at: float) -> None:
+        """Hold a group plan's open slot (PLANNED) for a member to come."""
+        self.record(Assignment(slot_uid, owner, node, gpus, at, Phase.PLANNED))
+
+    def record(self, assignment: Assignment) -> None:
+        """Put an entry in, replacing the pod's previous one, and keep the node's free mask in step."""
         with self.lock:
-            for entry in self.entries(view.name):
-                if not covered(view, entry):
-                    continue
-                allocated = view.reported_pods[entry.pod_key]
-                if entry.confirmed and entry.gpus == allocated:
-                    continue
-                if not entry.confirmed and entry.gpus != allocated and on_mismatch is not None:
-                    on_mismatch(entry, allocated)
-                assert view.observed is not None
-                self.record(replace(entry, gpus=allocated, at=view.observed, phase=Phase.ALLOCATED, expires=None))
+            previous = self._book.get(assignment.pod_uid)
+            cleared = self._book.put(assignment)
+            if previous is not None and not cleared and _holds_alike(previous, assignment):
+                return  # a bind's BINDING turned BOUND (by its answer or the watch): the node's GPUs are as they were
+            self.refresh(assignment.node)
+            if previous is not None and previous.node != assignment.node:
+                self.refresh(previous.node)
 
-    def _drop_from_node(self, entry: Assignment) -> None:
-        node_entries = self._by_node.get(entry.node, {})
-        node_entries.pop(entry.pod_uid, None)
-        if not node_entries:
-            self._by_node.pop(entry.node, None)
+    def release(self, pod_uid: str, *, freed: bool) -> None:
+        """`freed`: the pod ended. Otherwise its bind did not happen, and a group slot it claimed opens again."""
+        with self.lock:
+            if not freed:
+                self.claims.unclaim(pod_uid)
+            entry = self._book.remove(pod_uid, self.clock(), freed=freed)
+            if entry is not None:
+                self.refresh(entry.node)
+
+    def uncertain(self, pod_uid: str) -> None:
+        """The Binding's answer was lost: keep the reservation until the watch, or time, tells the outcome."""
+        with self.lock:
+            entry = self._book.get(pod_uid)
+            if entry is not None and entry.phase is Phase.BINDING:
+                self._book.put(replace(entry, phase=Phase.UNCERTAIN, expires=self.clock() + self.bind_outcome_seconds))
+
+    def sweep(self) -> None:
+        """End the waits that ran out: a pod the watch still shows unbound was not bound by the lost Binding."""
+        with self.lock:
+            for entry in self._book.expired(self.clock()):
+                if self._placed(entry.pod_uid) == entry.node:
+                    self.bound(entry)
+                else:
+                    self.release(entry.pod_uid, freed=False)
+
+    def reported(self, view: NodeView) -> None:
+        """The node's agent reported (or the node changed): releases it has seen are forgotten, what the kubelet
+        allocated replaces each reservation the report covers, and the node's free mask follows."""
+        with self.lock:
+            if view.observed is not None:
+                self._book.reporter_observed(view.name, view.observed)
+            self._book.reconcile(view, self.on_mismatch)
+            self.refresh(view.name)
+
+    def forget_node(self, node: str) -> None:
+        self._book.forget_node(node)
+
+    def refresh(self, node: str) -> None:
+        """Recompute a node's free mask from what is taken."""
+        with self.lock:
+            view = self._nodes.view(node)
+            if view is None or view.compiled is None:
+                return
+            free = view.compiled.full_mask & ~self._book.taken(view) & ~view.unhealthy
+            if free != view.free:
+                self._nodes.store(replace(view, free=free))
 
 
-def covered(view: NodeView, entry: Assignment) -> bool:
-    """The report, taken after this entry, shows its pod with all its GPUs: the kubelet allocated it.
-
-    A pod the kubelet is still admitting is listed with the containers done so far; and GPUs that only its plain
-    init containers hold are never listed (pod-resources shows app containers and sidecars), though the kubelet
-    keeps them allocated. So a report that shows fewer GPUs than reserved covers nothing: the reservation still
-    counts, beside the GPUs reported. A plan's open slot is no pod's, so no report ever covers it."""
-    if view.observed is None or entry.at > view.observed:
-        return False
-    allocated = view.reported_pods.get(entry.pod_key)
-    return allocated is not None and len(allocated) >= len(entry.gpus)
+def _holds_alike(previous: Assignment, current: Assignment) -> bool:
+    """Two entries that `taken` counts alike (it reads neither the phase, beyond `confirmed`, nor the expiry): one
+    may replace the other, if that clears no release, without recomputing the node."""
+    return (previous.node == current.node and previous.gpus == current.gpus and previous.at == current.at
+            and previous.pod_key == current.pod_key and previous.confirmed == current.confirmed)

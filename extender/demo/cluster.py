@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from extender.kube.client import Conflict, KubeError
 from extender.cache.cluster_state import ClusterState
+from extender.kube.client import Conflict, KubeError
 from topology.agent.claims import Allocation, Board, Delivered, Preferred, identify, read_pod, remember
 from topology.codec import NodeState, encode_state, encode_topology
 from topology.model import Topology, installed_subset

@@ -20,12 +20,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from extender.demo.mixed_pods import DemoPod
+from extender.cache.cluster_state import ClusterState
 from extender.demo.cluster import DemoCluster
 from extender.demo.count_only import CountOnly
+from extender.demo.mixed_pods import DemoPod
 from extender.demo.scheduler import Scheduler, fits_by_count, running_server
 from extender.verbs.service import ExtenderService
-from extender.cache.cluster_state import ClusterState
 from topology.annotations import AnnotationKeys
 from topology.fabric import CLIQUE_LABEL
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from extender.cache.cluster_state import ClusterState
 from extender.demo.cluster import DemoCluster
 from extender.demo.count_only import CountOnly
 from extender.demo.scheduler import Scheduler, fits_by_count, running_server
 from extender.verbs.service import ExtenderService
-from extender.cache.cluster_state import ClusterState
 from topology.compiled import compile_topology
 from topology.levels import Level
 from topology.select import ring_gbps

@@ -20,8 +20,8 @@ from typing import Any
 import orjson
 import uvicorn
 
-from extender.server.app import create_app
 from extender.demo.cluster import DemoCluster
+from extender.server.app import create_app
 from extender.verbs.service import ExtenderService
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from extender.cache.cluster_state import ClusterState
 from extender.demo.cluster import DemoCluster, SharedNode, single_gpu
 from extender.demo.scheduler import Scheduler, fits_by_count, running_server
 from extender.verbs.service import ExtenderService
-from extender.cache.cluster_state import ClusterState
 
 NODES = (("h100-sliced", "dgx-h100"), ("a100-mig", "dgx-a100"), ("a6000-whole", "rtx-a6000-pairs"))
 SHARED = {

@@ -15,13 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from extender.cache.node_view import NodeKey
 from topology.full_sets import full_choice, full_set_masks
 from topology.select import Selector, mask_of
-
-if TYPE_CHECKING:  # the cluster state holds the plans: a type only, to keep the import one way
-    from extender.cache.cluster_state import NodeKey
 
 _SETS_LIMIT = 1 << 16
 _sets: dict[tuple[NodeKey, int], tuple[int, ...]] = {}

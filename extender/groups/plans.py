@@ -18,16 +18,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
+from extender.cache.assignments import Phase
+from extender.cache.cluster_state import ClusterState
 from extender.groups.layouts import Slot
-from extender.cache.ledger import Assignment, Phase
 from topology.bounds import MAX_DOMAIN_LENGTH, MAX_GROUP_SIZE, valid_id
-
-if TYPE_CHECKING:
-    from extender.cache.cluster_state import ClusterState
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +52,10 @@ class Plan:
 
 
 class GroupPlans:
-    """The plans in force, by group key. Every call is made under the cluster state's ledger lock."""
+    """The plans in force, by group key. Every call is made under the cluster state's ledger lock.
+
+    Made, the plans attach to the state (`ClusterState.use_plans`): its watches read sealed plans back into them,
+    and its ledger gives a member's slot back when the member's bind did not happen."""
 
     def __init__(self, state: ClusterState, timeout: float = GROUP_TIMEOUT_SECONDS, limit: int = MAX_PLANS) -> None:
         self._state = state
@@ -63,6 +64,7 @@ class GroupPlans:
         self._plans: dict[str, Plan] = {}
         self._claims: dict[str, dict[int, str]] = {}  # group -> slot index -> member UID
         self._claimed_by: dict[str, tuple[str, int]] = {}  # member UID -> (group, slot index)
+        state.use_plans(self)
 
     def __len__(self) -> int:
         return len(self._plans)
@@ -118,7 +120,7 @@ class GroupPlans:
 
     def _take(self, group: str, index: int, uid: str) -> None:
         """Member `uid` holds slot `index`: the slot's PLANNED entry gives way to the member's own."""
-        self._state.release(_slot_uid(group, index), freed=False)
+        self._state.ledger.release(_slot_uid(group, index), freed=False)
         self._claims[group][index] = uid
         self._claimed_by[uid] = (group, index)
 
@@ -149,7 +151,7 @@ class GroupPlans:
         if plan is None:
             return
         for index, _ in enumerate(plan.slots):
-            self._state.release(_slot_uid(group, index), freed=False)
+            self._state.ledger.release(_slot_uid(group, index), freed=False)
         for uid in self._claims.pop(group).values():
             self._claimed_by.pop(uid, None)
 
@@ -164,8 +166,8 @@ class GroupPlans:
         view = self._state.view(slot.node)
         if view is None or view.compiled is None:
             return
-        self._state.record(Assignment(_slot_uid(plan.group, index), f"plan:{plan.group}", slot.node,
-                                      frozenset(view.gpu_ids(slot.gpus)), plan.at, Phase.PLANNED))
+        self._state.ledger.hold(_slot_uid(plan.group, index), f"plan:{plan.group}", slot.node,
+                                frozenset(view.gpu_ids(slot.gpus)), plan.at)
 
     # The plan as sealed on members (DESIGN §10).
 

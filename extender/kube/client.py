@@ -34,8 +34,8 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from extender.kube.binding_writer import ApiWriter, endpoint_of
 from extender.api.group_request import PodGroupKind
+from extender.kube.binding_writer import ApiWriter, endpoint_of
 from topology.api_status import status_message
 
 log = logging.getLogger(__name__)
@@ -442,7 +442,7 @@ class KubernetesApi:
             _request_timeout=(self.timeout, self.timeout),
         )
 
-    # -- the leader election's Lease (extender.kube.leader_election.LeaseApi) --------------------------------------------------
+    # -- the leader election's Lease (extender.kube.leader_election.LeaseApi) ------------------------------------------
 
     def get_lease(self, namespace: str, name: str) -> dict | None:
         """The Lease, or None when there is none yet."""

@@ -20,9 +20,9 @@ from typing import NoReturn
 from extender.kube.client import KubeError, Unreachable
 from extender.kubectl.snapshot import STALE_AFTER_SECONDS, Connection, PluginApi, Settings, read_cluster, read_node, \
     read_pod
+from extender.api.pod_request import DEFAULT_GPU_RESOURCE
 from extender.kubectl.render import node_text, nodes_table, pod_text
 from extender.kubectl.views import gpu_node_names, node_detail, node_row, pod_report, to_json
-from extender.api.pod_request import DEFAULT_GPU_RESOURCE
 from topology.annotations import DEFAULT_PREFIX, AnnotationKeys
 from topology.select import Selector
 

@@ -1,10 +1,10 @@
 """What `kubectl gputopo` reads, through the API server only: Nodes, Pods and a pod's Events, and the cluster
 state the extender would build from them.
 
-The state is the extender's own (extender/cache/cluster_state.py) fed the listed objects, so a node is stale, refused or free
-here exactly as the extender judges it. One difference: the plugin holds no seal key (it is the extender's
-Secret), so a pod's sealed bind record is taken as the extender's without checking the seal. The plugin decides
-nothing; it shows what pods were bound to.
+The state is the extender's own (extender/cache/cluster_state.py) fed the listed objects, so a node is stale,
+refused or free here exactly as the extender judges it. One difference: the plugin holds no seal key (it is the
+extender's Secret), so a pod's sealed bind record is taken as the extender's without checking the seal. The plugin
+decides nothing; it shows what pods were bound to.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from typing import Any
 
 from kubernetes import config as k8s_config
 
-from extender.kube.client import ACTIVE_PODS, KubeError, KubernetesApi
-from extender.cache.seal import MIN_KEY_BYTES, VERSION, Seal
 from extender.cache.cluster_state import ClusterState
+from extender.cache.seal import MIN_KEY_BYTES, VERSION, Seal
+from extender.groups.plans import GroupPlans
+from extender.kube.client import ACTIVE_PODS, KubeError, KubernetesApi
 from topology.annotations import AnnotationKeys
 
 STALE_AFTER_SECONDS = 120.0  # the extender's --stale-after default
@@ -130,6 +131,7 @@ def snapshot(nodes: Sequence[dict[str, Any]], pods: Sequence[dict[str, Any]], se
     moment = time.time() if now is None else now
     state = ClusterState(settings.keys, settings.resource, settings.stale_after, clock=lambda: moment,
                          seal=_SealedAsWritten())
+    GroupPlans(state)  # members' sealed plans are read back, and their open slots held, as the extender does
     state.nodes.replace(list(nodes))
     state.nodes.synced()
     state.pods.replace(list(pods))

@@ -1,8 +1,8 @@
 """What `kubectl gputopo` shows, computed from a snapshot of the cluster: values only, no layout.
 
 Every figure comes from the topology core (best sets from topology/select.py, whole full-bandwidth sets from
-topology/full_sets.py) over the node views the extender's own state built (extender/cache/cluster_state.py), so a free ring,
-a whole set, a stale or a refused node here is what the extender sees.
+topology/full_sets.py) over the node views the extender's own state built (extender/cache/cluster_state.py), so a
+free ring, a whole set, a stale or a refused node here is what the extender sees.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 
 import orjson
 
-from extender.kubectl.snapshot import Snapshot
-from extender.cache.ledger import Phase, covered
 from extender.api.pod_request import PodRequest, parse_pod
-from extender.cache.cluster_state import NodeView
+from extender.cache.assignments import Phase, covered
+from extender.cache.node_view import NodeView
+from extender.kubectl.snapshot import Snapshot
 from topology.assignment import AssignmentError, decode_containers
 from topology.codec import CodecError, check_state, decode_state, decode_topology
 from topology.compiled import CompiledTopology, compile_topology

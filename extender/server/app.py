@@ -27,8 +27,6 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from extender.verbs.answer_memo import Unknown
-from extender.verbs.service import ExtenderService
 from extender.api.wire import (
     MAX_BODY_BYTES,
     BadRequest,
@@ -43,6 +41,8 @@ from extender.api.wire import (
     preemption_result,
     prioritize_result,
 )
+from extender.verbs.answer_memo import Unknown
+from extender.verbs.service import ExtenderService
 
 log = logging.getLogger(__name__)
 JSON = b"application/json"

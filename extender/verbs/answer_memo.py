@@ -11,7 +11,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from extender.cache.cluster_state import NodeKey
+from extender.cache.node_view import NodeKey
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -23,8 +23,9 @@ class Unknown(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Inline:
-    """What may still be worked out where only remembered answers were asked for (the event loop, extender/server/app.py):
-    the answers for keys that `cheap` accepts, for at most `seconds` in all. Anything more raises Unknown."""
+    """What may still be worked out where only remembered answers were asked for (the event loop,
+    extender/server/app.py): the answers for keys that `cheap` accepts, for at most `seconds` in all. Anything more
+    raises Unknown."""
 
     cheap: Callable[[Any], bool]
     seconds: float

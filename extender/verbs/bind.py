@@ -19,12 +19,14 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-from extender.verbs.filter import STALE
-from extender.kube.client import Conflict, KubeApi, KubeError
-from extender.cache.ledger import Assignment, Phase
 from extender.api.pod_request import PodRequest, parse_pod
-from extender.cache.cluster_state import ClusterState, NodeView
 from extender.api.wire import BindingArgs
+from extender.cache.assignments import Assignment, Phase
+from extender.cache.cluster_state import ClusterState
+from extender.cache.node_view import NodeView
+from extender.groups.plans import GroupPlans
+from extender.kube.client import Conflict, KubeApi, KubeError
+from extender.verbs.filter import STALE
 from topology.assignment import encode_containers
 from topology.select import Choice, Request, Selector, mask_of
 from topology.sharing import Sharing, no_guarantee
@@ -58,7 +60,7 @@ class Reservation:
     ring_gbps: float | None
 
 
-def begin_bind(state: ClusterState, selector: Selector, kube: KubeApi | None, args: BindingArgs,
+def begin_bind(state: ClusterState, plans: GroupPlans, selector: Selector, kube: KubeApi | None, args: BindingArgs,
                held: int = 0) -> Bound | Reservation:
     """Everything before the Binding: the pod's reservation, or its answer when nothing is left to post.
     `held`: GPUs of the node drained for other pods (extender/verbs/drains.py), which this pod may not take. Without
@@ -76,7 +78,7 @@ def begin_bind(state: ClusterState, selector: Selector, kube: KubeApi | None, ar
         if kube is None:
             raise WouldRead(f"the outcome of pod {pod.key}'s Binding to {existing.node} is unknown")
         _settle_elsewhere(state, kube, args, existing)
-    return _reserve(state, selector, pod, args, held)
+    return _reserve(state, plans, selector, pod, args, held)
 
 
 def post_binding(state: ClusterState, kube: KubeApi, args: BindingArgs, reservation: Reservation) -> Bound:
@@ -94,7 +96,7 @@ def finish_bind(state: ClusterState, kube: KubeApi, args: BindingArgs, reservati
     API server (was the Binding ours, its answer lost?): `needs_read` tells a caller on the event loop."""
     key = reservation.assignment.pod_key
     if error is None:
-        state.record(replace(reservation.assignment, phase=Phase.BOUND))
+        state.ledger.bound(reservation.assignment)
         return Bound(reservation.gpus, reservation.ring_gbps, repeated=False)
     if isinstance(error, Conflict):
         if _ours_committed(state, kube, args, reservation):
@@ -102,12 +104,12 @@ def finish_bind(state: ClusterState, kube: KubeApi, args: BindingArgs, reservati
         raise BindError(f"binding {key} to {args.node} conflicted: {error}") from None
     if isinstance(error, KubeError):
         if error.status is None or error.status >= 500:
-            state.uncertain(args.pod_uid)
+            state.ledger.uncertain(args.pod_uid)
             raise BindError(f"binding {key} to {args.node}: {error}; the outcome is unknown, so its GPUs stay "
                             "reserved until the watch shows it") from None
-        state.release(args.pod_uid, freed=False)
+        state.ledger.release(args.pod_uid, freed=False)
         raise BindError(f"binding {key} to {args.node} failed: {error}") from None
-    state.uncertain(args.pod_uid)
+    state.ledger.uncertain(args.pod_uid)
     raise error
 
 
@@ -159,7 +161,7 @@ def _read_pod(state: ClusterState, kube: KubeApi | None, args: BindingArgs) -> P
     return pod
 
 
-def _reserve(state: ClusterState, selector: Selector, pod: PodRequest, args: BindingArgs,
+def _reserve(state: ClusterState, plans: GroupPlans, selector: Selector, pod: PodRequest, args: BindingArgs,
              held: int) -> Reservation | Bound:
     """Reserve the best set on the node now, or find the pod's existing reservation there."""
     request = pod.request
@@ -177,14 +179,14 @@ def _reserve(state: ClusterState, selector: Selector, pod: PodRequest, args: Bin
                 return Bound(gpus, None, repeated=True)
             # The last Binding's answer was lost: send it again with the same GPUs; a 409 then tells us.
             assert view is not None and view.compiled is not None
-            return _reservation(state, selector, pod, args, view, view.mask(existing.gpus), existing)
+            return _reservation(state, plans, selector, pod, args, view, view.mask(existing.gpus))
         if view is None or view.compiled is None:
             raise BindError(f"node {args.node}: {view.problem if view else 'no GPU topology reported'}")
         if state.is_stale(view, state.clock()):
             raise BindError(f"node {args.node}: {STALE}")
-        planned = _planned(state, pod, args, held)
+        planned = _planned(state, plans, pod, args, held)
         if planned is not None:
-            return _reservation(state, selector, pod, args, planned[0], planned[1], None)
+            return _reservation(state, plans, selector, pod, args, planned[0], planned[1])
         count = device_count(pod.containers)
         free = view.free & ~held
         choice = selector.select(view.compiled, free, replace(request, count=count))
@@ -192,31 +194,33 @@ def _reserve(state: ClusterState, selector: Selector, pod: PodRequest, args: Bin
             choice = selector.select(view.compiled, free, Request(count))
         if not isinstance(choice, Choice):
             raise BindError(f"node {args.node}: {choice.message}")
-        return _reservation(state, selector, pod, args, view, mask_of(choice.gpus), None)
+        return _reservation(state, plans, selector, pod, args, view, mask_of(choice.gpus))
 
 
-def _planned(state: ClusterState, pod: PodRequest, args: BindingArgs, held: int) -> tuple[NodeView, int] | None:
+def _planned(state: ClusterState, plans: GroupPlans, pod: PodRequest, args: BindingArgs,
+             held: int) -> tuple[NodeView, int] | None:
     """The GPUs the pod's group plan keeps for it on this node (claimed now), or None when no plan is in force.
 
     Called under the ledger lock. The claim turns the slot's PLANNED entry into room for this pod's own
     reservation; GPUs that someone else holds meanwhile void the plan (its members are planned again)."""
     group = pod.group_key
-    if group is None or state.plans.get(group) is None:
+    if group is None or plans.get(group) is None:
         return None
-    slot = state.plans.claim(group, args.pod_uid, args.node, state.clock())
+    slot = plans.claim(group, args.pod_uid, args.node, state.clock())
     if slot is None:
         raise BindError(f"node {args.node} has no place in the plan of pod {pod.key}'s group")
     view = state.view(args.node)
     assert view is not None
     if slot.gpus & ~(view.free & ~held) or device_count(pod.containers) != slot.gpus.bit_count():
-        state.plans.drop(group)
+        plans.drop(group)
         raise BindError(f"node {args.node}: the GPUs planned for pod {pod.key}'s group are no longer free; "
                         "its members are planned again")
     return view, slot.gpus
 
 
-def _reservation(state: ClusterState, selector: Selector, pod: PodRequest, args: BindingArgs, view: NodeView,
-                 chosen: int, previous: Assignment | None) -> Reservation:
+def _reservation(state: ClusterState, plans: GroupPlans, selector: Selector, pod: PodRequest, args: BindingArgs,
+                 view: NodeView, chosen: int) -> Reservation:
+    """The pod's one ask of the ledger: reserve the chosen GPUs on the node, with the annotations to post."""
     assert view.compiled is not None
     parts = split(selector, view.compiled, chosen, pod.containers)
     ids = view.gpu_ids(chosen)
@@ -225,14 +229,12 @@ def _reservation(state: ClusterState, selector: Selector, pod: PodRequest, args:
     ring = _ring_of(selector, view, chosen)
     annotations = {state.keys.gpus: gpus, state.keys.containers: containers,
                    state.keys.seal: state.seal.sign(args.pod_uid, args.node, gpus, containers)}
-    plan = state.plans.sealed(pod.group_key, args.pod_uid, args.node) if pod.group_key is not None else None
+    plan = plans.sealed(pod.group_key, args.pod_uid, args.node) if pod.group_key is not None else None
     if plan is not None:
         annotations[state.keys.group_plan] = plan
     if ring is not None:
         annotations[state.keys.ring_bandwidth] = f"{ring:g}"
-    assignment = previous or Assignment(args.pod_uid, pod.key, args.node, frozenset(ids), state.clock(),
-                                        Phase.BINDING)
-    state.record(replace(assignment, phase=Phase.BINDING, expires=None))
+    assignment = state.ledger.reserve(args.pod_uid, pod.key, args.node, frozenset(ids))
     return Reservation(assignment, ids, annotations, ring)
 
 
@@ -249,14 +251,14 @@ def _ours_committed(state: ClusterState, kube: KubeApi, args: BindingArgs, reser
     except KubeError as error:
         log.warning("bind %s/%s: cannot read the pod after a conflict (%s); its GPUs stay reserved until the "
                     "watch tells", args.pod_namespace, args.pod_name, error)
-        state.uncertain(args.pod_uid)
+        state.ledger.uncertain(args.pod_uid)
         return False
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     key = state.keys.containers
     if _bound_here(pod, args) and annotations.get(key) == reservation.annotations[key]:
-        state.record(replace(reservation.assignment, phase=Phase.BOUND))
+        state.ledger.bound(reservation.assignment)
         return True
-    state.release(args.pod_uid, freed=False)
+    state.ledger.release(args.pod_uid, freed=False)
     return False
 
 
@@ -276,6 +278,6 @@ def _settle_elsewhere(state: ClusterState, kube: KubeApi, args: BindingArgs, unc
     node = (pod.get("spec") or {}).get("nodeName")
     if (pod.get("metadata") or {}).get("uid") == args.pod_uid and node:
         if node == uncertain.node:
-            state.record(replace(uncertain, phase=Phase.BOUND, expires=None))
+            state.ledger.bound(uncertain)
         raise BindError(f"pod {args.pod_namespace}/{args.pod_name} is already bound to {node}")
-    state.release(args.pod_uid, freed=False)
+    state.ledger.release(args.pod_uid, freed=False)

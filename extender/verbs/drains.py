@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from extender.api._names import lookup
-from extender.cache.cluster_state import ClusterState, Key, NodeKey
+from extender.cache.cluster_state import ClusterState
+from extender.cache.node_view import Key, NodeKey
 from topology.full_sets import full_set_masks
 from topology.select import Selector
 
@@ -168,7 +169,8 @@ class Drains:
 def keys_seen(state: ClusterState, names: list[str], drains: Drains | None, uid: str,
               stale: Key | None) -> list[Key | None]:
     """Each candidate's key as filter and prioritize read it for pod `uid`: GPUs drained for other pods hidden,
-    and `stale` in place of a node whose GPU state is too old. Passes over the names run in C (extender/api/_names.c)."""
+    and `stale` in place of a node whose GPU state is too old. Passes over the names run in C
+    (extender/api/_names.c)."""
     keys = state.keys_for(names)
     if drains is not None:
         keys = drains.hide(state, names, keys, uid, state.clock())

@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from extender.api._names import group, unique
-from extender.verbs.drains import Drains, keys_seen
-from extender.verbs.answer_memo import ON_LOOP, ShapeMemo
 from extender.api.pod_request import PodRequest
-from extender.cache.cluster_state import ClusterState, Key, SharedKey
+from extender.cache.cluster_state import ClusterState
+from extender.cache.node_view import Key, SharedKey
+from extender.verbs.answer_memo import ON_LOOP, ShapeMemo
+from extender.verbs.drains import Drains, keys_seen
 from extender.verbs.wait import WAITING, WaitClock
 from topology.compiled import CompiledTopology
 from topology.full_sets import best_ring_gbps, full_choice

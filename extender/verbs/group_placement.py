@@ -7,8 +7,8 @@ states: after a restart, an expired plan or a lost node, the rest of the group i
 domain where its bound members already are.
 
 A group no domain of its span can hold now waits, as a single pod waits for a full-bandwidth set
-(extender/verbs/wait.py), and drains the domain nearest to holding it (extender/verbs/drains.py): every node says why, and
-nothing of it binds. A group with `required` placement waits for as long as it takes (it drains only within
+(extender/verbs/wait.py), and drains the domain nearest to holding it (extender/verbs/drains.py): every node says
+why, and nothing of it binds. A group with `required` placement waits for as long as it takes (it drains only within
 the wait); a preferred one, once its wait is out, tries wider spans (a leaf, a spine), then places its
 members as single pods. A group no domain could hold even empty is refused at once if required, and placed
 member by member if preferred.
@@ -24,13 +24,14 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from extender.api.pod_request import PodRequest
+from extender.cache.cluster_state import ClusterState
 from extender.cache.domains import span_name
+from extender.cache.node_view import NodeKey
+from extender.groups.layouts import best_layout, capacity, drain_targets, layout
+from extender.groups.plans import GroupPlans, Plan
 from extender.verbs.drains import Drains
 from extender.verbs.filter import FilterOutcome
-from extender.groups.layouts import best_layout, capacity, drain_targets, layout
-from extender.groups.plans import Plan
-from extender.api.pod_request import PodRequest
-from extender.cache.cluster_state import ClusterState, NodeKey
 from extender.verbs.wait import WaitClock
 from topology.select import Choice, Selector
 
@@ -53,8 +54,10 @@ class _NoRoom:
 
 
 class GroupPlacement:
-    def __init__(self, state: ClusterState, selector: Selector, wait: WaitClock, drains: Drains) -> None:
+    def __init__(self, state: ClusterState, plans: GroupPlans, selector: Selector, wait: WaitClock,
+                 drains: Drains) -> None:
         self.state = state
+        self.plans = plans
         self.selector = selector
         self.wait = wait
         self.drains = drains
@@ -76,19 +79,19 @@ class GroupPlacement:
                                   f"expected {expected}", resolvable=False)
         now = state.clock()
         with state.ledger.lock:
-            state.plans.expire(now)
-            plan = state.plans.get(key)
+            self.plans.expire(now)
+            plan = self.plans.get(key)
             if plan is not None and plan.count != request.count:
                 return _refuse(names, f"group {group.name}: its members must request the same number of GPUs "
                                       f"(the group's plan gives {plan.count} to each)", resolvable=False)
             nodes = self._open_nodes(key, pod.uid)
             if nodes:
                 return _only(names, nodes)
-            if state.plans.full and state.plans.get(key) is None:
+            if self.plans.full and self.plans.get(key) is None:
                 return _refuse(names, PLAN_LIMIT, resolvable=True)
             found = self._plan_once(pod, key, size, now, names)
             if isinstance(found, Plan):
-                state.plans.install(found)
+                self.plans.install(found)
                 self.wait.forget(key)
                 self.drains.end(key)
                 log.info("group %s planned in %s %s: %s", key, span_name(found.span), found.domain,
@@ -123,7 +126,7 @@ class GroupPlacement:
 
     def _open_nodes(self, key: str, uid: str) -> frozenset[str]:
         """Where the group's plan has a place for this member: its own claim, else every open slot's node."""
-        plans = self.state.plans
+        plans = self.plans
         plan = plans.get(key)
         if plan is None:
             return frozenset()
@@ -161,7 +164,7 @@ class GroupPlacement:
         assert group is not None and request is not None
         state = self.state
         members = state.group_members.get(key, {})
-        placed = {uid for uid, node in members.items() if node and uid != pod.uid} | set(state.plans.claimed(key))
+        placed = {uid for uid, node in members.items() if node and uid != pod.uid} | set(self.plans.claimed(key))
         remaining = max(size - len(placed), 1)
         spans = (group.span,) if group.required else state.domains.outward(group.span)
         wait_at: _NoRoom | None = None
@@ -175,7 +178,7 @@ class GroupPlacement:
             best = best_layout(layout(self.selector, domain, usable, remaining, request.count, candidates)
                                for domain, usable in domains)
             if best is not None:
-                return Plan(key, span, best.domain, request.count, best.slots, now, now + state.plans.timeout)
+                return Plan(key, span, best.domain, request.count, best.slots, now, now + self.plans.timeout)
             if wait_at is None:
                 wait_at = self._nearest(span, domains, remaining, request.count)
                 if wait_at is not None and (group.required or self.wait.holds(key, self.wait.seconds(pod), now)):

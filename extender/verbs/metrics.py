@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sized
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -16,7 +16,7 @@ _GBPS_BUCKETS = (5, 10, 20, 50, 100, 150, 200, 300, 450, 600, 900)
 
 
 class Metrics:
-    def __init__(self, state: ClusterState, leading: Callable[[], bool] = lambda: True) -> None:
+    def __init__(self, state: ClusterState, plans: Sized, leading: Callable[[], bool] = lambda: True) -> None:
         self.registry = CollectorRegistry()
         self.request_seconds = Histogram("gpu_topology_extender_request_seconds", "Time to answer a verb, server side",
                                          ["verb"], buckets=_LATENCY_BUCKETS, registry=self.registry)
@@ -40,9 +40,9 @@ class Metrics:
                        "Entries holding GPUs in the ledger: pods, and the open slots of group plans",
                        registry=self.registry)
         ledger.set_function(lambda: len(state.ledger))
-        plans = Gauge("gpu_topology_extender_group_plans", "Group plans in force (extender/groups/plans.py)",
-                      registry=self.registry)
-        plans.set_function(lambda: len(state.plans))
+        planned = Gauge("gpu_topology_extender_group_plans", "Group plans in force (extender/groups/plans.py)",
+                        registry=self.registry)
+        planned.set_function(lambda: len(plans))
         doubtful = Gauge("gpu_topology_extender_nodes_domain_refused",
                          "Nodes whose NVLink domain was refused (fabric not complete, GPUs or sources disagreeing)",
                          registry=self.registry)

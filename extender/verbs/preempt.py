@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from extender.api.pod_request import PodRequest
-from extender.cache.cluster_state import ClusterState
 from extender.api.wire import Victims
+from extender.cache.cluster_state import ClusterState
 from topology.select import Choice, Request, Selector
 
 

@@ -23,7 +23,15 @@ from concurrent.futures import Executor
 from functools import partial
 from typing import Any, Protocol
 
+from extender.api.pod_request import PodRequest, parse_pod
+from extender.api.wire import BindingArgs, ExtenderArgs, PreemptionArgs, Victims
+from extender.cache.assignments import Assignment
+from extender.cache.cluster_state import ClusterState
+from extender.cache.node_view import NodeKey
+from extender.groups.plans import GROUP_TIMEOUT_SECONDS, GroupPlans
 from extender.kube.binding_writer import StaleConnection
+from extender.kube.client import KubeApi
+from extender.verbs.answer_memo import ShapeMemo, Unknown
 from extender.verbs.bind import (
     BindError,
     Bound,
@@ -37,16 +45,10 @@ from extender.verbs.bind import (
 from extender.verbs.drains import Drains
 from extender.verbs.filter import FilterOutcome, Verdict, filter_nodes
 from extender.verbs.group_placement import GroupPlacement
-from extender.kube.client import KubeApi
-from extender.cache.ledger import Assignment
 from extender.verbs.metrics import Metrics
-from extender.api.pod_request import PodRequest, parse_pod
 from extender.verbs.preempt import preempt_nodes
-from extender.verbs.answer_memo import ShapeMemo, Unknown
 from extender.verbs.scoring import Offer, prioritize_nodes
-from extender.cache.cluster_state import ClusterState, NodeKey
 from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS, WAITING, WaitClock
-from extender.api.wire import BindingArgs, ExtenderArgs, PreemptionArgs, Victims
 from topology.select import Selector
 
 log = logging.getLogger(__name__)
@@ -87,7 +89,7 @@ def _pass_on(answer: asyncio.Future[str], done: asyncio.Future[str]) -> None:
 class ExtenderService:
     def __init__(self, state: ClusterState, kube: KubeApi, selector: Selector | None = None, *,
                  leader: Leadership | None = None, pods: Relister | None = None,
-                 topology_wait: float = TOPOLOGY_WAIT_SECONDS) -> None:
+                 topology_wait: float = TOPOLOGY_WAIT_SECONDS, group_timeout: float = GROUP_TIMEOUT_SECONDS) -> None:
         if (leader is None) != (pods is None):
             raise ValueError("leader election needs the pod reflector, to rebuild the ledger on each win")
         self.state = state
@@ -95,19 +97,20 @@ class ExtenderService:
         self.selector = selector or Selector()
         self.wait = WaitClock(topology_wait)
         self.drains = Drains()
-        self.groups = GroupPlacement(state, self.selector, self.wait, self.drains)
+        self.plans = GroupPlans(state, group_timeout)
+        self.groups = GroupPlacement(state, self.plans, self.selector, self.wait, self.drains)
         self.leader, self._pod_lists = leader, pods
         self._rebuild: tuple[int, int] | None = None  # (term, ticket of the pod list that rebuilds its ledger)
         if leader is not None:
             leader.on_new_term(self._new_term)
-        self.metrics = Metrics(state, leading=lambda: leader is None or leader.term() is not None)
+        self.metrics = Metrics(state, self.plans, leading=lambda: leader is None or leader.term() is not None)
         self._verdicts: ShapeMemo[Verdict] = ShapeMemo()
         self._offers: ShapeMemo[Offer | None] = ShapeMemo()
         self._pods: OrderedDict[str, tuple[str, PodRequest]] = OrderedDict()  # uid -> (resourceVersion, request)
         self._pods_lock = threading.Lock()
         self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._events: queue.Queue[tuple[str, str, str, str, str]] = queue.Queue(_EVENT_QUEUE_SIZE)
-        state.on_mismatch = self._mismatch
+        state.ledger.on_mismatch = self._mismatch
         threading.Thread(target=self._send_events, name="pod-events", daemon=True).start()
         threading.Thread(target=self._sweep, name="bind-outcomes", daemon=True).start()
 
@@ -240,10 +243,10 @@ class ExtenderService:
             self.metrics.decisions.labels("bind", "not-leader").inc()
             return (f"binding {args.pod_namespace}/{args.pod_name} refused: {standby}; "
                     "kube-scheduler will retry the pod")
-        self.state.sweep()
+        self.state.ledger.sweep()
         try:
             held = self.drains.held(args.node, args.pod_uid, self.state.clock())
-            step = begin_bind(self.state, self.selector, kube, args, held)
+            step = begin_bind(self.state, self.plans, self.selector, kube, args, held)
         except BindError as error:
             return self._refused(args, error)
         return self._bound(args, step) if isinstance(step, Bound) else step
@@ -317,9 +320,9 @@ class ExtenderService:
     def _sweep(self) -> None:
         while True:
             time.sleep(1.0)
-            self.state.sweep()
+            self.state.ledger.sweep()
             with self.state.ledger.lock:
-                self.state.plans.expire(self.state.clock())
+                self.plans.expire(self.state.clock())
 
     def _warn(self, pod: PodRequest) -> None:
         """One Event per pod and problem, sent off the hot path; a full queue drops it."""

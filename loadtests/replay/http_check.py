@@ -21,9 +21,9 @@ from typing import Any
 
 import orjson
 
+from extender.api.wire import BindingArgs, ExtenderArgs
 from extender.demo.mixed_pods import running_server
 from extender.verbs.filter import FilterOutcome
-from extender.api.wire import BindingArgs, ExtenderArgs
 from loadtests.replay.engine import Outcome, replay
 from loadtests.replay.model import ClusterNode, Job
 from loadtests.replay.policies import ExtenderPolicy

@@ -28,12 +28,12 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
-from extender.demo.cluster import DemoCluster
 from extender.api.group_request import NVLINK_DOMAIN
-from extender.verbs.service import ExtenderService
-from extender.cache.cluster_state import ClusterState
-from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS
 from extender.api.wire import BindingArgs, ExtenderArgs
+from extender.cache.cluster_state import ClusterState
+from extender.demo.cluster import DemoCluster
+from extender.verbs.service import ExtenderService
+from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS
 from loadtests.gpuallocator_baseline import DGX1V_HIDDEN_PCIE, BestEffortBaseline
 from loadtests.replay.boards import BoardKey, board_key, board_topology
 from loadtests.replay.engine import Fleet, Placement

@@ -13,14 +13,15 @@ from dataclasses import dataclass
 from functools import partial
 
 from extender.api._names import lookup_few, unique
-from extender.verbs.drains import Drains, keys_seen
-from extender.verbs.answer_memo import ON_LOOP, ShapeMemo
 from extender.api.pod_request import PodRequest
+from extender.cache.cluster_state import ClusterState
+from extender.cache.node_view import Key, NodeKey, SharedKey
+from extender.verbs.answer_memo import ON_LOOP, ShapeMemo
+from extender.verbs.drains import Drains, keys_seen
 from extender.verbs.scoring.bandwidth import bandwidth_score
 from extender.verbs.scoring.domains import domain_penalty
 from extender.verbs.scoring.fragmentation import fragmentation_score, lost_gpus
 from extender.verbs.scoring.packing import packing_score
-from extender.cache.cluster_state import ClusterState, Key, NodeKey, SharedKey
 from topology.select import Choice, Request, Selector, mask_of
 
 MAX_SCORE = 10

@@ -1,0 +1,76 @@
+"""A node as the extender sees it, and the key its verdicts and scores are remembered by: values only.
+
+The cluster state builds them from the watches (extender/cache/cluster_state.py) and the ledger keeps their free
+masks (extender/cache/ledger.py); everything that decides reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from topology.compiled import CompiledTopology
+from topology.fabric import Domain
+from topology.sharing import Sharing
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    name: str
+    compiled: CompiledTopology | None = None
+    ids: tuple[str, ...] = ()  # GPU id per index: the UUID, or GPU<index> when the topology has none
+    index_of: Mapping[str, int] = field(default_factory=dict)
+    unhealthy: int = 0  # mask
+    reported_used: frozenset[str] = frozenset()
+    reported_pods: Mapping[str, frozenset[str]] = field(default_factory=dict)  # "namespace/name" -> its GPUs
+    observed: float | None = None  # when the reporter last looked, epoch seconds
+    free: int = 0  # mask of free, healthy GPUs
+    problem: str | None = None  # why the node's topology cannot be used
+    refused: str | None = None  # the short, stable class of a refused annotation (REFUSED), for the metric
+    raw_topology: str | None = None
+    sharing: Sharing = Sharing.NONE  # from GFD's labels and the agent's observation (topology/sharing.py)
+    reported_domain: Domain | None = None  # the NVLink domain in the agent's topology annotation
+    domain: Domain = Domain(None, None)  # that and GFD's nvidia.com/gpu.clique label, reconciled
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+    def mask(self, gpu_ids: Iterable[str]) -> int:
+        return sum(1 << self.index_of[gpu] for gpu in set(gpu_ids) if gpu in self.index_of)
+
+    def gpu_ids(self, mask: int) -> tuple[str, ...]:
+        return tuple(gpu for index, gpu in enumerate(self.ids) if mask >> index & 1)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class NodeKey:
+    """What a node's verdict and score depend on: its board, free mask and unhealthy mask, and whether its
+    domain is whole (extender/verbs/scoring/domains.py).
+
+    Nodes with equal keys get equal answers, so a request over 5,000 nodes decides once per distinct key.
+    Keys are interned (one object per distinct value), so hashing one is hashing a pointer.
+    """
+
+    compiled: CompiledTopology
+    free: int
+    unhealthy: int
+    whole: bool = False  # its NVLink domain (else innermost block) has every GPU free
+
+
+@dataclass(frozen=True, slots=True)
+class SharedKey:
+    """The key of a node whose GPUs are shared: kube-scheduler's count decides, topology promises nothing."""
+
+    sharing: Sharing
+
+
+# A node's key, or for a node without a usable topology the reason.
+Key = NodeKey | SharedKey | str
+
+# Refused annotations: the metric's reason class -> the filter reason the node's pods are shown.
+REFUSED: dict[str, str] = {
+    "topology-invalid": "GPU topology annotation is invalid",
+    "state-invalid": "GPU state annotation is invalid",
+    "state-future": "GPU state annotation is dated in the future",
+}
