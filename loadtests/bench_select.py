@@ -40,7 +40,7 @@ from statistics import median
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import hostile_boards  # noqa: E402
+from helpers import hostile_boards  # noqa: E402
 import topology.select  # noqa: E402
 from gpuallocator_baseline import DGX1V_HIDDEN_PCIE, BestEffortBaseline, Search, count_combinations  # noqa: E402
 from topology.budget import WORK_BUDGET, WorkBudget  # noqa: E402

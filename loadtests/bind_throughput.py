@@ -70,11 +70,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-import kube_api_server  # noqa: E402
+from helpers import kube_api_server  # noqa: E402
 from bench_select import percentile, run_header, write_section  # noqa: E402
-from delivery_cluster import GPU, KEYS, Admitted, DeliveryCluster, NodeRig, gpu_pod  # noqa: E402
+from helpers.delivery_cluster import GPU, KEYS, Admitted, DeliveryCluster, NodeRig, gpu_pod  # noqa: E402
 from extender.api.wire import BindingArgs, parse_extender_args  # noqa: E402
-from reporter_fakes import short_tmpdir  # noqa: E402
+from helpers.reporter_fakes import short_tmpdir  # noqa: E402
 
 BEGIN, END = "<!-- bind_throughput:begin -->", "<!-- bind_throughput:end -->"
 NODES = (("h100", "dgx-h100"), ("a6000", "rtx-a6000-pairs"), ("v100", "dgx1-v100"))

@@ -28,11 +28,11 @@ from typing import Any
 import grpc
 import orjson
 import pytest
-from fake_nvml import gpu_uuid
-from kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node, wait_until
-from kubelet_standin import KubeletStandIn
+from helpers.fake_nvml import gpu_uuid
+from helpers.kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node, wait_until
+from helpers.kubelet_standin import KubeletStandIn
 from kubernetes import client as k8s
-from reporter_fakes import short_tmpdir
+from helpers.reporter_fakes import short_tmpdir
 
 from topology.annotations import AnnotationKeys
 from topology.assignment import encode_containers

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reporter_fakes import kubelet_fixture, socket_dir_fixture
+from helpers.reporter_fakes import kubelet_fixture, socket_dir_fixture
 
 from topology.agent import cli
 

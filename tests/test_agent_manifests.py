@@ -44,11 +44,11 @@ from pathlib import Path, PurePosixPath
 import kubernetes_validate
 import pytest
 from celpy import celtypes
-from kube_api_server import merge_patch  # RFC 7386, as the API server applies the agent's PATCH
+from helpers.kube_api_server import merge_patch  # RFC 7386, as the API server applies the agent's PATCH
 from topology.agent.allocate import DEFAULT_CDI_KIND, Delivery
 from topology.agent.deviceplugin import CDI_SPEC_DIRS as AGENTS_CDI_SPEC_DIRS
 
-from manifest_checks import (
+from helpers.manifest_checks import (
     CONFIG,
     KUBERNETES_VERSION,
     AdmissionPolicy,

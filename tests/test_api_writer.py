@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httptools
 import pytest
-from kube_api_server import kube_server_fixture, make_pod
+from helpers.kube_api_server import kube_server_fixture, make_pod
 from kubernetes import client as k8s
 from test_client_name import pki
 

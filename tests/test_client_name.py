@@ -16,7 +16,7 @@ from extender.demo.cluster import DemoCluster
 from extender.server.serve import ServeOptions, certificate_names
 from extender.verbs.service import ExtenderService
 from extender.cache.cluster_state import ClusterState
-from extender_server import running_server
+from helpers.extender_server import running_server
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 

@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 import pytest
 
-from delivery_cluster import DeliveryCluster, gpu_pod, workload
-from reporter_fakes import short_tmpdir
+from helpers.delivery_cluster import DeliveryCluster, gpu_pod, workload
+from helpers.reporter_fakes import short_tmpdir
 
 NODES = (("v100", "dgx1-v100"), ("a6000", "rtx-a6000-pairs"), ("tree", "pcie-8gpu-switch-tree"),
          ("h100", "dgx-h100"))

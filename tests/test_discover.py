@@ -12,7 +12,7 @@ from typing import Any
 
 import pynvml
 import pytest
-from fake_nvml import (GB200_CLIQUE_ID, GB200_CLUSTER_UUID, GB200_FABRICS, Fabric, gpu_uuid, make_fake_nvml,
+from helpers.fake_nvml import (GB200_CLIQUE_ID, GB200_CLUSTER_UUID, GB200_FABRICS, Fabric, gpu_uuid, make_fake_nvml,
                        normalised_bus_id, write_sysfs)
 
 from topology import bandwidth

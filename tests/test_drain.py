@@ -11,7 +11,7 @@ from extender.verbs.service import ExtenderService
 from extender.cache.cluster_state import ClusterState, NodeKey
 from extender.verbs.wait import WAITING
 from extender.api.wire import BindingArgs, ExtenderArgs
-from reported_nodes import ManualClock, reported_cluster
+from helpers.reported_nodes import ManualClock, reported_cluster
 from topology.select import Selector
 
 WAIT = 300.0

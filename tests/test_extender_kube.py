@@ -23,7 +23,7 @@ from extender.cache.ledger import Phase
 from extender.cache.seal import Seal
 from extender.verbs.service import ExtenderService
 from extender.cache.cluster_state import ClusterState
-from kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node, make_pod, wait_until
+from helpers.kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node, make_pod, wait_until
 from topology.codec import NodeState, encode_state, encode_topology
 from topology.platforms import PLATFORMS
 

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import orjson
 import pytest
-from extender_harness import KEYS, Extender, held_gpus, node_annotations, start
-from kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node, make_pod, wait_until
+from helpers.extender_harness import KEYS, Extender, held_gpus, node_annotations, start
+from helpers.kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node, make_pod, wait_until
 
 from extender.verbs.filter import STALE
 from extender.cache.ledger import Phase

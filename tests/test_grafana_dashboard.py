@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
-from manifest_checks import CONFIG, assert_promql_on_exported_metrics
+from helpers.manifest_checks import CONFIG, assert_promql_on_exported_metrics
 
 DASHBOARD = orjson.loads((CONFIG / "grafana-dashboard.json").read_bytes())
 PANELS = [panel for panel in DASHBOARD["panels"] if panel["type"] != "row"]

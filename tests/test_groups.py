@@ -22,7 +22,7 @@ from extender.cache.seal import Seal
 from extender.verbs.service import ExtenderService
 from extender.cache.cluster_state import ClusterState
 from extender.api.wire import BindingArgs, ExtenderArgs
-from reported_nodes import ManualClock, reported_cluster
+from helpers.reported_nodes import ManualClock, reported_cluster
 from topology.annotations import AnnotationKeys
 
 SPINE, LEAF = "network.topology.nvidia.com/spine", "network.topology.nvidia.com/leaf"

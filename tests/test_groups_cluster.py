@@ -22,9 +22,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from extender_harness import Extender, board, node_annotations, start
-from extender_server import running_server
-from group_scenario import (
+from helpers.extender_harness import Extender, board, node_annotations, start
+from helpers.extender_server import running_server
+from helpers.group_scenario import (
     FIRST_WAVE,
     FREES_ROOM,
     GPUS_PER_MEMBER,
@@ -43,7 +43,7 @@ from group_scenario import (
     tray_labels,
     waiting_group,
 )
-from kube_api_server import FakeKubeApiServer, make_node, make_pod, wait_until
+from helpers.kube_api_server import FakeKubeApiServer, make_node, make_pod, wait_until
 
 from extender.demo.scheduler import Scheduler
 from extender.api.pod_request import DEFAULT_GPU_RESOURCE, effective_gpu_request

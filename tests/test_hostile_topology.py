@@ -23,7 +23,7 @@ from extender.verbs.metrics import Metrics
 from extender.api.pod_request import parse_pod
 from extender.verbs.scoring import prioritize_nodes
 from extender.cache.cluster_state import MAX_DEAD_BOARDS, ClusterState
-from hostile_boards import bipartite, bridge_pairs, mesh, ties
+from helpers.hostile_boards import bipartite, bridge_pairs, mesh, ties
 from topology.budget import WORK_BUDGET, WorkBudget
 from topology.codec import NodeState, encode_state, encode_topology
 from topology.compiled import CompiledTopology, compile_topology

@@ -18,7 +18,7 @@ from extender.server.serve import Limits, ServeOptions
 from extender.verbs.service import ExtenderService
 from extender.cache.cluster_state import ClusterState
 from extender.api.wire import MAX_BODY_BYTES
-from extender_server import running_server
+from helpers.extender_server import running_server
 
 WAIT = 30.0  # only a bound for a failing test, never a measurement
 FILTER_BODY = orjson.dumps({"Pod": {"metadata": {"name": "p", "uid": "u1"},

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import orjson
 import pytest
-from kube_api_server import (
+from helpers.kube_api_server import (
     NODES,
     PODS,
     FakeKubeApiServer,

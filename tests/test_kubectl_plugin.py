@@ -31,7 +31,7 @@ from extender.kubectl.plugin import main
 from extender.verbs.service import ExtenderService
 from extender.cache.cluster_state import ClusterState
 from extender.api.wire import BindingArgs, ExtenderArgs
-from kube_api_server import FakeKubeApiServer, now_rfc3339
+from helpers.kube_api_server import FakeKubeApiServer, now_rfc3339
 from topology.cli import render
 from topology.codec import NodeState, decode_topology, encode_state
 from topology.fabric import CLIQUE_LABEL, Domain

@@ -13,8 +13,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from kubelet_standin import DeviceManagerError, KubeletStandIn, is_extended_resource_name
-from reporter_fakes import short_tmpdir
+from helpers.kubelet_standin import DeviceManagerError, KubeletStandIn, is_extended_resource_name
+from helpers.reporter_fakes import short_tmpdir
 from topology.agent import deviceplugin_v1beta1 as dp
 from topology.agent import podresources_v1 as pr
 

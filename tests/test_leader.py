@@ -16,9 +16,9 @@ from pathlib import Path
 
 import kubernetes.client as k8s
 import pytest
-from extender_harness import (APP_LABELS, GPUS_KEY, LEADER_LABEL, Extender, Replica, held_gpus, leader_pods,
+from helpers.extender_harness import (APP_LABELS, GPUS_KEY, LEADER_LABEL, Extender, Replica, held_gpus, leader_pods,
                               node_annotations, start)
-from kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node, make_pod, wait_until
+from helpers.kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node, make_pod, wait_until
 
 from extender.kube.client import KubeError, KubernetesApi
 from extender.kube.leader_election import LeaderElector, LeaseRecord, Timings, micro_time

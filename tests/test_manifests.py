@@ -37,7 +37,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import all_versions
 from celpy import celtypes
-from manifest_checks import (
+from helpers.manifest_checks import (
     API_OBJECTS,
     CERT_MANAGER_GROUP,
     CONFIG,
@@ -65,8 +65,8 @@ from manifest_checks import (
     repeated_flag,
     roll_out,
 )
-from manifest_checks import api_group as _group
-from manifest_checks import documents as _docs
+from helpers.manifest_checks import api_group as _group
+from helpers.manifest_checks import documents as _docs
 
 from topology.annotations import AnnotationKeys
 

@@ -8,7 +8,7 @@ import random
 import threading
 
 import pytest
-from kube_api_server import PODS, FakeKubeApiServer, kube_server_fixture, make_pod, wait_until
+from helpers.kube_api_server import PODS, FakeKubeApiServer, kube_server_fixture, make_pod, wait_until
 from kubernetes import client as k8s
 
 from extender.kube.client import KubernetesApi

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import orjson
 import pytest
-from fake_nvml import gpu_uuid, make_fake_nvml, write_sysfs
-from kube_api_server import kube_server_fixture, make_node, wait_until
-from reporter_fakes import (
+from helpers.fake_nvml import gpu_uuid, make_fake_nvml, write_sysfs
+from helpers.kube_api_server import kube_server_fixture, make_node, wait_until
+from helpers.reporter_fakes import (
     PARTIAL_CAPTURE,
     SHARED,
     add_health,

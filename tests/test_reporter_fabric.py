@@ -8,9 +8,9 @@ from functools import partial
 
 import orjson
 import pytest
-from fake_nvml import GB200_CLIQUE_ID, GB200_CLUSTER_UUID, GB200_FABRICS, Fabric, gpu_uuid, make_fake_nvml, write_sysfs
-from kube_api_server import FakeKubeApiServer, kube_server_fixture
-from reporter_fakes import add_health, kubelet_fixture, socket_dir_fixture
+from helpers.fake_nvml import GB200_CLIQUE_ID, GB200_CLUSTER_UUID, GB200_FABRICS, Fabric, gpu_uuid, make_fake_nvml, write_sysfs
+from helpers.kube_api_server import FakeKubeApiServer, kube_server_fixture
+from helpers.reporter_fakes import add_health, kubelet_fixture, socket_dir_fixture
 from test_reporter_loop import NODE, Clock, node_api
 
 from topology.annotations import AnnotationKeys

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from fake_nvml import gpu_uuid, make_fake_nvml
-from reporter_fakes import add_health
+from helpers.fake_nvml import gpu_uuid, make_fake_nvml
+from helpers.reporter_fakes import add_health
 
 from topology.discover import NvmlUnavailable
 from topology.platforms import PLATFORMS

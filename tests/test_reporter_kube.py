@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node
+from helpers.kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node
 from kubernetes import client as k8s
 
 from topology.agent.kube import MERGE_PATCH, NodeApi, NodeApiError

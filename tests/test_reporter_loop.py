@@ -13,10 +13,10 @@ from dataclasses import replace
 
 import grpc
 import pytest
-from fake_nvml import gpu_uuid, make_fake_nvml
-from kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node, wait_until
+from helpers.fake_nvml import gpu_uuid, make_fake_nvml
+from helpers.kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node, wait_until
 from kubernetes import client as k8s
-from reporter_fakes import PodResourcesServer, add_health, kubelet_fixture, socket_dir_fixture
+from helpers.reporter_fakes import PodResourcesServer, add_health, kubelet_fixture, socket_dir_fixture
 
 from topology.annotations import AnnotationKeys
 from topology.codec import decode_state, decode_topology

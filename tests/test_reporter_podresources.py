@@ -7,7 +7,7 @@ import time
 
 import grpc
 import pytest
-from reporter_fakes import PodResourcesServer, kubelet_fixture, socket_dir_fixture
+from helpers.reporter_fakes import PodResourcesServer, kubelet_fixture, socket_dir_fixture
 
 from topology.agent import podresources_v1 as api
 from topology.agent.devices import ContainerDevices, DevicesUnavailable

@@ -18,7 +18,7 @@ from extender.api.pod_request import PodRequest, parse_pod
 from extender.verbs.scoring import MAX_SCORE, prioritize_nodes
 from extender.verbs.scoring.fragmentation import lost_gpus
 from extender.cache.cluster_state import ClusterState
-from reported_nodes import reported_cluster
+from helpers.reported_nodes import reported_cluster
 from topology.compiled import compile_topology
 from topology.platforms import PLATFORMS
 from topology.select import Choice, Request, Selector, mask_of

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from brute_force import best_subset
+from helpers.brute_force import best_subset
 from topology.compiled import compile_topology
 from topology.levels import Interconnect
 from topology.platforms import PLATFORMS

@@ -22,7 +22,7 @@ from extender.verbs.scoring import prioritize_nodes
 from extender.cache.cluster_state import ClusterState, NodeKey, SharedKey
 from extender.verbs.wait import WaitClock
 from extender.api.wire import BindingArgs, Victims
-from reported_nodes import ManualClock, reported_cluster
+from helpers.reported_nodes import ManualClock, reported_cluster
 from topology.agent.devices import ContainerDevices, GpuIds, KubeletDevices, Unknown, observe
 from topology.codec import NodeState, encode_state, encode_topology
 from topology.select import Selector

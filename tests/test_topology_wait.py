@@ -11,7 +11,7 @@ from extender.api.pod_request import PodRequest, parse_pod
 from extender.cache.cluster_state import ClusterState
 from extender.verbs.wait import WAITING, WaitClock
 from topology.bounds import MAX_TOPOLOGY_WAIT_SECONDS
-from reported_nodes import ManualClock, reported_cluster
+from helpers.reported_nodes import ManualClock, reported_cluster
 from topology.select import Selector
 
 WAIT = 300.0

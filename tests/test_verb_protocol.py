@@ -16,7 +16,7 @@ from extender.demo.cluster import DemoCluster
 from extender.cache.ledger import Phase
 from extender.verbs.service import ExtenderService
 from extender.cache.cluster_state import ClusterState
-from extender_server import running_server, serving
+from helpers.extender_server import running_server, serving
 
 WAIT = 30.0  # only a bound for a failing test, never a measurement
 NODES = (("n1", "dgx-h100"), ("n2", "dgx-a100"), ("n3", "dgx1-v100"))

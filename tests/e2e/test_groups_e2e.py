@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
-from group_scenario import (
+from helpers.group_scenario import (
     DOMAINS,
     FIRST_WAVE,
     FREES_ROOM,

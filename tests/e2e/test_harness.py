@@ -38,7 +38,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from kube_api_server import FakeKubeApiServer, make_pod
+from helpers.kube_api_server import FakeKubeApiServer, make_pod
 from kube_e2e import (
     HOW_TO_RUN,
     LEAVES,

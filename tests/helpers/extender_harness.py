@@ -21,7 +21,8 @@ from pathlib import Path
 import kubernetes.client as k8s
 import orjson
 from fastapi.testclient import TestClient
-from kube_api_server import FakeKubeApiServer, wait_until
+from helpers.kube_api_server import FakeKubeApiServer, wait_until
+from helpers.paths import ROOT
 
 from extender.server.app import create_app
 from extender.demo.cluster import with_uuids
@@ -36,7 +37,6 @@ from topology.codec import NodeState, encode_state, encode_topology
 from topology.model import Topology
 from topology.platforms import PLATFORMS
 
-ROOT = Path(__file__).resolve().parent.parent
 KEYS = ("gpu-topology.io/topology", "gpu-topology.io/state")
 GPUS_KEY = "gpu-topology.io/gpus"
 LEADER_LABEL = "gpu-topology.io/leader"

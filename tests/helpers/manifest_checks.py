@@ -25,7 +25,8 @@ import promql_parser
 import yaml
 from celpy import celtypes
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers.paths import ROOT
+
 CONFIG = ROOT / "scheduler-config"
 # The schemas every manifest is validated against: Kubernetes 1.36, the minor of the real kube-scheduler the
 # extender contract was captured on (shared/kube-scheduler/INDEX.md). kubernetes-validate silently falls back to

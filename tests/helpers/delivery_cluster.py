@@ -36,8 +36,8 @@ from extender.kube.reflector import Reflector
 from extender.verbs.service import ExtenderService
 from extender.cache.cluster_state import ClusterState
 from extender.api.wire import BindingArgs, parse_extender_args
-from kube_api_server import FakeKubeApiServer, make_node
-from kubelet_standin import Admission, KubeletStandIn, pod_containers
+from helpers.kube_api_server import FakeKubeApiServer, make_node
+from helpers.kubelet_standin import Admission, KubeletStandIn, pod_containers
 from topology.agent import deviceplugin_v1beta1 as dp
 from topology.agent.deviceplugin import DevicePlugin
 from topology.agent.kube import NodeApi

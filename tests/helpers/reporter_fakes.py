@@ -21,11 +21,13 @@ import grpc
 import pynvml
 import pytest
 
+from helpers import paths
+
 from topology.model import Topology
 from topology.platforms import PLATFORMS, Platform
 from topology.agent import podresources_v1 as api
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "topologies"
+SHARED = paths.SHARED / "topologies"
 PARTIAL_CAPTURE = "dgx2-v100-partial.txt"
 
 
@@ -38,7 +40,7 @@ def shared_captures() -> list[tuple[str, Path, Platform | None]]:
     if SHARED.is_dir():
         files = sorted(p for p in SHARED.glob("*.txt") if not p.name.startswith("FACTS-") and p.name != PARTIAL_CAPTURE)
         return [(path.stem, path, bundled.get(path.name)) for path in files]
-    return [(platform.name, Path(__file__).resolve().parents[1] / "topology" / "captures" / platform.capture,
+    return [(platform.name, paths.CAPTURES / platform.capture,
              platform) for platform in PLATFORMS.values() if platform.capture != "dgx2-v100.txt"]
 
 
@@ -171,7 +173,7 @@ class HealthFaults:
 
 def add_health(fake: ModuleType, topology: Topology, name: str) -> HealthFaults:
     """Give a fake NVML (tests/fake_nvml.py) the queries health.py makes, answering from a HealthFaults."""
-    from fake_nvml import gpu_uuid
+    from helpers.fake_nvml import gpu_uuid
 
     faults = HealthFaults()
     by_uuid = {gpu_uuid(name, gpu.index): gpu.index for gpu in topology.gpus}
