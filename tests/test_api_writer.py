@@ -17,12 +17,12 @@ import httptools
 import pytest
 from helpers.kube_api_server import kube_server_fixture, make_pod
 from kubernetes import client as k8s
-from test_client_name import pki
+from helpers.pki import pki
 
 from extender.kube.binding_writer import MAX_ANSWER_BYTES, AnswerError, ApiWriter, StaleConnection, endpoint_of
 from extender.kube.client import KubernetesApi
 
-__all__ = ["kube_server_fixture", "pki"]  # the `kube_server` fixture, and test_client_name's certificates
+__all__ = ["kube_server_fixture", "pki"]  # the `kube_server` fixture, and the certificates of helpers.pki
 
 WAIT = 10.0  # only a bound for a failing test
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import shutil
 import socket
 import ssl
-import subprocess
 from pathlib import Path
 
 import orjson
@@ -17,35 +16,13 @@ from extender.server.serve import ServeOptions, certificate_names
 from extender.verbs.service import ExtenderService
 from extender.cache.cluster_state import ClusterState
 from helpers.extender_server import running_server
+from helpers.pki import pki
+
+__all__ = ["pki"]  # the fixture: the CA and the certificates, made with openssl
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
-# name: (subject, subjectAltName)
-CERTIFICATES = {
-    "server": ("/CN=gpu-topology-extender", "IP:127.0.0.1"),
-    "kube-scheduler": ("/CN=kube-scheduler", None),  # scheduler-config/make-certs.sh and cert-manager.yaml
-    "by-san": ("/CN=someone-else", "DNS:gpu-topology-extender.gpu-topology-system.svc"),
-    "intruder": ("/O=system:masters/CN=intruder", "DNS:kube-scheduler.example"),  # same CA, other name
-}
 PINNED = ("kube-scheduler", "gpu-topology-extender.gpu-topology-system.svc")
-
-
-def _openssl(directory: Path, *args: str) -> None:
-    subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("pki")
-    _openssl(directory, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-             "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=test-ca")
-    for name, (subject, san) in CERTIFICATES.items():
-        _openssl(directory, "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-                 "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject)
-        (directory / f"{name}.ext").write_text(f"subjectAltName = {san}\n" if san else "basicConstraints = CA:FALSE\n")
-        _openssl(directory, "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-days", "1", "-extfile", f"{name}.ext", "-out", f"{name}.crt")
-    return directory
 
 
 def _get(port: int, pki: Path, client: str, path: str, body: bytes | None = None) -> bytes:
