@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "loadtests"))
+from helpers.paths import LOADTESTS, ROOT
+
+sys.path.insert(0, str(LOADTESTS))
 
 import scheduler_throughput as throughput  # noqa: E402
 
@@ -84,7 +85,7 @@ def test_percentage_sets_every_configurations_profiles_alike(tmp_path: Path) -> 
 
 
 def test_without_binaries_it_says_it_skipped_and_exits_0() -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "loadtests" / "scheduler_throughput.py")], cwd=ROOT,
+    done = subprocess.run([sys.executable, str(LOADTESTS / "scheduler_throughput.py")], cwd=ROOT,
                           env={"PATH": "/nonexistent"}, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("scheduler_throughput: skipped: KUBE_BIN_DIR is not set")

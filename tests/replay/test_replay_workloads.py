@@ -16,8 +16,9 @@ from loadtests.replay.model import ClusterNode, Job
 from loadtests.replay.workloads import (alibaba_trace, at_load, describe, inflation, offered_load, parse_gpu_mix,
                                         read_csv, synthetic, trace_statistics, unplaceable)
 from topology.platforms import PLATFORMS
+from helpers import paths
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
+SHARED = paths.SHARED / "traces"
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "loadtests"))
+from helpers.paths import LOADTESTS
+
+sys.path.insert(0, str(LOADTESTS))
 
 import large_cluster_server as load  # noqa: E402
 from hostile_node import SHAPES  # noqa: E402

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import copy
 import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "loadtests"))
+from helpers.paths import LOADTESTS
+
+sys.path.insert(0, str(LOADTESTS))
 
 from gpuallocator_baseline import (  # noqa: E402
     DGX1V_HIDDEN_PCIE,

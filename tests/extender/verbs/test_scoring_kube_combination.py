@@ -9,8 +9,6 @@ instead of 56 GB/s over NVLink.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 
@@ -19,11 +17,12 @@ from extender.verbs.scoring import MAX_SCORE, prioritize_nodes
 from extender.verbs.scoring.fragmentation import lost_gpus
 from extender.cache.cluster_state import ClusterState
 from helpers.reported_nodes import reported_cluster
+from helpers.paths import ROOT
 from topology.compiled import compile_topology
 from topology.platforms import PLATFORMS
 from topology.select import Choice, Request, Selector, mask_of
 
-CONFIG = Path(__file__).resolve().parents[1] / "scheduler-config" / "kube-scheduler-config.yaml"
+CONFIG = ROOT / "scheduler-config" / "kube-scheduler-config.yaml"
 # kube-scheduler's framework.MaxNodeScore / extenderv1.MaxExtenderPriority: an extender's 0-10 is scaled to 0-100.
 EXTENDER_SCALE = 100 // 10
 # What NodeResourcesFit scores at most: a plugin score is 0-100 and the shipped config keeps its weight 1.

@@ -14,8 +14,8 @@ from topology.codec import decode_topology, encode_topology
 from topology.fabric import Domain
 from topology.platforms import PLATFORMS
 
-CAPTURES = Path(__file__).resolve().parents[1] / "topology" / "captures"
-FIXTURES = Path(__file__).parent / "fixtures"
+from helpers.paths import CAPTURES, FIXTURES
+
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -8,7 +8,6 @@ node-b are DGX H100 boards; node-c had 4 A100s, and stands here as the 4-GPU HGX
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -19,9 +18,10 @@ from extender.server.app import create_app
 from extender.demo.cluster import DemoCluster
 from extender.verbs.service import ExtenderService
 from extender.cache.cluster_state import ClusterState
+from helpers import paths
 
-BODIES = Path(__file__).parent / "fixtures" / "kube-scheduler"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "kube-scheduler"
+BODIES = paths.FIXTURES / "kube-scheduler"
+SHARED = paths.SHARED / "kube-scheduler"
 NODES = (("node-a", "dgx-h100"), ("node-b", "dgx-h100"), ("node-c", "hgx-h100-4gpu"))
 FILTER_KEYS = {"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
 

@@ -18,7 +18,8 @@ from topology.codec import MAX_GPUS, CodecError, decode_state, decode_topology, 
 from topology.nvidia_smi import TopoParseError, parse_topo_matrix
 from topology.platforms import PLATFORMS
 
-CAPTURES = Path(__file__).resolve().parents[1] / "topology" / "captures"
+from helpers.paths import CAPTURES
+
 STATE = {"v": 2, "used": [], "unhealthy": [], "pods": {}, "observed": "2026-11-21T19:00:00Z", "generation": 1}
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from topology.levels import Level
@@ -11,9 +9,11 @@ from topology.model import Topology
 from topology.nvidia_smi import TopoParseError, parse_topo_capture, parse_topo_matrix
 from topology.platforms import PLATFORMS
 
-FIXTURES = Path(__file__).parent / "fixtures"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "topologies"
-CAPTURES = Path(__file__).resolve().parents[1] / "topology" / "captures"
+from helpers import paths
+
+FIXTURES = paths.FIXTURES
+SHARED = paths.SHARED / "topologies"
+CAPTURES = paths.CAPTURES
 
 
 def _capture(name: str) -> str:

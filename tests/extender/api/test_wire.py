@@ -4,7 +4,6 @@ prioritize leave out of their answers, and a precise reason for every wrongly sh
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import orjson
 import pytest
@@ -16,6 +15,7 @@ from extender.api.openapi import document
 from extender.verbs.service import ExtenderService
 from extender.cache.cluster_state import ClusterState
 from extender.api.wire import BadRequest, filter_result, parse_binding_args, parse_extender_args, prioritize_result
+from helpers.paths import FIXTURES
 
 
 @pytest.mark.parametrize(("hosts", "scores", "answered"), [
@@ -65,7 +65,7 @@ def test_filter_result_writes_reasons_only_when_no_node_passes(groups: dict[str,
     assert passing == {"NodeNames": ["ok"], "Error": "", "FailedNodes": {}, "FailedAndUnresolvableNodes": {}}
 
 
-BODIES = Path(__file__).parent / "fixtures" / "kube-scheduler"  # real kube-scheduler v1.36 bodies
+BODIES = FIXTURES / "kube-scheduler"  # real kube-scheduler v1.36 bodies
 
 
 def _capture(name: str) -> dict:

@@ -5,7 +5,6 @@ and refuses what it cannot answer with an exception, never a wrong answer."""
 from __future__ import annotations
 
 import tomllib
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -17,6 +16,8 @@ from extender.api._names import first_bad, group, lookup, lookup_few, scores_jso
 from extender.api.pod_request import MAX_NAME_CHARS
 from extender.api.wire import BadRequest, parse_extender_args
 
+from helpers.paths import ROOT
+
 # Characters JSON must escape, and some it must not, often; then any character but a lone surrogate.
 AWKWARD = '"\\\x00\x01\x08\x09\x0a\x0c\x0d\x1f\x7f/ ,:{}[]éß€\u2028😀'
 TEXT = st.text(st.one_of(st.sampled_from(AWKWARD), st.characters(exclude_categories=("Cs",))), max_size=12)
@@ -24,7 +25,6 @@ INTEGERS = st.integers(min_value=-(2**63), max_value=2**63 - 1)  # what JSON car
 NOT_TEXT = st.one_of(st.none(), INTEGERS, st.floats(allow_nan=False, allow_infinity=False), st.booleans(),
                      st.lists(INTEGERS, max_size=3), st.dictionaries(st.text(max_size=3), INTEGERS, max_size=2))
 SCORES = st.integers(min_value=0, max_value=10)
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def first_bad_reference(names: list[Any], max_chars: int) -> int:
