@@ -113,7 +113,7 @@ def cluster_fixture() -> Iterator[tuple[FakeKubeApiServer, Extender, KubeSchedul
                                       gpus=GPUS_PER_MEMBER, labels=labels))
         extender = start(server, stale_after=3600.0, levels=LEVELS)
         try:
-            with running_server(extender.verbs.service) as port, Scheduler(port) as scheduler:
+            with running_server(extender.service) as port, Scheduler(port) as scheduler:
                 yield server, extender, KubeScheduler(server, scheduler)
         finally:
             extender.stop()
@@ -131,7 +131,7 @@ def report(server: FakeKubeApiServer, extender: Extender) -> None:
         node["metadata"]["annotations"] = node_annotations(tray, platform=PLATFORM, used=used[tray],
                                                            observed=datetime.now(UTC), generation=2)
         server.update_node(node)
-    wait_until(lambda: all((view := extender.cache.cluster_state.view(tray)) is not None and view.reported_used == used[tray]
+    wait_until(lambda: all((view := extender.state.view(tray)) is not None and view.reported_used == used[tray]
                            for tray in LABELS), what="the extender to read the reports")
 
 
@@ -163,7 +163,7 @@ def test_groups_land_whole_and_a_waiting_group_takes_the_domain_a_deleted_group_
     scheduler.waiting.discard(group)
     gone = [pod["metadata"] for pod in bound_members(pods, FREES_ROOM)]
     scheduler.delete(meta["name"] for meta in gone)
-    wait_until(lambda: all(extender.cache.cluster_state.ledger.get(meta["uid"]) is None for meta in gone),
+    wait_until(lambda: all(extender.state.ledger.get(meta["uid"]) is None for meta in gone),
                what=f"the extender to see {FREES_ROOM}'s pods go")
     scheduler.run()
 

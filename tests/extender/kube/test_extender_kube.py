@@ -124,7 +124,7 @@ def test_bind_writes_the_assignment_in_the_binding(extender: Extender, cluster: 
     pod = cluster.add_pod(make_pod("train", gpus=2, annotations={"gpu-topology.io/interconnect": "nvlink",
                                                                   "gpu-topology.io/placement": "required"}))
     # Seen by the watch first, as kube-scheduler's own watch usually makes it: a bind never reads the pod then.
-    wait_until(lambda: extender.cache.cluster_state.pod(pod["metadata"]["uid"]) is not None, what="the pod in the watch")
+    wait_until(lambda: extender.state.pod(pod["metadata"]["uid"]) is not None, what="the pod in the watch")
     assert _schedule(extender, cluster, pod) == {"Error": ""}
     stored = cluster.pod("default", "train")
     annotations = stored["metadata"]["annotations"]
@@ -133,22 +133,22 @@ def test_bind_writes_the_assignment_in_the_binding(extender: Extender, cluster: 
     assert annotations["gpu-topology.io/gpus"] == ",".join(pair)
     assert orjson.loads(annotations["gpu-topology.io/containers"]) == {"main": pair}
     assert annotations["gpu-topology.io/ring-bandwidth"] == "56"
-    assert extender.cache.cluster_state.seal.verify(annotations["gpu-topology.io/seal"], pod["metadata"]["uid"], "gpu-1",
+    assert extender.state.seal.verify(annotations["gpu-topology.io/seal"], pod["metadata"]["uid"], "gpu-1",
                                       annotations["gpu-topology.io/gpus"], annotations["gpu-topology.io/containers"])
     assert [b["target"]["name"] for b in cluster.bindings] == ["gpu-1"]
     assert cluster.bindings[0]["metadata"]["uid"] == pod["metadata"]["uid"]
     assert cluster.patches == [], "one write: the Binding carries the annotations"
-    wait_until(lambda: extender.cache.cluster_state.view("gpu-1").free.bit_count() == 6, what="the ledger to hold 2 GPUs")
-    assert extender.cache.cluster_state.ledger.get(pod["metadata"]["uid"]).phase is Phase.BOUND
+    wait_until(lambda: extender.state.view("gpu-1").free.bit_count() == 6, what="the ledger to hold 2 GPUs")
+    assert extender.state.ledger.get(pod["metadata"]["uid"]).phase is Phase.BOUND
     _one_binding_posted(extender)
 
 
 def test_pod_end_seen_by_the_watch_frees_its_gpus(extender: Extender, cluster: FakeKubeApiServer) -> None:
     pod = cluster.add_pod(make_pod("short", gpus=4))
     assert _schedule(extender, cluster, pod) == {"Error": ""}
-    wait_until(lambda: extender.cache.cluster_state.view("gpu-1").free.bit_count() == 4, what="4 GPUs held")
+    wait_until(lambda: extender.state.view("gpu-1").free.bit_count() == 4, what="4 GPUs held")
     cluster.delete_pod("default", "short")
-    wait_until(lambda: extender.cache.cluster_state.view("gpu-1").free.bit_count() == 8, what="the GPUs back after the delete")
+    wait_until(lambda: extender.state.view("gpu-1").free.bit_count() == 8, what="the GPUs back after the delete")
 
 
 def test_malformed_annotation_becomes_an_event_on_the_pod(extender: Extender, cluster: FakeKubeApiServer) -> None:
@@ -182,10 +182,10 @@ def test_restart_rebuilds_the_ledger_before_the_reporter_catches_up(cluster: Fak
 
 def test_bind_of_a_pod_bound_elsewhere_rolls_back(extender: Extender, cluster: FakeKubeApiServer) -> None:
     pod = cluster.add_pod(make_pod("raced", gpus=2))
-    extender.verbs.service.pod_request(pod)
+    extender.service.pod_request(pod)
     cluster.update_pod({**cluster.pod("default", "raced"), "spec": {**pod["spec"], "nodeName": "other-node"}})
     def seen_elsewhere() -> bool:
-        record = extender.cache.cluster_state.pod(pod["metadata"]["uid"])
+        record = extender.state.pod(pod["metadata"]["uid"])
         return record is not None and record.node == "other-node"
     wait_until(seen_elsewhere, what="the watch to show the pod bound elsewhere")
     answer = extender.client.post("/bind", content=orjson.dumps({
@@ -193,8 +193,8 @@ def test_bind_of_a_pod_bound_elsewhere_rolls_back(extender: Extender, cluster: F
     assert answer["Error"].startswith("binding default/raced to gpu-1 conflicted")
     assert "gpu-topology.io/gpus" not in cluster.pod("default", "raced")["metadata"]["annotations"]
     assert cluster.patches == []
-    wait_until(lambda: extender.cache.cluster_state.ledger.get(pod["metadata"]["uid"]) is None, what="no ledger entry")
-    wait_until(lambda: extender.cache.cluster_state.view("gpu-1").free.bit_count() == 8, what="gpu-1 whole again")
+    wait_until(lambda: extender.state.ledger.get(pod["metadata"]["uid"]) is None, what="no ledger entry")
+    wait_until(lambda: extender.state.view("gpu-1").free.bit_count() == 8, what="gpu-1 whole again")
     _one_binding_posted(extender)
 
 
@@ -205,19 +205,19 @@ def test_an_unanswered_bind_keeps_its_gpus_until_the_outcome_is_known(cluster: F
     try:
         pod = cluster.add_pod(make_pod("stranded", gpus=1))
         uid = pod["metadata"]["uid"]
-        wait_until(lambda: extender.cache.cluster_state.pod(uid) is not None, what="the pod in the watch")
+        wait_until(lambda: extender.state.pod(uid) is not None, what="the pod in the watch")
         cluster.hang("POST", None, times=5)
         answer = extender.client.post("/bind", content=orjson.dumps({
             "PodName": "stranded", "PodNamespace": "default", "PodUID": uid, "Node": "gpu-1"})).json()
         cluster.release_hangs()
         assert answer["Error"].startswith("binding default/stranded to gpu-1: ")
         assert "outcome is unknown" in answer["Error"]
-        assert extender.cache.cluster_state.ledger.get(uid).phase is Phase.UNCERTAIN
-        assert extender.cache.cluster_state.view("gpu-1").free.bit_count() == 7
+        assert extender.state.ledger.get(uid).phase is Phase.UNCERTAIN
+        assert extender.state.view("gpu-1").free.bit_count() == 7
         _one_binding_posted(extender)
         # The Binding never landed: once the wait is over with the pod still unbound, the GPU comes back.
-        wait_until(lambda: extender.cache.cluster_state.ledger.get(uid) is None, timeout=10, what="the reservation released")
-        assert extender.cache.cluster_state.view("gpu-1").free.bit_count() == 8
+        wait_until(lambda: extender.state.ledger.get(uid) is None, timeout=10, what="the reservation released")
+        assert extender.state.view("gpu-1").free.bit_count() == 8
     finally:
         extender.stop()
 
@@ -230,9 +230,9 @@ def test_a_pod_the_watch_has_not_shown_is_read_and_bound_on_a_bind_thread(cluste
         answer = extender.client.post("/bind", content=orjson.dumps({
             "PodName": "unseen", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": "gpu-1"})).json()
         assert answer == {"Error": ""}
-        assert extender.cache.cluster_state.pod(pod["metadata"]["uid"]) is None
+        assert extender.state.pod(pod["metadata"]["uid"]) is None
         assert (extender.posts.thread, extender.posts.loop) == (1, 0)
         assert cluster.pod("default", "unseen")["spec"]["nodeName"] == "gpu-1"
-        assert extender.cache.cluster_state.ledger.get(pod["metadata"]["uid"]).phase is Phase.BOUND
+        assert extender.state.ledger.get(pod["metadata"]["uid"]).phase is Phase.BOUND
     finally:
         extender.stop()

@@ -62,30 +62,30 @@ def test_the_api_server_down_at_start_is_not_ready_then_ready_once_it_is_back(cl
     assert extender.readyz() == (503, "caches not synced")
     assert extender.client.get("/healthz").status_code == 200, "alive: restarting would not help"
     pod = make_pod("early", gpus=1, uid="early-uid")
-    assert failed(extender.verbs.filter(pod, NODES)) == dict.fromkeys(NODES, "no GPU topology reported")
+    assert failed(extender.filter(pod, NODES)) == dict.fromkeys(NODES, "no GPU topology reported")
     cluster.start()
     wait_until(lambda: extender.readyz() == (200, "ok"), what="ready once the API server is back")
-    assert extender.verbs.filter(pod, NODES)["NodeNames"] == NODES
+    assert extender.filter(pod, NODES)["NodeNames"] == NODES
 
 
 def test_the_api_server_down_mid_run_serves_from_the_cache_marks_nodes_stale_and_recovers(cluster, running):
     extender = start(cluster, stale_after=2.0, timeout=1.0)
     running.append(extender)
     pod = cluster.add_pod(make_pod("during", gpus=2))
-    wait_until(lambda: extender.cache.cluster_state.pod(pod["metadata"]["uid"]), what="the pod in the cache")
+    wait_until(lambda: extender.state.pod(pod["metadata"]["uid"]), what="the pod in the cache")
     cluster.stop()
-    assert extender.verbs.filter(pod, NODES)["NodeNames"] == NODES, "filter answers from the cache"
+    assert extender.filter(pod, NODES)["NodeNames"] == NODES, "filter answers from the cache"
     assert extender.readyz() == (200, "ok")
-    error = extender.verbs.bind(pod, "gpu-1")
+    error = extender.bind(pod, "gpu-1")
     assert error.startswith("binding default/during to gpu-1: ") and "outcome is unknown" in error
     # No reporter can write meanwhile: once their states are older than the bound, no node is trusted.
-    wait_until(lambda: failed(extender.verbs.filter(pod, NODES)) == dict.fromkeys(NODES, STALE), what="stale nodes")
+    wait_until(lambda: failed(extender.filter(pod, NODES)) == dict.fromkeys(NODES, STALE), what="stale nodes")
     assert "gpu_topology_extender_stale_nodes 3.0" in extender.client.get("/metrics").text
     cluster.start()
     for generation, node in enumerate(NODES, start=2):
         report(cluster, node, generation)
-    wait_until(lambda: extender.verbs.filter(pod, NODES)["NodeNames"] == NODES, what="fresh nodes after the outage")
-    assert extender.verbs.bind(pod, "gpu-2") == "", "kube-scheduler's retry binds the pod"
+    wait_until(lambda: extender.filter(pod, NODES)["NodeNames"] == NODES, what="fresh nodes after the outage")
+    assert extender.bind(pod, "gpu-2") == "", "kube-scheduler's retry binds the pod"
     assert cluster.pod("default", "during")["spec"]["nodeName"] == "gpu-2"
 
 
@@ -95,28 +95,28 @@ def test_a_watch_answered_410_relists_and_keeps_the_reservations_of_pods_mid_bin
     gone = cluster.add_pod(make_pod("gone", gpus=2))
     kept = cluster.add_pod(make_pod("kept", gpus=2))
     mid = cluster.add_pod(make_pod("mid", gpus=4))
-    wait_until(lambda: all(extender.cache.cluster_state.pod(p["metadata"]["uid"]) for p in (gone, kept, mid)), what="the pods")
-    assert extender.verbs.bind(gone, "gpu-1") == "" and extender.verbs.bind(kept, "gpu-1") == ""
+    wait_until(lambda: all(extender.state.pod(p["metadata"]["uid"]) for p in (gone, kept, mid)), what="the pods")
+    assert extender.bind(gone, "gpu-1") == "" and extender.bind(kept, "gpu-1") == ""
     # Twice: the API writer sends a Binding once more when a kept-alive connection ends before any answer.
     cluster.hang("POST", "/api/v1/namespaces/default/pods/mid/binding", times=2)
     answers: list[str] = []
-    binding = threading.Thread(target=lambda: answers.append(extender.verbs.bind(mid, "gpu-1")))
+    binding = threading.Thread(target=lambda: answers.append(extender.bind(mid, "gpu-1")))
     binding.start()
     try:
-        wait_until(lambda: extender.cache.cluster_state.ledger.get(mid["metadata"]["uid"]) is not None, what="mid's Binding sent")
+        wait_until(lambda: extender.state.ledger.get(mid["metadata"]["uid"]) is not None, what="mid's Binding sent")
         lists = cluster.list_count("pods")
         cluster.fail("GET", "/api/v1/pods", watch=True)  # the watch stays down a moment ...
         cluster.break_watches("pods")
         cluster.delete_pod("default", "gone")  # ... while gone ends, and the server forgets that it did
         cluster.compact()
         wait_until(lambda: cluster.list_count("pods") > lists, what="the relist after 410 Gone")
-        wait_until(lambda: extender.cache.cluster_state.pod(gone["metadata"]["uid"]) is None, what="gone's end, from the list")
-        entry = extender.cache.cluster_state.ledger.get(mid["metadata"]["uid"])
+        wait_until(lambda: extender.state.pod(gone["metadata"]["uid"]) is None, what="gone's end, from the list")
+        entry = extender.state.ledger.get(mid["metadata"]["uid"])
         assert entry is not None and entry.phase is Phase.BINDING and len(entry.gpus) == 4
-        assert extender.cache.cluster_state.ledger.get(kept["metadata"]["uid"]).phase is Phase.BOUND
-        assert extender.cache.cluster_state.view("gpu-1").free.bit_count() == 2, "8 - kept's 2 - mid's 4; gone's 2 are back"
+        assert extender.state.ledger.get(kept["metadata"]["uid"]).phase is Phase.BOUND
+        assert extender.state.view("gpu-1").free.bit_count() == 2, "8 - kept's 2 - mid's 4; gone's 2 are back"
         big = make_pod("big", gpus=4, uid="big-uid")
-        assert failed(extender.verbs.filter(big, ["gpu-1"])) == {"gpu-1": "not enough free GPUs"}
+        assert failed(extender.filter(big, ["gpu-1"])) == {"gpu-1": "not enough free GPUs"}
     finally:
         cluster.release_hangs()
         binding.join(30)
@@ -139,12 +139,12 @@ def test_a_reporter_that_stops_makes_only_its_node_stale_with_a_clear_reason(clu
     beating = threading.Thread(target=heartbeats)
     beating.start()
     try:
-        wait_until(lambda: extender.verbs.filter(pod, NODES)["NodeNames"] == NODES[1:], what="gpu-1 stale")
+        wait_until(lambda: extender.filter(pod, NODES)["NodeNames"] == NODES[1:], what="gpu-1 stale")
         # The reason is answered when no node passes (kube-scheduler reads it only then): gpu-1 alone.
-        assert extender.verbs.filter(pod, NODES[:1])["FailedNodes"] == {"gpu-1": STALE}
+        assert extender.filter(pod, NODES[:1])["FailedNodes"] == {"gpu-1": STALE}
         assert "gpu_topology_extender_stale_nodes 1.0" in extender.client.get("/metrics").text
         report(cluster, "gpu-1", 2)  # the reporter is back
-        wait_until(lambda: extender.verbs.filter(pod, NODES)["NodeNames"] == NODES, what="gpu-1 fresh again")
+        wait_until(lambda: extender.filter(pod, NODES)["NodeNames"] == NODES, what="gpu-1 fresh again")
     finally:
         stop.set()
         beating.join(10)
@@ -163,8 +163,8 @@ def test_a_corrupt_or_unknown_version_annotation_fails_only_its_node(cluster, ru
     extender = start(cluster)
     running.append(extender)
     pod = make_pod("probe", gpus=1, uid="probe-uid")
-    assert extender.verbs.filter(pod, NODES)["NodeNames"] == ["gpu-3"]
-    answer = extender.verbs.filter(pod, NODES[:2])  # no node passes: the reasons are answered
+    assert extender.filter(pod, NODES)["NodeNames"] == ["gpu-3"]
+    answer = extender.filter(pod, NODES[:2])  # no node passes: the reasons are answered
     assert answer["FailedNodes"] == {}
     assert set(answer["FailedAndUnresolvableNodes"]) == {"gpu-1", "gpu-2"}
     assert all("topology annotation" in reason for reason in answer["FailedAndUnresolvableNodes"].values())
@@ -172,13 +172,13 @@ def test_a_corrupt_or_unknown_version_annotation_fails_only_its_node(cluster, ru
     current = cluster.node("gpu-3")
     current["metadata"]["annotations"][KEYS[1]] = '{"v":1,"used":'
     cluster.update_node(current)
-    wait_until(lambda: "gpu-3" in failed(extender.verbs.filter(pod, NODES)), what="gpu-3 refused")
+    wait_until(lambda: "gpu-3" in failed(extender.filter(pod, NODES)), what="gpu-3 refused")
     # The reporter rewrites valid annotations: each node comes back on its own.
     for generation, node in enumerate(NODES, start=2):
         current = cluster.node(node)
         current["metadata"]["annotations"] = node_annotations(node, generation=generation)
         cluster.update_node(current)
-    wait_until(lambda: extender.verbs.filter(pod, NODES)["NodeNames"] == NODES, what="all nodes usable again")
+    wait_until(lambda: extender.filter(pod, NODES)["NodeNames"] == NODES, what="all nodes usable again")
 
 
 def test_a_restart_while_pods_are_mid_bind_assigns_no_gpu_twice(cluster, running):
