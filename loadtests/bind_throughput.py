@@ -1,5 +1,5 @@
 """Bind throughput per node when several pods race to one node: our bind (no lock per node) against a
-HAMi-style node lock, in one run on the delivery cluster (`tests/delivery_cluster.py`).
+HAMi-style node lock, in one run on the delivery cluster (`tests/helpers/delivery_cluster.py`).
 
 The cluster is the one the delivery acceptance test runs, all in this process: the in-process API server
 (HTTP on 127.0.0.1), the real extender (watches, `ClusterState`, filter and bind through the `kubernetes`
@@ -586,8 +586,8 @@ def section(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float
     lines = run_header("Bind throughput per node: no lock against a node lock", "bind_throughput.py", argv,
                        elapsed, "; everything in one process (the API server on 127.0.0.1, unix sockets)")
     lines += [
-        "- Cluster: `tests/delivery_cluster.py`: the in-process API server, the real extender (watches, filter, "
-        "bind through the `kubernetes` client), and per node the kubelet stand-in, the agent's device plugin "
+        "- Cluster: `tests/helpers/delivery_cluster.py`: the in-process API server, the real extender (watches, "
+        "filter, bind through the `kubernetes` client), and per node the kubelet stand-in, the agent's device plugin "
         "(`--mode deliver`) and reporter on unix sockets, and a pod source that admits the node's bound pods one "
         "at a time. The kubelet delay holds each bound pod back that long before the pod source sees it (the "
         "real kubelet's watch and sync loop); in-process it sees it within its 10 ms poll.",

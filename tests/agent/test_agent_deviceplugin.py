@@ -1,6 +1,6 @@
-"""The agent's device plugin over real gRPC on unix sockets: against the kubelet stand-in (tests/kubelet_standin.py,
-the device manager's admission, registration and pod-resources), with the pods bound by the extender in the
-in-process API server, read through the real `kubernetes` client.
+"""The agent's device plugin over real gRPC on unix sockets: against the kubelet stand-in
+(tests/helpers/kubelet_standin.py, the device manager's admission, registration and pod-resources), with the pods bound
+by the extender in the in-process API server, read through the real `kubernetes` client.
 
 End to end: pods bound with their per-container assignment are admitted by the stand-in in an order of its
 choosing, and each container gets exactly its planned GPUs; unit-level: registration again after a kubelet

@@ -1,6 +1,6 @@
 """Whole groups on GB200 trays (issue 17, item 7): the cluster, the arrivals and the checks, shared by the test with a
-real kube-scheduler (tests/e2e/test_groups_e2e.py) and its in-process version for CI (tests/test_groups_cluster.py),
-so that both run one scenario and judge it by one rule.
+real kube-scheduler (tests/e2e/test_groups_e2e.py) and its in-process version for CI
+(tests/extender/groups/test_groups_cluster.py), so that both run one scenario and judge it by one rule.
 
 The cluster: 36 GB200 compute trays (4 GPUs behind NVSwitch each), 18 in each of two NVLink domains, labelled as
 GPU feature discovery labels them (`nvidia.com/gpu.clique: <clusterUUID>.<cliqueId>`), each domain under its own

@@ -3,9 +3,9 @@ validated against, small readers for objects, containers, command lines, RBAC ru
 selection rules of a DaemonSet, a ValidatingAdmissionPolicy evaluator, and the check of a PromQL query against the
 metrics the extender exports.
 
-Used by tests/test_manifests.py (the extender, the scheduler, the policy on the pods' bind annotations, the alerts),
-tests/test_agent_manifests.py (the node agent in both modes and its admission policy) and
-tests/test_grafana_dashboard.py (the dashboard's queries).
+Used by tests/manifests/test_manifests.py (the extender, the scheduler, the policy on the pods' bind annotations, the
+alerts), tests/manifests/test_agent_manifests.py (the node agent in both modes and its admission policy) and
+tests/manifests/test_grafana_dashboard.py (the dashboard's queries).
 """
 
 from __future__ import annotations

@@ -172,7 +172,7 @@ class HealthFaults:
 
 
 def add_health(fake: ModuleType, topology: Topology, name: str) -> HealthFaults:
-    """Give a fake NVML (tests/fake_nvml.py) the queries health.py makes, answering from a HealthFaults."""
+    """Give a fake NVML (tests/helpers/fake_nvml.py) the queries health.py makes, answering from a HealthFaults."""
     from helpers.fake_nvml import gpu_uuid
 
     faults = HealthFaults()

@@ -2,8 +2,8 @@
 "scheduling plus delivery", --mode deliver, agent-deliver.yaml), namespace, RBAC, and the ValidatingAdmissionPolicy
 that confines it to its own Node's annotations.
 
-- Every object validates strictly against the official Kubernetes 1.36 schemas (kubernetes-validate); the
-  parametrized schema test of tests/test_manifests.py covers them too, as it covers every file in scheduler-config/.
+- Every object validates strictly against the official Kubernetes 1.36 schemas (kubernetes-validate); the parametrized
+  schema test of tests/manifests/test_manifests.py covers them too, as it covers every file in scheduler-config/.
 - Which nodes each DaemonSet runs on is computed from its nodeSelector and node affinity, for every combination of
   the labels involved: each GPU node runs exactly one agent, and the deliver agent never runs where the GPU
   operator's device plugin does (its DaemonSet's own nodeSelector, quoted below).

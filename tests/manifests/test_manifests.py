@@ -10,7 +10,8 @@
   checked for structure (fields, references, usages), not against cert-manager's CRD schema.
 - The Dockerfile is read instruction by instruction; it is not built here (no Docker daemon).
 - The policy that keeps the pods' bind annotations the extender's (pod-annotations-policy.yaml) is evaluated with
-  cel-python against pods, Bindings and subresource writes, as tests/test_agent_manifests.py does for the agent's.
+  cel-python against pods, Bindings and subresource writes, as tests/manifests/test_agent_manifests.py does for the
+  agent's.
 """
 
 from __future__ import annotations
@@ -808,7 +809,7 @@ def test_scheduler_rbac_is_the_built_in_scheduler_roles_and_its_own_lease() -> N
         ("coordination.k8s.io", "leases", "get", (election["resourceName"],)),
         ("coordination.k8s.io", "leases", "update", (election["resourceName"],)),
     }
-    # Only these roles are defined here (the node agent's: tests/test_agent_manifests.py); the rest are
+    # Only these roles are defined here (the node agent's: tests/manifests/test_agent_manifests.py); the rest are
     # Kubernetes' built-in ones.
     roles = {(doc["kind"], doc["metadata"]["name"]) for _, doc in _docs() if doc.get("kind") in {"Role", "ClusterRole"}}
     assert roles == {
@@ -1865,7 +1866,8 @@ def test_the_real_extender_runs_the_deployments_command_line_with_mtls(certs: tu
     args = []
     for arg in container(EXTENDER)["args"]:
         if arg.startswith("--leader-elect"):
-            continue  # --demo has no API server to hold a Lease on (tests/test_leader.py runs the election)
+            # --demo has no API server to hold a Lease on (the election: tests/extender/kube/test_leader_election.py)
+            continue
         arg = local.get(arg, arg)
         for key, path in extender_files.items():
             arg = arg.replace(f"{tls_dir}/{key}", str(path))

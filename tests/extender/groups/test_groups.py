@@ -1,4 +1,4 @@
-"""Whole groups in one NVLink domain (extender/verbs/group_placement.py, group_plan.py, group_plans.py).
+"""Whole groups in one NVLink domain (extender/verbs/group_placement.py, extender/groups/layouts.py and plans.py).
 
 The cluster: GB200 NVL72 compute trays (the real 4-GPU capture, NVSwitch) in two NVLink domains named as GPU
 feature discovery names them (`nvidia.com/gpu.clique`), under two leaves of one spine. Pods go through the

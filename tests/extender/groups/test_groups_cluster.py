@@ -1,13 +1,13 @@
-"""The group scenario of issue 17, item 7 (tests/group_scenario.py), in CI without Kubernetes binaries.
+"""The group scenario of issue 17, item 7 (tests/helpers/group_scenario.py), in CI without Kubernetes binaries.
 
-The in-process API server (tests/kube_api_server.py) holds the 36 GB200 trays, with their clique, leaf and spine
-labels, and the pods. The extender runs as `serve` wires it (tests/extender_harness.py: the real client, the
-reflectors, the service with --topology-levels) behind its real HTTP server (tests/extender_server.py). This module
-plays kube-scheduler, as the real one does in tests/e2e/test_groups_e2e.py: the pods in arrival order, for each
-its own count check (NodeResourcesFit: a tray's 4 GPUs less what the pods bound there request), then the
-extender's filter over every tray that fits, prioritize, and bind to the best score, over HTTP
-(extender/demo/scheduler.py's cycle). A pod the extender refuses is tried again after the next cluster event (a
-bind, a deletion), as its Extender rejector makes kube-scheduler retry it then.
+The in-process API server (tests/helpers/kube_api_server.py) holds the 36 GB200 trays, with their clique, leaf and spine
+labels, and the pods. The extender runs as `serve` wires it (tests/helpers/extender_harness.py: the real client, the
+reflectors, the service with --topology-levels) behind its real HTTP server (tests/helpers/extender_server.py). This
+module plays kube-scheduler, as the real one does in tests/e2e/test_groups_e2e.py: the pods in arrival order, for each
+its own count check (NodeResourcesFit: a tray's 4 GPUs less what the pods bound there request), then the extender's
+filter over every tray that fits, prioritize, and bind to the best score, over HTTP (extender/demo/scheduler.py's
+cycle). A pod the extender refuses is tried again after the next cluster event (a bind, a deletion), as its Extender
+rejector makes kube-scheduler retry it then.
 
 After every cycle the pods are checked as the end-to-end test checks them at every poll: no group's bound members
 span two domains, and no member of the group that cannot be placed is bound. The scenario runs twice: with no

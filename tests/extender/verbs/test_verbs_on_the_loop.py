@@ -1,5 +1,5 @@
 """Filter and prioritize are answered on the event loop from remembered answers and from those quick to work out
-(boards of at most 8 GPUs, memo.ON_LOOP): anything more (a bigger board's verdict or offer, a group's plan) is
+(boards of at most 8 GPUs, answer_memo.ON_LOOP): anything more (a bigger board's verdict or offer, a group's plan) is
 worked out on the verbs' thread, and both give the same answers."""
 
 from __future__ import annotations
