@@ -39,6 +39,7 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the packages, not tests/'s folders of their names
 
 from helpers import hostile_boards  # noqa: E402
 import topology.select  # noqa: E402

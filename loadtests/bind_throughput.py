@@ -69,6 +69,7 @@ from kubernetes.client.exceptions import ApiException
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent))  # the packages, not tests/'s folders of their names
 
 from helpers import kube_api_server  # noqa: E402
 from bench_select import percentile, run_header, write_section  # noqa: E402
