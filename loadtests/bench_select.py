@@ -8,7 +8,7 @@ One run measures, on the same queries:
 - the baseline (loadtests/gpuallocator_baseline.py) on the same queries, and the ring bandwidth of its pick
   against ours, over every (free mask, k) of the 8-GPU nodes and the sampled 16-GPU queries.
 
-`--adversarial` instead times cold queries on boards built to be hard for the search (tests/hostile_boards.py:
+`--adversarial` instead times cold queries on boards built to be hard for the search (tests/helpers/hostile_boards.py:
 the issue's 20x20 bipartite NVLink graph, 64 GPUs fully meshed, 64 GPUs tied on every pair, 16 bridge pairs):
 the steps each spent against the work budget (topology/budget.py), the time, and whether the answer is exact.
 
@@ -39,8 +39,9 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the packages, not tests/'s folders of their names
 
-import hostile_boards  # noqa: E402
+from helpers import hostile_boards  # noqa: E402
 import topology.select  # noqa: E402
 from gpuallocator_baseline import DGX1V_HIDDEN_PCIE, BestEffortBaseline, Search, count_combinations  # noqa: E402
 from topology.budget import WORK_BUDGET, WorkBudget  # noqa: E402

@@ -1,5 +1,5 @@
 """Bind throughput per node when several pods race to one node: our bind (no lock per node) against a
-HAMi-style node lock, in one run on the delivery cluster (`tests/delivery_cluster.py`).
+HAMi-style node lock, in one run on the delivery cluster (`tests/helpers/delivery_cluster.py`).
 
 The cluster is the one the delivery acceptance test runs, all in this process: the in-process API server
 (HTTP on 127.0.0.1), the real extender (watches, `ClusterState`, filter and bind through the `kubernetes`
@@ -69,12 +69,13 @@ from kubernetes.client.exceptions import ApiException
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent))  # the packages, not tests/'s folders of their names
 
-import kube_api_server  # noqa: E402
+from helpers import kube_api_server  # noqa: E402
 from bench_select import percentile, run_header, write_section  # noqa: E402
-from delivery_cluster import GPU, KEYS, Admitted, DeliveryCluster, NodeRig, gpu_pod  # noqa: E402
+from helpers.delivery_cluster import GPU, KEYS, Admitted, DeliveryCluster, NodeRig, gpu_pod  # noqa: E402
 from extender.api.wire import BindingArgs, parse_extender_args  # noqa: E402
-from reporter_fakes import short_tmpdir  # noqa: E402
+from helpers.reporter_fakes import short_tmpdir  # noqa: E402
 
 BEGIN, END = "<!-- bind_throughput:begin -->", "<!-- bind_throughput:end -->"
 NODES = (("h100", "dgx-h100"), ("a6000", "rtx-a6000-pairs"), ("v100", "dgx1-v100"))
@@ -586,8 +587,8 @@ def section(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float
     lines = run_header("Bind throughput per node: no lock against a node lock", "bind_throughput.py", argv,
                        elapsed, "; everything in one process (the API server on 127.0.0.1, unix sockets)")
     lines += [
-        "- Cluster: `tests/delivery_cluster.py`: the in-process API server, the real extender (watches, filter, "
-        "bind through the `kubernetes` client), and per node the kubelet stand-in, the agent's device plugin "
+        "- Cluster: `tests/helpers/delivery_cluster.py`: the in-process API server, the real extender (watches, "
+        "filter, bind through the `kubernetes` client), and per node the kubelet stand-in, the agent's device plugin "
         "(`--mode deliver`) and reporter on unix sockets, and a pod source that admits the node's bound pods one "
         "at a time. The kubelet delay holds each bound pod back that long before the pod source sees it (the "
         "real kubelet's watch and sync loop); in-process it sees it within its 10 ms poll.",

@@ -21,9 +21,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent))  # the packages, not tests/'s folders of their names
 
-from extender_harness import Replica, held_gpus, leader_pods, node_annotations  # noqa: E402
-from kube_api_server import FakeKubeApiServer, make_node, make_pod, wait_until  # noqa: E402
+from helpers.extender_harness import Replica, held_gpus, leader_pods, node_annotations  # noqa: E402
+from helpers.kube_api_server import FakeKubeApiServer, make_node, make_pod, wait_until  # noqa: E402
 
 NAMESPACE = "gpu-topology-system"
 NODE = "gpu-1"

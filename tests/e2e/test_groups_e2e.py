@@ -1,7 +1,7 @@
 """End to end, whole groups (issue 17, item 7): a real kube-scheduler (v1.36) and our extender place groups of 4-GPU
-pods on 36 GB200 trays in two NVLink domains, interleaved with 1-GPU pods. tests/group_scenario.py holds the
-cluster, the arrivals and the checks (shared with the in-process version, tests/test_groups_cluster.py), and says
-why the outcome is certain wherever kube-scheduler puts the 1-GPU pods.
+pods on 36 GB200 trays in two NVLink domains, interleaved with 1-GPU pods. tests/helpers/group_scenario.py holds the
+cluster, the arrivals and the checks (shared with the in-process version, tests/extender/groups/test_groups_cluster.py),
+and says why the outcome is certain wherever kube-scheduler puts the 1-GPU pods.
 
 Runs only with real binaries (KUBE_BIN_DIR, as test_scheduling_e2e.py); otherwise the module is one skip. It has a
 cluster of its own (CLUSTER_SPEC, conftest's spec_cluster): the trays with their clique, leaf and spine labels, the
@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
-from group_scenario import (
+from helpers.group_scenario import (
     DOMAINS,
     FIRST_WAVE,
     FREES_ROOM,

@@ -38,7 +38,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from kube_api_server import FakeKubeApiServer, make_pod
+from helpers.kube_api_server import FakeKubeApiServer, make_pod
 from kube_e2e import (
     HOW_TO_RUN,
     LEAVES,
@@ -72,7 +72,8 @@ from kube_e2e import (
     wait_until,
     write_kubeconfig,
 )
-from test_manifests import KUBERNETES_VERSION, kube_scheduler_errors
+from helpers.kube_scheduler_rules import kube_scheduler_errors
+from helpers.manifest_checks import KUBERNETES_VERSION
 
 from extender.cache.cluster_state import ClusterState
 from topology.annotations import AnnotationKeys

@@ -1,0 +1,357 @@
+"""Whole groups in one NVLink domain (extender/verbs/group_placement.py, extender/groups/layouts.py and plans.py).
+
+The cluster: GB200 NVL72 compute trays (the real 4-GPU capture, NVSwitch) in two NVLink domains named as GPU
+feature discovery names them (`nvidia.com/gpu.clique`), under two leaves of one spine. Pods go through the
+extender's own filter, prioritize and bind, as kube-scheduler calls them; the API server is a recorder that
+shows each Binding to the watch, as the real one does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from extender.verbs.group_placement import ELSEWHERE
+from extender.api.group_request import COSCHEDULING, SCHEDULING_GROUP
+from extender.groups.sizes import GroupSizes
+from extender.cache.ledger import Phase
+from extender.api.pod_request import parse_pod
+from extender.cache.seal import Seal
+from extender.verbs.service import ExtenderService
+from extender.cache.cluster_state import ClusterState
+from extender.api.wire import BindingArgs, ExtenderArgs
+from helpers.reported_nodes import ManualClock, reported_cluster
+from topology.annotations import AnnotationKeys
+
+SPINE, LEAF = "network.topology.nvidia.com/spine", "network.topology.nvidia.com/leaf"
+CLUSTER_UUID = "9c6f5af3-53bf-49b5-a436-b66766c413c3"
+DOMAINS = {"a": f"{CLUSTER_UUID}.1", "b": f"{CLUSTER_UUID}.2"}
+NODES_PER_DOMAIN = 6
+SEAL = Seal(b"k" * 32)
+
+
+def _names(domain: str) -> list[str]:
+    return [f"{domain}{index:02d}" for index in range(NODES_PER_DOMAIN)]
+
+
+ALL = _names("a") + _names("b")
+
+
+class _Kube:
+    """Records Bindings and shows each to the watch (nodeName and annotations set in one write)."""
+
+    def __init__(self) -> None:
+        self.state: ClusterState | None = None
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.refuse: set[str] = set()
+
+    def bind_soon(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+        return None
+
+    def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+        from extender.kube.client import KubeError
+        if name in self.refuse:
+            raise KubeError(f"pods {name!r} is forbidden", 403)
+        pod = self.pods[uid]
+        pod["spec"]["nodeName"] = node
+        pod["metadata"]["annotations"].update(annotations)
+        assert self.state is not None
+        self.state.pods.apply("MODIFIED", pod)
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        raise AssertionError("bind read the pod from the watch")
+
+    def emit_event(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+def _cluster(clock: ManualClock, busy: Mapping[str, tuple[int, ...]] | None = None,
+             seal: Seal = SEAL) -> tuple[ExtenderService, _Kube]:
+    used = {name: ("gb200-node", (busy or {}).get(name, ())) for name in ALL}
+    labels = {name: {"nvidia.com/gpu.clique": DOMAINS[name[0]], SPINE: "s1", LEAF: f"leaf-{name[0]}"}
+              for name in ALL}
+    state = reported_cluster(used, clock=clock, stale_after=1e9, labels=labels, levels=(SPINE, LEAF), seal=seal)
+    kube = _Kube()
+    kube.state = state
+    return ExtenderService(state, kube, topology_wait=600.0), kube  # type: ignore[arg-type]
+
+
+def _pod(kube: _Kube, name: str, gpus: int, group: str | None = None, size: int | str = 4,
+         **extra: str) -> dict[str, Any]:
+    annotations = dict(extra)
+    if group is not None:
+        annotations |= {"gpu-topology.io/group": group, "gpu-topology.io/group-size": str(size)}
+    pod = {"metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}", "resourceVersion": "1",
+                        "annotations": annotations},
+           "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}
+    kube.pods[pod["metadata"]["uid"]] = pod
+    assert kube.state is not None
+    kube.state.pods.apply("ADDED", pod)
+    return pod
+
+
+def _schedule(service: ExtenderService, pod: dict[str, Any]) -> str | None:
+    """One scheduling cycle as kube-scheduler runs it: filter, prioritize, bind to the best; the node or None."""
+    outcome = service.filter(ExtenderArgs(pod, list(ALL), None))
+    if not outcome.passed:
+        return None
+    names, scores = service.prioritize(ExtenderArgs(pod, outcome.passed, None))
+    node = max(zip(scores, names), key=lambda pair: (pair[0], [-ord(c) for c in pair[1]]))[1]
+    meta = pod["metadata"]
+    error = service.bind(BindingArgs(meta["name"], meta["namespace"], meta["uid"], node))
+    return None if error else node
+
+
+def _domain(node: str) -> str:
+    return node[0]
+
+
+def _held(service: ExtenderService) -> dict[str, list[str]]:
+    """GPU ids held per node by every ledger entry (plans' and pods'), to check nothing is held twice."""
+    held: dict[str, list[str]] = {}
+    for entry in service.state.ledger.pods():
+        held.setdefault(entry.node, []).extend(entry.gpus)
+    return held
+
+
+def test_a_group_is_planned_whole_at_its_first_member_and_lands_in_one_domain() -> None:
+    service, kube = _cluster(ManualClock())
+    first = _pod(kube, "w0", 4, group="train")
+    outcome = service.filter(ExtenderArgs(first, ALL, None))
+    assert len(outcome.passed) == 4 and len({_domain(node) for node in outcome.passed}) == 1
+    assert outcome.unresolvable == {ELSEWHERE: [node for node in ALL if node not in outcome.passed]}
+    planned = [entry for entry in service.state.ledger.pods() if entry.phase is Phase.PLANNED]
+    assert sorted(entry.node for entry in planned) == sorted(outcome.passed)
+    # Another pod no longer sees the planned GPUs as free.
+    single = _pod(kube, "solo", 1)
+    assert not set(service.filter(ExtenderArgs(single, ALL, None)).passed) & set(outcome.passed)
+    nodes = [_schedule(service, first)] + [_schedule(service, _pod(kube, f"w{i}", 4, group="train"))
+                                           for i in range(1, 4)]
+    assert sorted(nodes) == sorted(outcome.passed)  # type: ignore[type-var]
+    assert not [entry for entry in service.state.ledger.pods() if entry.phase is Phase.PLANNED]
+    for gpus in _held(service).values():
+        assert len(gpus) == len(set(gpus))
+
+
+def test_best_fit_fills_a_partly_used_domain_before_breaking_an_empty_one() -> None:
+    # Domain a has two nodes busy, so four trays are left there: a group of four fits it exactly.
+    service, kube = _cluster(ManualClock(), busy={"a00": (0, 1, 2, 3), "a01": (0,)})
+    outcome = service.filter(ExtenderArgs(_pod(kube, "w0", 4, group="fit"), ALL, None))
+    assert {_domain(node) for node in outcome.passed} == {"a"}
+    assert "a00" not in outcome.passed and "a01" not in outcome.passed
+
+
+def test_a_group_that_fits_no_domain_now_waits_on_every_node_and_holds_nothing_but_its_drain() -> None:
+    service, kube = _cluster(ManualClock(), busy={name: (0,) for name in ALL[::2]})  # 3 whole trays per domain
+    outcome = service.filter(ExtenderArgs(_pod(kube, "w0", 4, group="big"), ALL, None))
+    assert outcome.passed == []
+    assert outcome.unresolvable == {"no NVLink domain with room for 4 pods of 4 GPUs": ALL}
+    assert not service.state.ledger.pods()
+    assert len(service.drains) == 1  # the domain nearest to holding it drains for it
+
+
+def test_two_groups_racing_for_the_last_free_domain_never_both_end_half_placed() -> None:
+    service, kube = _cluster(ManualClock(), busy={name: (0, 1, 2, 3) for name in _names("a")})
+    first = [_pod(kube, f"x{i}", 4, group="x", size=NODES_PER_DOMAIN) for i in range(NODES_PER_DOMAIN)]
+    second = [_pod(kube, f"y{i}", 4, group="y", size=NODES_PER_DOMAIN) for i in range(NODES_PER_DOMAIN)]
+    placed: dict[str, list[str | None]] = {"x": [], "y": []}
+    for x, y in zip(first, second):  # their members interleave in the queue
+        placed["x"].append(_schedule(service, x))
+        placed["y"].append(_schedule(service, y))
+    assert all(node is not None for node in placed["x"]) and {_domain(n) for n in placed["x"]} == {"b"}  # type: ignore[arg-type]
+    assert placed["y"] == [None] * NODES_PER_DOMAIN  # not one member bound while its group cannot be placed
+
+
+def test_an_extender_restart_between_members_rebuilds_the_plan_and_gives_nothing_twice() -> None:
+    clock = ManualClock()
+    service, kube = _cluster(clock)
+    members = [_pod(kube, f"w{i}", 4, group="train") for i in range(4)]
+    bound = [_schedule(service, pod) for pod in members[:2]]
+    planned = set(service.filter(ExtenderArgs(members[2], ALL, None)).passed)
+    # A new extender process (same seal key) lists the same nodes and pods.
+    restarted, kube2 = _cluster(clock)
+    kube2.pods = kube.pods
+    restarted.state.pods.replace(list(kube.pods.values()))
+    restored = restarted.plans.get("ml/train")
+    assert restored is not None and {slot.node for slot in restored.slots} == planned | set(bound)  # type: ignore[operator]
+    assert set(restarted.filter(ExtenderArgs(members[2], ALL, None)).passed) == planned
+    rest = [_schedule(restarted, _pod(kube2, "intruder", 4))]  # another pod cannot take the planned trays
+    assert rest[0] not in planned
+    nodes = bound + [_schedule(restarted, pod) for pod in members[2:]]
+    assert None not in nodes and len(set(nodes)) == 4 and len({_domain(n) for n in nodes}) == 1  # type: ignore[arg-type]
+    for gpus in _held(restarted).values():
+        assert len(gpus) == len(set(gpus))
+
+
+def test_a_plan_whose_members_do_not_come_expires_and_frees_its_gpus() -> None:
+    clock = ManualClock()
+    service, kube = _cluster(clock)
+    service.filter(ExtenderArgs(_pod(kube, "w0", 4, group="late"), ALL, None))
+    assert service.state.ledger.pods()
+    clock.now += service.plans.timeout + 1
+    with service.state.ledger.lock:
+        service.plans.expire(clock.now)
+    assert not service.state.ledger.pods()
+    assert all(service.state.view(name).free == 0b1111 for name in ALL)  # type: ignore[union-attr]
+
+
+def test_a_refused_binding_gives_the_slot_back_to_the_plan() -> None:
+    service, kube = _cluster(ManualClock())
+    pod = _pod(kube, "w0", 4, group="train")
+    node = service.filter(ExtenderArgs(pod, ALL, None)).passed[0]
+    kube.refuse.add("w0")
+    assert service.bind(BindingArgs("w0", "ml", "uid-w0", node))
+    planned = [entry for entry in service.state.ledger.pods() if entry.phase is Phase.PLANNED]
+    assert len(planned) == 4 and node in {entry.node for entry in planned}
+
+
+@pytest.mark.parametrize(("annotations", "reason"), [
+    ({"gpu-topology.io/group": "g", "gpu-topology.io/group-size": "1000000000"},
+     "gpu-topology.io/group-size: '1000000000' is not a whole number of members from 1 to 1024"),
+    ({"gpu-topology.io/group": "g"}, "gpu-topology.io/group-size: missing"),
+    ({"gpu-topology.io/group": "Not_A_Name", "gpu-topology.io/group-size": "2"}, "is not a group name"),
+    ({"gpu-topology.io/group-size": "2"}, "set without gpu-topology.io/group"),
+    ({"gpu-topology.io/group": "g", "gpu-topology.io/group-size": "2", "gpu-topology.io/group-placement": "maybe"},
+     "gpu-topology.io/group-placement: unknown value 'maybe'"),
+])
+def test_a_hostile_group_annotation_gets_a_clear_reason_and_holds_nothing(annotations: dict[str, str],
+                                                                          reason: str) -> None:
+    service, kube = _cluster(ManualClock())
+    pod = _pod(kube, "bad", 4, **annotations)
+    outcome = service.filter(ExtenderArgs(pod, ALL, None))
+    assert outcome.passed == [] and len(outcome.unresolvable) == 1
+    assert reason in next(iter(outcome.unresolvable))
+    assert not service.state.ledger.pods() and not len(service.plans)
+
+
+def test_a_span_naming_no_level_is_refused_with_the_levels_there_are() -> None:
+    service, kube = _cluster(ManualClock())
+    pod = _pod(kube, "bad", 4, group="g", size=2, **{"gpu-topology.io/group-span": "topology.kubernetes.io/zone"})
+    outcome = service.filter(ExtenderArgs(pod, ALL, None))
+    assert outcome.unresolvable == {
+        "gpu-topology.io/group-span: 'topology.kubernetes.io/zone' names no topology level; expected "
+        f"nvlink-domain | {LEAF} | {SPINE}": ALL}
+    assert not service.state.ledger.pods()
+
+
+def test_a_group_may_span_a_leaf_and_members_without_gpus_pass_everywhere() -> None:
+    service, kube = _cluster(ManualClock())
+    pod = _pod(kube, "w0", 4, group="leafy", size=3, **{"gpu-topology.io/group-span": LEAF})
+    assert len({_domain(node) for node in service.filter(ExtenderArgs(pod, ALL, None)).passed}) == 1
+    launcher = _pod(kube, "launcher", 0, group="leafy", size=3, **{"gpu-topology.io/group-span": LEAF})
+    assert service.filter(ExtenderArgs(launcher, ALL, None)).passed == ALL
+
+
+def test_a_group_larger_than_any_domain_is_refused_when_required_and_placed_alone_when_preferred() -> None:
+    service, kube = _cluster(ManualClock())
+    required = _pod(kube, "r0", 4, group="huge", size=20, **{"gpu-topology.io/group-placement": "required"})
+    outcome = service.filter(ExtenderArgs(required, ALL, None))
+    assert outcome.unresolvable == {"no NVLink domain can hold the group's pods of 4 GPUs": ALL}
+    preferred = _pod(kube, "p0", 4, group="wide", size=20)
+    assert service.filter(ExtenderArgs(preferred, ALL, None)).passed == ALL
+
+
+def test_single_pods_go_to_a_partly_used_domain_and_keep_empty_ones_whole() -> None:
+    service, kube = _cluster(ManualClock(), busy={"a00": (0,)})
+    single = _pod(kube, "solo", 1)
+    names, scores = service.prioritize(ExtenderArgs(single, ALL, None))
+    by_node = dict(zip(names, scores))
+    assert min(by_node[name] for name in _names("a")) > max(by_node[name] for name in _names("b"))
+    assert _domain(_schedule(service, single) or "") == "a"
+    assert service.state.domains.whole == set(_names("b"))
+
+
+def _pod_group(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ml"}, "spec": spec, "kind": kind}
+
+
+def test_a_coscheduling_pod_group_gives_the_size_and_the_group_is_planned_whole() -> None:
+    service, kube = _cluster(ManualClock())
+    sizes = GroupSizes(COSCHEDULING, service.state.group_sizes)
+    labelled = _pod(kube, "w0", 4)
+    labelled["metadata"]["labels"] = {"scheduling.x-k8s.io/pod-group": "pg"}
+    kube.state.pods.apply("MODIFIED", labelled)  # type: ignore[union-attr]
+    # No PodGroup yet: a preferred group without a size is placed as single pods.
+    assert service.filter(ExtenderArgs(labelled, ALL, None)).passed == ALL
+    labelled["metadata"]["resourceVersion"] = "2"
+    sizes.replace([_pod_group("PodGroup", "pg", {"minMember": 3}), _pod_group("PodGroup", "bad", {"minMember": 10**9})])
+    assert service.state.group_sizes == {"ml/coscheduling:pg": 3}
+    outcome = service.filter(ExtenderArgs(labelled, ALL, None))
+    assert len(outcome.passed) == 3 and len({_domain(node) for node in outcome.passed}) == 1
+    sizes.apply("DELETED", _pod_group("PodGroup", "pg", {"minMember": 3}))
+    assert service.state.group_sizes == {}
+
+
+def test_kube_schedulers_own_pod_group_gives_its_gang_min_count() -> None:
+    sizes: dict[str, int] = {}
+    sink = GroupSizes(SCHEDULING_GROUP, sizes)
+    sink.replace([_pod_group("PodGroup", "gang", {"schedulingPolicy": {"gang": {"minCount": 5}}}),
+                  _pod_group("PodGroup", "basic", {"schedulingPolicy": {"basic": {}}})])
+    assert sizes == {"ml/scheduling-group:gang": 5}
+    pod = {"metadata": {"name": "p", "namespace": "ml", "uid": "u"},
+           "spec": {"schedulingGroup": {"podGroupName": "gang"},
+                    "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}
+    request = parse_pod(pod, AnnotationKeys())
+    assert request.group_key == "ml/scheduling-group:gang" and request.group is not None
+    assert request.group.span == "nvlink-domain" and not request.group.required
+
+
+def test_a_member_asking_another_gpu_count_than_its_group_plan_is_told_why() -> None:
+    service, kube = _cluster(ManualClock())
+    service.filter(ExtenderArgs(_pod(kube, "w0", 4, group="train"), ALL, None))
+    outcome = service.filter(ExtenderArgs(_pod(kube, "w1", 2, group="train"), ALL, None))
+    assert outcome.unresolvable == {
+        "group train: its members must request the same number of GPUs (the group's plan gives 4 to each)": ALL}
+
+
+def test_a_group_of_one_gpu_members_is_planned_on_single_gpus() -> None:
+    service, kube = _cluster(ManualClock(), busy={name: (0, 1) for name in _names("a")})
+    outcome = service.filter(ExtenderArgs(_pod(kube, "w0", 1, group="tiny", size=8,
+                                               **{"gpu-topology.io/group-placement": "required"}), ALL, None))
+    assert outcome.passed and {_domain(node) for node in outcome.passed} == {"a"}  # best fit: the used rack
+    assert sum(len(entry.gpus) for entry in service.state.ledger.pods() if entry.phase is Phase.PLANNED) == 8
+
+
+def test_a_node_without_multi_node_nvlink_is_an_nvlink_domain_of_its_own() -> None:
+    # DGX H100s with no clique label and no levels: a group of two 4-GPU members spanning an NVLink domain shares
+    # one node's NVSwitch, and the fuller node is filled first.
+    state = reported_cluster({"h1": ("dgx-h100", (0,)), "h2": ("dgx-h100", ())}, clock=ManualClock(), seal=SEAL)
+    kube = _Kube()
+    kube.state = state
+    service = ExtenderService(state, kube, topology_wait=600.0)  # type: ignore[arg-type]
+    pod = _pod(kube, "w0", 3, group="pair", size=2)
+    assert service.filter(ExtenderArgs(pod, ["h1", "h2"], None)).passed == ["h1"]
+    assert not state.domains.whole  # a node's own domain is no rack to keep whole
+
+
+def test_a_waiting_group_is_searched_again_only_once_a_node_changes_or_a_second_passes() -> None:
+    clock = ManualClock()
+    service, kube = _cluster(clock, busy={name: (0,) for name in ALL[::2]})
+    searches: list[str] = []
+    search = service.groups._plan
+    service.groups._plan = lambda *args: searches.append("plan") or search(*args)  # type: ignore[method-assign]
+    pod = _pod(kube, "w0", 4, group="big", **{"gpu-topology.io/group-placement": "required"})
+    for _ in range(5):  # kube-scheduler retrying a waiting gang back to back
+        assert not service.filter(ExtenderArgs(pod, ALL, None)).passed
+    assert len(searches) == 1
+    clock.now += 1.0
+    service.filter(ExtenderArgs(pod, ALL, None))
+    assert len(searches) == 2
+    service.state.ledger.release("nobody", freed=True)  # no view changes: still remembered
+    service.filter(ExtenderArgs(pod, ALL, None))
+    assert len(searches) == 2
+    assert _schedule(service, _pod(kube, "solo2", 1)) is not None  # a bind changes a node's view
+    service.filter(ExtenderArgs(pod, ALL, None))
+    assert len(searches) == 3
+
+
+def test_a_group_is_planned_only_on_the_nodes_kube_scheduler_passed_for_its_member() -> None:
+    # Rack a is the best fit, but the member's node selector (which kube-scheduler applies, not the extender)
+    # leaves only rack b's trays among the candidates.
+    service, kube = _cluster(ManualClock(), busy={"a00": (0, 1, 2, 3)})
+    pod = _pod(kube, "w0", 4, group="picky", size=3)
+    outcome = service.filter(ExtenderArgs(pod, _names("b"), None))
+    assert len(outcome.passed) == 3 and {_domain(node) for node in outcome.passed} == {"b"}
+    assert {entry.node[0] for entry in service.state.ledger.pods()} == {"b"}

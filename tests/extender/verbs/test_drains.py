@@ -1,0 +1,99 @@
+"""Draining (extender/verbs/drains.py): a pod that every candidate refused only to wait for a full-bandwidth set gets
+the full set nearest to free drained for it; other pods' filter, prioritize and bind no longer see its free GPUs.
+On the real PCIe L40S board: GPUs 0-3 on one socket, 4-7 on the other (a full set of four is a socket)."""
+
+from __future__ import annotations
+
+from extender.demo.cluster import DemoCluster
+from extender.verbs.drains import Drains
+from extender.verbs.filter import NOT_ENOUGH_FREE
+from extender.verbs.service import ExtenderService
+from extender.cache.cluster_state import ClusterState, NodeKey
+from extender.verbs.wait import WAITING
+from extender.api.wire import BindingArgs, ExtenderArgs
+from helpers.reported_nodes import ManualClock, reported_cluster
+from topology.select import Selector
+
+WAIT = 300.0
+SOCKET_1 = 0b11110000
+
+
+Clock = ManualClock
+
+
+def _pod(uid: str, gpus: int) -> dict:
+    return {"metadata": {"name": uid, "namespace": "ml", "uid": uid, "resourceVersion": "1"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}
+
+
+def _service(clock: Clock, used: dict[str, tuple[str, tuple[int, ...]]]) -> ExtenderService:
+    state = reported_cluster(used, clock=clock, stale_after=100 * WAIT)
+    unused = DemoCluster(ClusterState(), [])  # filter and prioritize never call the API server
+    return ExtenderService(state, unused, topology_wait=WAIT)
+
+
+# Node a: GPUs 0, 1, 2 and 7 busy, so 3-6 are free but no socket is: the 4-GPU pod must wait.
+SPLIT = {"a": ("pcie-l40s", (0, 1, 2, 7))}
+
+
+def test_a_waiting_pod_drains_the_socket_nearest_to_free() -> None:
+    service = _service(Clock(), SPLIT)
+    outcome = service.filter(ExtenderArgs(_pod("train", 4), ["a"], None))
+    assert outcome.failed == {WAITING: ["a"]}
+    # Socket 4-7 has three GPUs free, socket 0-3 one: 4-7 is drained, its busy GPU7 as it frees up.
+    assert service.drains.held("a", "someone-else", service.state.clock()) == SOCKET_1
+    assert service.drains.held("a", "train", service.state.clock()) == 0
+
+
+def test_other_pods_no_longer_see_the_drained_gpus() -> None:
+    service = _service(Clock(), SPLIT)
+    service.filter(ExtenderArgs(_pod("train", 4), ["a"], None))
+    assert service.filter(ExtenderArgs(_pod("small", 1), ["a"], None)).passed == ["a"]  # GPU3 is still free
+    assert service.filter(ExtenderArgs(_pod("pair", 2), ["a"], None)).failed == {NOT_ENOUGH_FREE: ["a"]}
+
+
+def test_the_drain_ends_with_the_wait() -> None:
+    clock = Clock()
+    service = _service(clock, SPLIT)
+    service.filter(ExtenderArgs(_pod("train", 4), ["a"], None))
+    clock.now += WAIT
+    assert service.drains.held("a", "pair", clock.now) == 0
+    assert service.filter(ExtenderArgs(_pod("pair", 2), ["a"], None)).passed == ["a"]
+    # The waiting pod now takes the best set on offer.
+    assert service.filter(ExtenderArgs(_pod("train", 4), ["a"], None)).passed == ["a"]
+
+
+def test_bind_gives_other_pods_no_drained_gpu_and_the_drain_ends_when_its_pod_binds() -> None:
+    clock = Clock()
+    state = ClusterState(clock=clock, stale_after=100 * WAIT)
+    cluster = DemoCluster(state, [("a", "pcie-l40s")], clock=clock)
+    service = ExtenderService(state, cluster, topology_wait=WAIT)
+    (key,) = state.keys_for(["a"])
+    assert isinstance(key, NodeKey)
+    drain = service.drains.start("waiting", [("a", key)], service.selector, 4, clock.now + WAIT, clock.now)
+    assert drain is not None and drain.nodes == {"a"} and dict(drain.targets)["a"] in (0b00001111, SOCKET_1)
+    index = {gpu.uuid: gpu.index for gpu in cluster.topologies["a"].gpus}
+    for number in range(4):
+        pod = cluster.create_pod(f"small-{number}", 1)
+        assert service.bind(BindingArgs(pod["metadata"]["name"], "default", pod["metadata"]["uid"], "a")) == ""
+        (gpus,) = cluster.delivered[pod["metadata"]["uid"]].values()
+        assert not dict(drain.targets)["a"] >> index[gpus[0]] & 1, "a drained GPU went to another pod"
+    pod = cluster.create_pod("waiting-pod", 4)
+    service.drains.end("waiting")
+    uid = pod["metadata"]["uid"]
+    service.drains.start(uid, [("a", state.keys_for(["a"])[0])], service.selector, 4, clock.now + WAIT, clock.now)
+    assert service.bind(BindingArgs("waiting-pod", "default", uid, "a")) == ""
+    assert len(service.drains) == 0
+
+
+def test_drains_are_bounded_and_never_overlap() -> None:
+    clock = Clock()
+    state = reported_cluster({"a": ("pcie-l40s", ())}, clock=clock)
+    (key,) = state.keys_for(["a"])
+    assert isinstance(key, NodeKey)
+    drains = Drains(limit=2)
+    first = drains.start("p1", [("a", key)], Selector(), 4, clock.now + WAIT, clock.now)
+    second = drains.start("p2", [("a", key)], Selector(), 4, clock.now + WAIT, clock.now)
+    assert first is not None and second is not None and not dict(first.targets)["a"] & dict(second.targets)["a"]
+    assert drains.start("p3", [("a", key)], Selector(), 2, clock.now + WAIT, clock.now) is None  # the bound
+    assert drains.start("p1", [("a", key)], Selector(), 4, clock.now + WAIT, clock.now) == first  # kept
