@@ -18,7 +18,7 @@ from topology.annotations import AnnotationKeys
 from topology.bounds import MAX_TOPOLOGY_WAIT_SECONDS
 from topology.levels import Interconnect
 from topology.select import Request
-from topology.split import ContainerNeed, container_needs, device_request, parse_count
+from topology.containers import ContainerNeed, container_needs, device_request, parse_count
 
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 # Kubernetes' own bounds on what a request may name (apimachinery validation): longer is refused, so nothing

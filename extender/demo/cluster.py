@@ -25,7 +25,7 @@ from topology.codec import NodeState, encode_state, encode_topology
 from topology.model import Topology, installed_subset
 from topology.platforms import PLATFORMS
 from topology.sharing import Sharing
-from topology.split import Kind, container_needs
+from topology.containers import Kind, container_needs
 
 DEMO_NODES: tuple[tuple[str, str], ...] = (
     ("dgx-h100-1", "dgx-h100"), ("dgx-h100-2", "dgx-h100"),

@@ -27,7 +27,7 @@ from topology.full_sets import full_sets, is_full
 from topology.levels import Level
 from topology.model import Topology
 from topology.select import Choice, Request, Selector, mask_of, ring_gbps
-from topology.split import parse_count
+from topology.containers import parse_count
 
 SIZES = (2, 4, 8)  # the ring sizes a row shows: what multi-GPU jobs ask for
 CLOSEST = 3  # nodes shown for a pod that waits

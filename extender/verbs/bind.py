@@ -30,7 +30,7 @@ from extender.verbs.filter import STALE
 from topology.assignment import encode_containers
 from topology.select import Choice, Request, Selector, mask_of
 from topology.sharing import Sharing, no_guarantee
-from topology.split import device_count, split
+from topology.containers import device_count, split
 
 log = logging.getLogger(__name__)
 

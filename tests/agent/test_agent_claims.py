@@ -1,7 +1,7 @@
 """The claims rule (topology/agent/claims.py), case by case on real platforms, as the kubelet would call it.
 
 Pods are made as the API server serves them, with the assignment the extender writes at bind (the split of
-`topology/split.py`, encoded by `topology/assignment.py`); pod-resources `List` is given as the kubelet shows
+`topology/containers.py`, encoded by `topology/assignment.py`); pod-resources `List` is given as the kubelet shows
 it: the pod being admitted with its app containers, those already allocated with their devices."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from topology.annotations import AnnotationKeys
 from topology.assignment import encode_containers
 from topology.compiled import bits
+from topology.containers import container_needs, split
 from topology.platforms import PLATFORMS
 from topology.select import Choice, Request, mask_of
-from topology.split import container_needs, split
 from topology.agent.claims import (
     MAX_DELIVERED_PODS,
     Allocation,

@@ -34,21 +34,21 @@ from helpers.kubelet_standin import KubeletStandIn
 from kubernetes import client as k8s
 from helpers.reporter_fakes import short_tmpdir
 
-from topology.annotations import AnnotationKeys
-from topology.assignment import encode_containers
-from topology.compiled import bits
-from topology.model import Topology
-from topology.platforms import PLATFORMS
-from topology.select import Choice, Request, Selector, mask_of
-from topology.split import container_needs, split
 from topology.agent import deviceplugin_v1beta1 as dp
+from topology.agent import pods as pods_module
 from topology.agent.allocate import DEFAULT_CDI_KIND, Delivery, Strategy
 from topology.agent.claims import Board
 from topology.agent.deviceplugin import DevicePlugin, SharedHealth, cdi_kind_defined
-from topology.agent import pods as pods_module
 from topology.agent.kube import NodeApiError
-from topology.agent.pods import NodePods
 from topology.agent.podresources import PodResourcesClient
+from topology.agent.pods import NodePods
+from topology.annotations import AnnotationKeys
+from topology.assignment import encode_containers
+from topology.compiled import bits
+from topology.containers import container_needs, split
+from topology.model import Topology
+from topology.platforms import PLATFORMS
+from topology.select import Choice, Request, Selector, mask_of
 
 __all__ = ["kube_server_fixture"]  # fixtures
 
@@ -226,7 +226,7 @@ def test_init_containers_sidecars_and_app_containers_get_their_parts(kubelet, ku
 
 def test_a_container_the_kubelet_serves_from_the_pool_keeps_the_pods_set_whole(kubelet, kube_server, running):
     """loader's one GPU is drawn from prep's two by the kubelet, in map order: no plugin can choose it
-    (topology/split.py), so train is told the rest of the pool and completes it with its planned new GPUs."""
+    (topology/containers.py), so train is told the rest of the pool and completes it with its planned new GPUs."""
     topology = uuids("dgx1-v100")
     board = Board(topology, Selector())
     deliver(running, kubelet, kube_server, topology)

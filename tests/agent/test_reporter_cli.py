@@ -25,11 +25,11 @@ from helpers.reporter_fakes import (
 )
 
 from topology import cli as gputopo
+from topology.agent import cli
 from topology.annotations import AnnotationKeys
 from topology.codec import decode_state, decode_topology
 from topology.discover import discover
 from topology.nvidia_smi import parse_topo_matrix
-from topology.agent import cli
 
 __all__ = ["kube_server_fixture", "kubelet_fixture", "socket_dir_fixture"]  # fixtures
 
@@ -261,7 +261,7 @@ def test_a_topology_over_its_budget_is_refused():
     from topology.codec import TOPOLOGY_MAX_BYTES, CodecError
     from topology.levels import Level
     from topology.model import Gpu, Topology
-    from topology.agent.loop import PrintingNode, Reporter
+    from topology.agent.reporter import PrintingNode, Reporter
     n = 64
     gpus = tuple(Gpu(i, "M" * 96, uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000") for i in range(n))
     pcie = tuple(tuple(None if i == j else Level.SYS for j in range(n)) for i in range(n))

@@ -9,12 +9,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from topology.agent.annotation_patch import NodeAnnotations, plan
+from topology.agent.devices import MIG, ContainerDevices, GpuIds, KubeletDevices, Observation, Unknown, observe
 from topology.annotations import AnnotationKeys
+from topology.backoff import Backoff
 from topology.codec import STATE_MAX_BYTES, NodeState, decode_state, encode_state, encode_topology
 from topology.platforms import PLATFORMS
-from topology.backoff import Backoff
-from topology.agent.devices import MIG, ContainerDevices, GpuIds, KubeletDevices, Observation, Unknown, observe
-from topology.agent.plan import NodeAnnotations, plan
 from topology.sharing import Sharing
 
 KEYS = AnnotationKeys()
@@ -43,7 +43,8 @@ def container(*ids: str, resource: str = "nvidia.com/gpu", pod: str = "p") -> Co
 
 
 def test_gpu_ids_agree_with_the_extender():
-    assert GpuIds(TOPOLOGY).ids == tuple(f"GPU{i}" for i in range(8))  # extender.cache.cluster_state: uuid or GPU<index>
+    # As extender.cache.cluster_state names a node's GPUs: the UUID, or GPU<index>.
+    assert GpuIds(TOPOLOGY).ids == tuple(f"GPU{i}" for i in range(8))
     assert GpuIds(UUIDS).ids == tuple(g.uuid for g in UUIDS.gpus)
 
 
@@ -287,7 +288,7 @@ def test_backoff_refuses_settings_that_could_spin(bad):
 
 
 def test_the_core_imports_neither_kubernetes_nor_grpc():
-    code = ("import sys; import topology.agent.loop, topology.agent.plan, topology.agent.devices, "
+    code = ("import sys; import topology.agent.reporter, topology.agent.annotation_patch, topology.agent.devices, "
             "topology.agent.health, topology.backoff, topology.agent.cli; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'grpc', 'pynvml', 'extender')]; "
             "print(bad); sys.exit(1 if bad else 0)")

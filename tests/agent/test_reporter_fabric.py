@@ -8,21 +8,22 @@ from functools import partial
 
 import orjson
 import pytest
-from helpers.fake_nvml import GB200_CLIQUE_ID, GB200_CLUSTER_UUID, GB200_FABRICS, Fabric, gpu_uuid, make_fake_nvml, write_sysfs
+from helpers.fake_nvml import (GB200_CLIQUE_ID, GB200_CLUSTER_UUID, GB200_FABRICS, Fabric, gpu_uuid, make_fake_nvml,
+                               write_sysfs)
 from helpers.kube_api_server import FakeKubeApiServer, kube_server_fixture
 from helpers.reporter_fakes import add_health, kubelet_fixture, socket_dir_fixture
 from test_reporter_loop import NODE, Clock, node_api
 
+from topology.agent import cli
+from topology.agent import reporter as reporter_loop
+from topology.agent.podresources import PodResourcesClient
+from topology.agent.reporter import Reporter
 from topology.annotations import AnnotationKeys
 from topology.backoff import Backoff
 from topology.codec import CodecError, decode_topology
 from topology.discover import discover, read_domain
 from topology.fabric import Domain
 from topology.platforms import PLATFORMS
-from topology.agent import cli
-from topology.agent import loop as reporter_loop
-from topology.agent.loop import Reporter
-from topology.agent.podresources import PodResourcesClient
 
 __all__ = ["kube_server_fixture", "kubelet_fixture", "node_api", "socket_dir_fixture"]  # fixtures
 

@@ -6,9 +6,9 @@ import pytest
 from helpers.fake_nvml import gpu_uuid, make_fake_nvml
 from helpers.reporter_fakes import add_health
 
+from topology.agent.health import NvmlHealth
 from topology.discover import NvmlUnavailable
 from topology.platforms import PLATFORMS
-from topology.agent.health import NvmlHealth
 
 NAME = "dgx-a100"
 

@@ -9,7 +9,7 @@ from helpers.kube_api_server import FakeKubeApiServer, kube_server_fixture, make
 from kubernetes import client as k8s
 
 from topology.agent.kube import MERGE_PATCH, NodeApi, NodeApiError
-from topology.agent.loop import NodeError
+from topology.agent.reporter import NodeError
 
 __all__ = ["kube_server_fixture"]  # the `kube_server` fixture
 

@@ -18,15 +18,15 @@ from helpers.kube_api_server import FakeKubeApiServer, kube_server_fixture, make
 from kubernetes import client as k8s
 from helpers.reporter_fakes import PodResourcesServer, add_health, kubelet_fixture, socket_dir_fixture
 
+from topology.agent.health import NvmlHealth
+from topology.agent.kube import NodeApi
+from topology.agent.podresources import PodResourcesClient
+from topology.agent.reporter import RESTART_HOLD_SECONDS, Reporter
 from topology.annotations import AnnotationKeys
+from topology.backoff import Backoff
 from topology.codec import decode_state, decode_topology
 from topology.model import Topology
 from topology.platforms import PLATFORMS
-from topology.backoff import Backoff
-from topology.agent.health import NvmlHealth
-from topology.agent.kube import NodeApi
-from topology.agent.loop import RESTART_HOLD_SECONDS, Reporter
-from topology.agent.podresources import PodResourcesClient
 
 __all__ = ["kube_server_fixture", "kubelet_fixture", "socket_dir_fixture"]  # fixtures
 

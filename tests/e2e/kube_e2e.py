@@ -51,8 +51,8 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from extender.demo.cluster import with_uuids
 from extender.api.pod_request import DEFAULT_GPU_RESOURCE
+from extender.demo.cluster import with_uuids
 from topology.annotations import AnnotationKeys
 from topology.codec import NodeState, encode_state, encode_topology
 from topology.model import Topology

@@ -364,7 +364,8 @@ def test_a_kubelet_restart_keeps_every_running_pod_and_its_gpus(kubelets: Kubele
       (topology/agent/dir_watch.py);
     - until that first pod list, the restarted kubelet's pod-resources `List` shows no pod, and the agent
       published it as `used` without the running pods' GPUs, so the extender could bind them again; it now holds
-      the last pods over a List that empties at once (topology/agent/loop.py, tests/agent/test_delivery_cluster.py)."""
+      the last pods over a List that empties at once (topology/agent/reporter.py,
+      tests/agent/test_delivery_cluster.py)."""
     pods = kubelets.pods()
     before = {pod["metadata"]["uid"]: pod["metadata"]["name"] for pod in pods}
     running = {pod["metadata"]["uid"] for pod in pods if not plain_init_containers(pod)}

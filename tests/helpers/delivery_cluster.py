@@ -30,20 +30,20 @@ import grpc
 import kubernetes.client as k8s
 import orjson
 
+from extender.api.wire import BindingArgs, parse_extender_args
+from extender.cache.cluster_state import ClusterState
 from extender.demo.cluster import with_uuids
 from extender.kube.client import KubernetesApi
 from extender.kube.reflector import Reflector
 from extender.verbs.service import ExtenderService
-from extender.cache.cluster_state import ClusterState
-from extender.api.wire import BindingArgs, parse_extender_args
 from helpers.kube_api_server import FakeKubeApiServer, make_node
 from helpers.kubelet_standin import Admission, KubeletStandIn, pod_containers
 from topology.agent import deviceplugin_v1beta1 as dp
 from topology.agent.deviceplugin import DevicePlugin
 from topology.agent.kube import NodeApi
-from topology.agent.loop import Reporter
 from topology.agent.podresources import PodResourcesClient
 from topology.agent.pods import NodePods
+from topology.agent.reporter import Reporter
 from topology.annotations import AnnotationKeys
 from topology.codec import encode_topology
 from topology.model import Topology

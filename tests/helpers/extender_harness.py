@@ -24,15 +24,15 @@ from fastapi.testclient import TestClient
 from helpers.kube_api_server import FakeKubeApiServer, wait_until
 from helpers.paths import ROOT
 
-from extender.server.app import create_app
+from extender.cache.cluster_state import ClusterState
+from extender.cache.seal import Seal
 from extender.demo.cluster import with_uuids
 from extender.kube.client import KubernetesApi
 from extender.kube.leader_election import LeaderElector
 from extender.kube.leader_label import LeaderLabel
 from extender.kube.reflector import Reflector
-from extender.cache.seal import Seal
+from extender.server.app import create_app
 from extender.verbs.service import ExtenderService
-from extender.cache.cluster_state import ClusterState
 from topology.codec import NodeState, encode_state, encode_topology
 from topology.model import Topology
 from topology.platforms import PLATFORMS

@@ -1,4 +1,5 @@
-"""The real extender server (uvicorn, `extender.server.serve`'s protocol and limits) on a free loopback port, in a thread."""
+"""The real extender server (uvicorn, `extender.server.serve`'s protocol and limits) on a free loopback port, in a
+thread."""
 
 from __future__ import annotations
 

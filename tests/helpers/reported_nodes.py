@@ -7,9 +7,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 
-from extender.demo.cluster import with_uuids
-from extender.cache.seal import Seal
 from extender.cache.cluster_state import ClusterState
+from extender.cache.seal import Seal
+from extender.demo.cluster import with_uuids
 from topology.codec import NodeState, encode_state, encode_topology
 from topology.platforms import PLATFORMS
 from topology.sharing import Sharing

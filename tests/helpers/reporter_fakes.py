@@ -23,9 +23,9 @@ import pytest
 
 from helpers import paths
 
+from topology.agent import podresources_v1 as api
 from topology.model import Topology
 from topology.platforms import PLATFORMS, Platform
-from topology.agent import podresources_v1 as api
 
 SHARED = paths.SHARED / "topologies"
 PARTIAL_CAPTURE = "dgx2-v100-partial.txt"

@@ -787,8 +787,8 @@ def test_extender_rbac_is_exactly_least_privilege() -> None:
     # only. resourceNames cannot name a Deployment's Pods; extender-policy.yaml holds it to its own Pod.
     assert flatten_rules(LEADER_LABEL_ROLE["rules"]) == {("", "pods", "patch", ())}
     assert LEADER_LABEL_ROLE["metadata"]["namespace"] == EXTENDER["metadata"]["namespace"]
-    # Leader election (extender/kube/leader_election.py: get, create, replace): create cannot name its object; get and update
-    # name the one Lease. In the extender's namespace only.
+    # Leader election (extender/kube/leader_election.py: get, create, replace): create cannot name its object; get and
+    # update name the one Lease. In the extender's namespace only.
     assert flatten_rules(LEASE_ROLE["rules"]) == {
         ("coordination.k8s.io", "leases", "create", ()),
         ("coordination.k8s.io", "leases", "get", (LEASE_NAME,)),

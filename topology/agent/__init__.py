@@ -6,9 +6,9 @@ One job per module. The pure core imports neither Kubernetes nor gRPC:
 | module | job |
 |---|---|
 | `devices.py` | kubelet device ids -> this node's GPU ids; what pod-resources and NVML health say, as one observation |
-| `plan.py` | observation + what the node carries -> the merge patch to send, if any (change or heartbeat) |
+| `annotation_patch.py` | observation + what the node carries -> the merge patch to send, if any (change or heartbeat) |
 | `health.py` | NVML health per GPU (lost, uncorrectable ECC, row-remapping failure) |
-| `loop.py` | the polling loop: observe, plan, patch, wait (`topology/backoff.py` after failures); stops on an Event |
+| `reporter.py` | the polling loop: observe, plan, patch, wait (`topology/backoff.py` after failures) to an Event |
 | `claims.py` | which pod and container a device-plugin call is for, and which GPUs to answer |
 | `allocate.py` | Allocate's answer in NVIDIA's device list strategies (envvar, volume-mounts, CDI) |
 | `holders.py` | `--holders`: which container holds which GPUs, as pod-resources says, with each set's ring |

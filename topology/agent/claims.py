@@ -9,7 +9,7 @@ kubelet admits pods:
   pod-resources `List` shows it with some GPU container still lacking devices (app containers and sidecars
   are listed, plain init containers are not); pods bound to the node but not yet reached are absent from
   List, and admitted pods have all their devices;
-- inside the pod, container after container in the order of `topology/split.py`; GetPreferredAllocation's
+- inside the pod, container after container in the order of `topology/containers.py`; GetPreferredAllocation's
   size is the container's whole count, and must_include holds what the kubelet reuses from init containers.
 
 So the candidates are the pods on this node that carry a valid assignment, are in List and are not complete;
@@ -33,13 +33,13 @@ from enum import Enum
 from itertools import islice
 from typing import Any
 
+from topology.agent.devices import GpuIds
 from topology.annotations import AnnotationKeys
 from topology.assignment import GPU_ID_MAX, AssignmentError, decode_containers
 from topology.compiled import CompiledTopology, bits, compile_topology
+from topology.containers import ContainerNeed, container_needs, device_count
 from topology.model import Topology
 from topology.select import Selector, extend_best, mask_of
-from topology.split import ContainerNeed, container_needs, device_count
-from topology.agent.devices import GpuIds
 
 log = logging.getLogger(__name__)
 

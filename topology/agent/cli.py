@@ -22,15 +22,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from topology.agent.allocate import DEFAULT_CDI_KIND, DEFAULT_STRATEGIES, Delivery, Strategy, parse_strategies
+from topology.agent.devices import DEFAULT_SOCKET
+from topology.agent.reporter import DEFAULT_RESOURCE, HealthSource, NodeError, PrintingNode, Reporter
 from topology.annotations import DEFAULT_PREFIX, AnnotationKeys
 from topology.cli import CliError, load_topology
 from topology.codec import CodecError
 from topology.discover import SYSFS_ROOT, NvmlUnavailable, _import_pynvml, discover, read_domain
 from topology.fabric import Domain
 from topology.nvidia_smi import TopoParseError
-from topology.agent.allocate import DEFAULT_CDI_KIND, DEFAULT_STRATEGIES, Delivery, Strategy, parse_strategies
-from topology.agent.devices import DEFAULT_SOCKET
-from topology.agent.loop import DEFAULT_RESOURCE, HealthSource, NodeError, PrintingNode, Reporter
 
 if TYPE_CHECKING:
     from topology.agent.deviceplugin import DevicePlugin

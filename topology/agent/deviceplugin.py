@@ -34,13 +34,13 @@ from typing import Any, Protocol
 
 import grpc
 
+from topology.agent import deviceplugin_v1beta1 as api
+from topology.agent.allocate import ContainerAnswer, Delivery
+from topology.agent.dir_watch import DirectoryWatch
 from topology.annotations import AnnotationKeys
 from topology.backoff import Backoff
 from topology.model import Topology
 from topology.select import Selector
-from topology.agent import deviceplugin_v1beta1 as api
-from topology.agent.allocate import ContainerAnswer, Delivery
-from topology.agent.dir_watch import DirectoryWatch
 from topology.agent.claims import (
     MAX_IDS,
     Allocation,
@@ -55,7 +55,7 @@ from topology.agent.claims import (
     read_pod,
     remember,
 )
-from topology.agent.loop import DEFAULT_RESOURCE, HealthSource
+from topology.agent.reporter import DEFAULT_RESOURCE, HealthSource
 
 log = logging.getLogger("gpu-topology-agent.deviceplugin")
 

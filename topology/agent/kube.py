@@ -24,8 +24,8 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+from topology.agent.reporter import NodeError
 from topology.api_status import status_message
-from topology.agent.loop import NodeError
 
 MERGE_PATCH = "application/merge-patch+json"
 # Clients before the OpenAPI-generator rewrite cannot choose a patch type; they send a dict as a strategic

@@ -14,8 +14,8 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from topology.api_status import status_message
 from topology.agent.kube import NodeApi, NodeApiError
+from topology.api_status import status_message
 
 log = logging.getLogger(__name__)
 

@@ -9,12 +9,12 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
-from extender.server.app import create_app
-from extender.demo.cluster import DemoCluster
 from extender.api.openapi import document
-from extender.verbs.service import ExtenderService
-from extender.cache.cluster_state import ClusterState
 from extender.api.wire import BadRequest, filter_result, parse_binding_args, parse_extender_args, prioritize_result
+from extender.cache.cluster_state import ClusterState
+from extender.demo.cluster import DemoCluster
+from extender.server.app import create_app
+from extender.verbs.service import ExtenderService
 from helpers.paths import FIXTURES
 
 

@@ -10,9 +10,9 @@ from datetime import datetime, timezone
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from extender.demo.cluster import DemoCluster
-from extender.cache.ledger import Assignment, Phase
 from extender.cache.cluster_state import ClusterState
+from extender.cache.ledger import Assignment, Phase
+from extender.demo.cluster import DemoCluster
 from topology.codec import NodeState, encode_state
 
 NODES = (("n1", "dgx-h100"), ("n2", "dgx-a100"))
@@ -45,7 +45,8 @@ def test_every_nodes_free_mask_is_what_the_ledger_gives(steps: list[tuple]) -> N
         if action == "reserve":
             uid, node, indices, phase = args
             ids = [gpu.uuid for gpu in cluster.topologies[node].gpus]
-            state.ledger.record(Assignment(uid, f"default/{uid}", node, frozenset(ids[i] for i in indices), clock[0], phase))
+            gpus = frozenset(ids[i] for i in indices)
+            state.ledger.record(Assignment(uid, f"default/{uid}", node, gpus, clock[0], phase))
         elif action == "phase":
             uid, phase = args
             entry = state.ledger.get(uid)

@@ -15,13 +15,13 @@ import kubernetes.client as k8s
 import orjson
 import pytest
 
+from extender.api.wire import BindingArgs, parse_extender_args
+from extender.cache.cluster_state import ClusterState
+from extender.cache.ledger import Phase
 from extender.demo.cluster import DemoCluster, with_uuids
 from extender.kube.client import KubernetesApi
-from extender.cache.ledger import Phase
 from extender.kube.reflector import Reflector
 from extender.verbs.service import ExtenderService
-from extender.cache.cluster_state import ClusterState
-from extender.api.wire import BindingArgs, parse_extender_args
 from helpers.kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node, make_pod, wait_until
 from topology.codec import NodeState, encode_state, encode_topology
 from topology.platforms import PLATFORMS

@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from extender.verbs.group_placement import ELSEWHERE
 from extender.api.group_request import COSCHEDULING, SCHEDULING_GROUP
-from extender.groups.sizes import GroupSizes
-from extender.cache.ledger import Phase
 from extender.api.pod_request import parse_pod
-from extender.cache.seal import Seal
-from extender.verbs.service import ExtenderService
-from extender.cache.cluster_state import ClusterState
 from extender.api.wire import BindingArgs, ExtenderArgs
+from extender.cache.cluster_state import ClusterState
+from extender.cache.ledger import Phase
+from extender.cache.seal import Seal
+from extender.groups.sizes import GroupSizes
+from extender.verbs.group_placement import ELSEWHERE
+from extender.verbs.service import ExtenderService
 from helpers.reported_nodes import ManualClock, reported_cluster
 from topology.annotations import AnnotationKeys
 

@@ -45,8 +45,8 @@ from helpers.group_scenario import (
 )
 from helpers.kube_api_server import FakeKubeApiServer, make_node, make_pod, wait_until
 
-from extender.demo.scheduler import Scheduler
 from extender.api.pod_request import DEFAULT_GPU_RESOURCE, effective_gpu_request
+from extender.demo.scheduler import Scheduler
 
 NAMESPACE = "ml"
 LABELS = tray_labels()

@@ -15,14 +15,14 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
-from extender.server.app import create_app
+from extender.cache.cluster_state import ClusterState
+from extender.cache.ledger import Phase
+from extender.cache.seal import Seal
 from extender.demo.cluster import with_uuids
 from extender.kube.client import KubernetesApi
 from extender.kube.reflector import Reflector
-from extender.cache.ledger import Phase
-from extender.cache.seal import Seal
+from extender.server.app import create_app
 from extender.verbs.service import ExtenderService
-from extender.cache.cluster_state import ClusterState
 from helpers.kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node, make_pod, wait_until
 from topology.codec import NodeState, encode_state, encode_topology
 from topology.platforms import PLATFORMS

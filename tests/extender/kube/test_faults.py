@@ -16,9 +16,9 @@ import pytest
 from helpers.extender_harness import KEYS, Extender, held_gpus, node_annotations, start
 from helpers.kube_api_server import FakeKubeApiServer, kube_server_fixture, make_node, make_pod, wait_until
 
-from extender.verbs.filter import STALE
 from extender.cache.ledger import Phase
 from extender.cache.seal import Seal
+from extender.verbs.filter import STALE
 
 __all__ = ["kube_server_fixture"]
 

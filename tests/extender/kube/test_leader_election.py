@@ -1,5 +1,5 @@
-"""Leader election on a Lease (extender.kube.leader_election), and what it gates: only the leader binds and carries the leader
-label (the Service routes to it); every replica with synced caches is ready, to serve or to take over.
+"""Leader election on a Lease (extender.kube.leader_election), and what it gates: only the leader binds and carries
+the leader label (the Service routes to it); every replica with synced caches is ready, to serve or to take over.
 
 The election rules run over the real client and the in-process API server (Leases with resourceVersion
 conflicts, as kube-apiserver keeps them), on a fake clock: no test waits for a lease to expire. The

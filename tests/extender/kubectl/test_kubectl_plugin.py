@@ -26,11 +26,11 @@ from typing import Any
 import orjson
 import pytest
 
+from extender.api.wire import BindingArgs, ExtenderArgs
+from extender.cache.cluster_state import ClusterState
 from extender.demo.cluster import DemoCluster
 from extender.kubectl.plugin import main
 from extender.verbs.service import ExtenderService
-from extender.cache.cluster_state import ClusterState
-from extender.api.wire import BindingArgs, ExtenderArgs
 from helpers.kube_api_server import FakeKubeApiServer, now_rfc3339
 from topology.cli import render
 from topology.codec import NodeState, decode_topology, encode_state

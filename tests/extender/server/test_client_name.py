@@ -11,10 +11,10 @@ from pathlib import Path
 import orjson
 import pytest
 
+from extender.cache.cluster_state import ClusterState
 from extender.demo.cluster import DemoCluster
 from extender.server.serve import ServeOptions, certificate_names
 from extender.verbs.service import ExtenderService
-from extender.cache.cluster_state import ClusterState
 from helpers.extender_server import running_server
 from helpers.pki import pki
 

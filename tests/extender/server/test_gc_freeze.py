@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from extender.server.gc_freeze import YOUNG_THRESHOLD, settle_when_synced
 from extender.cache.cluster_state import ClusterState
+from extender.server.gc_freeze import YOUNG_THRESHOLD, settle_when_synced
 
 
 @pytest.fixture

@@ -11,13 +11,13 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
-from extender.server.app import BodyTooLarge, create_app, read_body
-from extender.demo.cluster import DemoCluster
-from extender.verbs.answer_memo import Unknown
-from extender.server.serve import Limits, ServeOptions
-from extender.verbs.service import ExtenderService
-from extender.cache.cluster_state import ClusterState
 from extender.api.wire import MAX_BODY_BYTES
+from extender.cache.cluster_state import ClusterState
+from extender.demo.cluster import DemoCluster
+from extender.server.app import BodyTooLarge, create_app, read_body
+from extender.server.serve import Limits, ServeOptions
+from extender.verbs.answer_memo import Unknown
+from extender.verbs.service import ExtenderService
 from helpers.extender_server import running_server
 
 WAIT = 30.0  # only a bound for a failing test, never a measurement

@@ -11,11 +11,11 @@ import threading
 import orjson
 from fastapi.testclient import TestClient
 
-from extender.server.app import create_app
-from extender.demo.cluster import DemoCluster
-from extender.cache.ledger import Phase
-from extender.verbs.service import ExtenderService
 from extender.cache.cluster_state import ClusterState
+from extender.cache.ledger import Phase
+from extender.demo.cluster import DemoCluster
+from extender.server.app import create_app
+from extender.verbs.service import ExtenderService
 from helpers.extender_server import running_server, serving
 
 WAIT = 30.0  # only a bound for a failing test, never a measurement

@@ -4,13 +4,13 @@ On the real PCIe L40S board: GPUs 0-3 on one socket, 4-7 on the other (a full se
 
 from __future__ import annotations
 
+from extender.api.wire import BindingArgs, ExtenderArgs
+from extender.cache.cluster_state import ClusterState, NodeKey
 from extender.demo.cluster import DemoCluster
 from extender.verbs.drains import Drains
 from extender.verbs.filter import NOT_ENOUGH_FREE
 from extender.verbs.service import ExtenderService
-from extender.cache.cluster_state import ClusterState, NodeKey
 from extender.verbs.wait import WAITING
-from extender.api.wire import BindingArgs, ExtenderArgs
 from helpers.reported_nodes import ManualClock, reported_cluster
 from topology.select import Selector
 

@@ -10,12 +10,12 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
-from extender.server.app import create_app
-from extender.demo.cluster import DemoCluster
-from extender.cache.ledger import Phase
-from extender.verbs.service import ExtenderService
-from extender.cache.cluster_state import ClusterState
 from extender.api.wire import BindingArgs
+from extender.cache.cluster_state import ClusterState
+from extender.cache.ledger import Phase
+from extender.demo.cluster import DemoCluster
+from extender.server.app import create_app
+from extender.verbs.service import ExtenderService
 from topology.codec import NodeState, encode_state
 
 NODES = (("dgx-a", "dgx-h100"), ("dgx-b", "dgx-h100"), ("v100", "dgx1-v100"), ("a6000", "rtx-a6000-pairs"))

@@ -14,10 +14,10 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
-from extender.server.app import create_app
-from extender.demo.cluster import DemoCluster
-from extender.verbs.service import ExtenderService
 from extender.cache.cluster_state import ClusterState
+from extender.demo.cluster import DemoCluster
+from extender.server.app import create_app
+from extender.verbs.service import ExtenderService
 from helpers import paths
 
 BODIES = paths.FIXTURES / "kube-scheduler"

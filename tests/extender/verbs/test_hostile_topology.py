@@ -17,13 +17,13 @@ from hypothesis import strategies as st
 
 import topology.compiled as compiled_module
 import topology.select as select_module
-from extender.verbs.filter import BUDGET, filter_nodes
-from extender.verbs.answer_memo import ShapeMemo
-from extender.groups.plans import GroupPlans
-from extender.verbs.metrics import Metrics
 from extender.api.pod_request import parse_pod
-from extender.verbs.scoring import prioritize_nodes
 from extender.cache.cluster_state import MAX_DEAD_BOARDS, ClusterState
+from extender.groups.plans import GroupPlans
+from extender.verbs.answer_memo import ShapeMemo
+from extender.verbs.filter import BUDGET, filter_nodes
+from extender.verbs.metrics import Metrics
+from extender.verbs.scoring import prioritize_nodes
 from helpers.hostile_boards import bipartite, bridge_pairs, mesh, ties
 from topology.budget import WORK_BUDGET, WorkBudget
 from topology.codec import NodeState, encode_state, encode_topology

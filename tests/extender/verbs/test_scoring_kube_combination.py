@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from extender.api.pod_request import PodRequest, parse_pod
+from extender.cache.cluster_state import ClusterState
 from extender.verbs.scoring import MAX_SCORE, prioritize_nodes
 from extender.verbs.scoring.fragmentation import lost_gpus
-from extender.cache.cluster_state import ClusterState
 from helpers.reported_nodes import reported_cluster
 from helpers.paths import ROOT
 from topology.compiled import compile_topology

@@ -11,18 +11,18 @@ from typing import Any
 
 import pytest
 
-from extender.verbs.bind import BindError, Bound, begin_bind
+from extender.api.pod_request import PodRequest, parse_pod
+from extender.api.wire import BindingArgs, Victims
+from extender.cache.cluster_state import ClusterState, NodeKey, SharedKey
 from extender.demo.cluster import single_gpu, with_uuids
 from extender.demo.shared import run_shared_demo
-from extender.verbs.filter import filter_nodes
 from extender.groups.plans import GroupPlans
+from extender.verbs.bind import BindError, Bound, begin_bind
+from extender.verbs.filter import filter_nodes
 from extender.verbs.metrics import Metrics
-from extender.api.pod_request import PodRequest, parse_pod
 from extender.verbs.preempt import preempt_nodes
 from extender.verbs.scoring import prioritize_nodes
-from extender.cache.cluster_state import ClusterState, NodeKey, SharedKey
 from extender.verbs.wait import WaitClock
-from extender.api.wire import BindingArgs, Victims
 from helpers.reported_nodes import ManualClock, reported_cluster
 from topology.agent.devices import ContainerDevices, GpuIds, KubeletDevices, Unknown, observe
 from topology.codec import NodeState, encode_state, encode_topology

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from extender.cli import main
-from extender.verbs.filter import NOT_ENOUGH_FREE, filter_nodes
 from extender.api.pod_request import PodRequest, parse_pod
 from extender.cache.cluster_state import ClusterState
+from extender.cli import main
+from extender.verbs.filter import NOT_ENOUGH_FREE, filter_nodes
 from extender.verbs.wait import WAITING, WaitClock
 from topology.bounds import MAX_TOPOLOGY_WAIT_SECONDS
 from helpers.reported_nodes import ManualClock, reported_cluster

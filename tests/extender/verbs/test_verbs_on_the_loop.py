@@ -11,13 +11,13 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
+from extender.cache.cluster_state import ClusterState, NodeKey
+from extender.demo.cluster import DemoCluster
+from extender.server.app import create_app
 from extender.verbs import filter as filter_module
 from extender.verbs import scoring
-from extender.server.app import create_app
-from extender.demo.cluster import DemoCluster
 from extender.verbs.answer_memo import ON_LOOP, Inline, ShapeMemo, Unknown
 from extender.verbs.service import ExtenderService
-from extender.cache.cluster_state import ClusterState, NodeKey
 from topology.annotations import AnnotationKeys
 
 NODES = (("node-a", "dgx-h100"), ("node-b", "dgx-h100"), ("node-c", "dgx-a100"))

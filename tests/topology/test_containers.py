@@ -1,4 +1,4 @@
-"""The kubelet's per-container order and init-pool reuse (topology/split.py), and the assignment codec."""
+"""The kubelet's per-container order and init-pool reuse (topology/containers.py), and the assignment codec."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 
 from topology.assignment import AssignmentError, decode_containers, encode_containers
 from topology.compiled import bits, compile_topology
+from topology.containers import ContainerNeed, Kind, container_needs, device_count, split
 from topology.platforms import PLATFORMS
 from topology.select import Choice, Request, Selector, mask_of, ring_gbps
-from topology.split import ContainerNeed, Kind, container_needs, device_count, split
 
 GPU = "nvidia.com/gpu"
 

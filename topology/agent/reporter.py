@@ -1,7 +1,7 @@
 """The reporter's loop: observe, plan, patch, wait. No Kubernetes or gRPC here: the node and the kubelet
 come in through two small protocols, so tests drive the loop with the real edges or with fakes.
 
-Each round reads pod-resources and NVML health, plans the patch (`plan.py`) and sends it if there is one.
+Each round reads pod-resources and NVML health, plans the patch (`annotation_patch.py`) and sends it if there is one.
 Waits between rounds:
 - `interval` (default 5 s) when all went well: a change in pod-resources is published within one interval;
 - jittered exponential backoff when pod-resources is unreachable (the state is then unknown) or the API
@@ -33,13 +33,13 @@ from typing import Protocol, TextIO
 
 import orjson
 
+from topology.agent.annotation_patch import NodeAnnotations, plan
+from topology.agent.devices import DevicesUnavailable, GpuIds, KubeletDevices, Observation, Unknown, observe
 from topology.annotations import AnnotationKeys
+from topology.backoff import Backoff
 from topology.codec import CodecError, encode_topology
 from topology.fabric import Domain, describe
 from topology.model import Topology
-from topology.backoff import Backoff
-from topology.agent.devices import DevicesUnavailable, GpuIds, KubeletDevices, Observation, Unknown, observe
-from topology.agent.plan import NodeAnnotations, plan
 
 log = logging.getLogger("gpu-topology-agent")
 

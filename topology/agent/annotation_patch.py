@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from topology.agent.devices import Observation, Unknown
 from topology.annotations import AnnotationKeys
 from topology.codec import STATE_MAX_BYTES, CodecError, NodeState, decode_state, encode_state
-from topology.agent.devices import Observation, Unknown
 
 
 @dataclass(frozen=True, slots=True)
