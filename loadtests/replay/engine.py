@@ -12,6 +12,7 @@ A group's members (model.py) arrive together and are scheduled together: at its 
 them is retried, its waiting members are attempted in order until one is not placed (count alone fails the rest
 too; Kueue admits a group whole; our extender plans it whole at its first member). A member placed holds its
 GPUs while the others wait; the group runs from its last member's placement, and its members leave together.
+How long a job runs is the run-time model's to say from where it landed (runtime.py); without one, its duration.
 At one instant departures come before arrivals. The only randomness is kube-scheduler's tie-break among equal
 node scores, drawn from one `random.Random(seed)` per run, so a run is a function of (cluster, workload,
 policy, seed).
@@ -42,6 +43,8 @@ class Outcome:
     job: Job
     placed_s: float | None
     placement: Placement | None
+    run_s: float | None = None
+    """How long its job ran once started (a member: its group's run); None: never started."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,9 +159,19 @@ def groups_of(workload: Sequence[Job]) -> dict[str, tuple[int, ...]]:
     return {group: tuple(indices) for group, indices in members.items()}
 
 
+RunSeconds = Callable[[Job, Sequence[Placement]], float]
+"""How long a job runs from its start, given where it landed (a group: every member's placement)."""
+
+
+def _duration(job: Job, placements: Sequence[Placement]) -> float:
+    return job.duration_s
+
+
 def replay(nodes: Sequence[ClusterNode], workload: Sequence[Job], policy: Policy, seed: int, *,
-           samples: int = 200, progress: Callable[[int], None] | None = None) -> Run:
-    """Replay the workload on a fresh fleet; `progress` is told of each job that arrives."""
+           samples: int = 200, progress: Callable[[int], None] | None = None,
+           run_seconds: RunSeconds = _duration) -> Run:
+    """Replay the workload on a fresh fleet; `progress` is told of each job that arrives, `run_seconds` says how
+    long a job runs where it landed (runtime.RunTime.seconds; by default its duration)."""
     if any(later.submit_s < earlier.submit_s for earlier, later in zip(workload, workload[1:])):
         raise ValueError("the workload must be sorted by submit_s")
     if len({job.name for job in workload}) != len(workload):
@@ -167,6 +180,7 @@ def replay(nodes: Sequence[ClusterNode], workload: Sequence[Job], policy: Policy
     unplaced = {group: len(indices) for group, indices in members.items()}
     fleet, rng = Fleet(nodes), random.Random(seed)
     placed: list[tuple[float, Placement] | None] = [None] * len(workload)
+    ran: list[float | None] = [None] * len(workload)
     waiting: dict[int, None] = {}  # in arrival order
     attempts = [0] * len(workload)
     declined: list[tuple[float, int]] = []  # (retry due, job) for pods the policy declined
@@ -202,12 +216,18 @@ def replay(nodes: Sequence[ClusterNode], workload: Sequence[Job], policy: Policy
         """A pod runs from its placement; a group once its last member is placed, then all leave together."""
         group = workload[index].group
         if group is None:
-            heapq.heappush(departures, (now + workload[index].duration_s, index))
+            entry = placed[index]
+            assert entry is not None
+            seconds = ran[index] = run_seconds(workload[index], (entry[1],))
+            heapq.heappush(departures, (now + seconds, index))
             return
         unplaced[group] -= 1
         if not unplaced[group]:
+            placements = [entry[1] for member in members[group] if (entry := placed[member]) is not None]
+            seconds = run_seconds(workload[index], placements)
             for member in members[group]:
-                heapq.heappush(departures, (now + workload[member].duration_s, member))
+                ran[member] = seconds
+                heapq.heappush(departures, (now + seconds, member))
 
     def attempt_members(index: int, now: float) -> bool:
         """A pod on its own, or its group's waiting members in order until one is not placed; True if any was."""
@@ -282,6 +302,6 @@ def replay(nodes: Sequence[ClusterNode], workload: Sequence[Job], policy: Policy
     end = max(horizon, max((entry[0] for entry in placed if entry is not None), default=0.0))
     while waiting and declined and declined[0][0] <= end + DECLINED_TAIL_S:
         retry_declined(declined[0][0])
-    outcomes = tuple(Outcome(job, None, None) if entry is None else Outcome(job, entry[0], entry[1])
-                     for job, entry in zip(workload, placed))
+    outcomes = tuple(Outcome(job, None, None) if entry is None else Outcome(job, entry[0], entry[1], seconds)
+                     for job, entry, seconds in zip(workload, placed, ran))
     return Run(policy.name, seed, fleet.nodes, outcomes, tuple(snapshots))

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 
 from loadtests.replay.clusters import pool_capacity
 from loadtests.replay.engine import Run, groups_of
-from loadtests.replay.metrics import COMM_SHARE, job_starts, percentile
-from loadtests.replay.spans import Span, Spans, allreduce_gbps
+from loadtests.replay.metrics import job_firsts, job_starts, percentile, run_seconds
+from loadtests.replay.model import Job
+from loadtests.replay.runtime import COMM_SHARE, RunTime, slowdown
+from loadtests.replay.spans import Span
 from topology.bounds import MAX_GROUP_SIZE
 
 POD_CLASSES: tuple[tuple[int, int], ...] = ((1, 1), (2, 4), (5, 8), (9, 18), (19, MAX_GROUP_SIZE))
@@ -53,15 +55,20 @@ def class_name(low: int, high: int) -> str:
     return str(low) if low == high else f"{low}+" if high == MAX_GROUP_SIZE else f"{low}-{high}"
 
 
+def size_class(job: Job) -> str:
+    """The class of pods per job (POD_CLASSES) the job is in."""
+    return class_name(*next(bounds for bounds in POD_CLASSES if bounds[0] <= job.pods <= bounds[1]))
+
+
 def summarize_groups(run: Run, comm_share: float = COMM_SHARE) -> GroupSummary:
     if not 0 <= comm_share <= 1:
         raise ValueError(f"the communication share must be within 0..1, not {comm_share}")
-    spans = Spans(run.nodes)
+    model = RunTime(run.nodes, comm_share)
+    spans = model.spans
     outcomes = run.outcomes
     starts = job_starts(outcomes)
     members = groups_of([outcome.job for outcome in outcomes])
-    firsts = [index for index, outcome in enumerate(outcomes)
-              if outcome.job.group is None or members[outcome.job.group][0] == index]
+    firsts = job_firsts(outcomes)
     horizon = max((outcome.job.submit_s for outcome in outcomes), default=0.0)
     capacity = sum(pool_capacity(run.nodes).values())
     pending: dict[str, list[float]] = {}
@@ -70,13 +77,13 @@ def summarize_groups(run: Run, comm_share: float = COMM_SHARE) -> GroupSummary:
     started_groups = 0
     for index in firsts:
         job, start = outcomes[index].job, starts[index]
-        size = class_name(*next(bounds for bounds in POD_CLASSES if bounds[0] <= job.pods <= bounds[1]))
+        size = size_class(job)
         times = pending.setdefault(size, [])
         if start is None:
             continue
         times.append(start - job.submit_s)
         if start < horizon:
-            running += job.gpus * job.pods * (min(start + job.duration_s, horizon) - start)
+            running += job.gpus * job.pods * (min(start + run_seconds(outcomes[index]), horizon) - start)
         if job.group is None:
             continue
         started_groups += 1
@@ -87,11 +94,9 @@ def summarize_groups(run: Run, comm_share: float = COMM_SHARE) -> GroupSummary:
             if spans.holds(job, kind) >= job.pods:
                 counts[0] += 1
                 counts[1] += span <= kind
-        if math.isfinite(job.duration_s):
-            platforms = {spans.platform[node] for node in nodes}
-            best = min(allreduce_gbps(platform, spans.tightest(job)) for platform in platforms)
-            granted = min(allreduce_gbps(platform, span) for platform in platforms)
-            modelled += job.duration_s * ((1 - comm_share) + comm_share * best / granted)
+        found = model.bandwidths(job, [placement for placement in placed if placement is not None])
+        if math.isfinite(job.duration_s) and found is not None:
+            modelled += job.duration_s * slowdown(comm_share, *found)
             durations += job.duration_s
     return GroupSummary(
         policy=run.policy, jobs=len(firsts), groups=len(members), groups_started=started_groups,

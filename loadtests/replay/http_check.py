@@ -26,9 +26,8 @@ from extender.demo.mixed_pods import running_server
 from extender.verbs.filter import FilterOutcome
 from loadtests.replay.engine import Outcome, replay
 from loadtests.replay.model import ClusterNode, Job
-from loadtests.replay.policies import ExtenderPolicy
+from loadtests.replay.policies import OURS, ExtenderPolicy
 
-IN_PROCESS = "(4) ours, with delivery"
 OVER_HTTP = "(5) ours over HTTP"
 DEFAULT_SAMPLE = 200
 
@@ -123,7 +122,7 @@ class HttpCheck:
 
     def summary(self) -> str:
         verdict = "the same decisions pod for pod" if self.matches else f"{len(self.mismatches)} pods differ"
-        return (f"{OVER_HTTP} against {IN_PROCESS} on {self.jobs} jobs ({self.placed} placed, "
+        return (f"{OVER_HTTP} against {OURS} on {self.jobs} jobs ({self.placed} placed, "
                 f"{self.multi_gpu_placed} of them multi-GPU, {self.waited} after waiting, "
                 f"{self.drained} drain{'' if self.drained == 1 else 's'} begun): {verdict}")
 
@@ -143,7 +142,7 @@ def http_check(nodes: Sequence[ClusterNode], workload: Sequence[Job], seed: int,
     if sample < 1:
         raise ValueError(f"the HTTP sample needs at least one job, not {sample}")
     jobs = tuple(workload[:sample])
-    reference = ExtenderPolicy(IN_PROCESS, nodes, delivery=True)
+    reference = ExtenderPolicy(OURS, nodes, delivery=True)
     in_process = replay(nodes, jobs, reference, seed)
     with policy_over_http(nodes) as policy:
         over_http = replay(nodes, jobs, policy, seed)

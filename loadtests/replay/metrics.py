@@ -23,13 +23,12 @@ from functools import cache
 from itertools import combinations
 
 from loadtests.replay.boards import BoardKey, board, board_key
-from loadtests.replay.engine import Outcome, Run
+from loadtests.replay.engine import Outcome, Run, groups_of
+from loadtests.replay.runtime import COMM_SHARE, best_ring_gbps
 from topology.compiled import bits
 from topology.levels import Level
-from topology.select import Choice, Request, Selector, ring_gbps
+from topology.select import ring_gbps
 
-COMM_SHARE = 0.3
-"""Default share of a multi-GPU job's time spent communicating at its ring bandwidth (an assumption; set it)."""
 FRAGMENTATION_SIZES = (2, 4, 8)
 FULL = 1 - 1e-9
 """Efficiency that counts as 100% (granted and best are the same float computed two ways)."""
@@ -68,15 +67,6 @@ class PodBandwidth:
     @property
     def efficiency(self) -> float:
         return self.granted_gbps / self.best_gbps
-
-
-@cache
-def best_ring_gbps(key: BoardKey, gpus: int) -> float:
-    """The best ring a pod of this size gets on an empty node of the same board."""
-    compiled = board(key)
-    choice = Selector().select(compiled, compiled.full_mask, Request(gpus))
-    assert isinstance(choice, Choice) and choice.ring_gbps is not None, (key, gpus)
-    return choice.ring_gbps
 
 
 def pod_bandwidth(key_of: dict[str, BoardKey], outcome: Outcome) -> PodBandwidth | None:
@@ -141,6 +131,18 @@ def job_starts(outcomes: Sequence[Outcome]) -> list[float | None]:
     return [outcome.placed_s if outcome.job.group is None else last[outcome.job.group] for outcome in outcomes]
 
 
+def job_firsts(outcomes: Sequence[Outcome]) -> list[int]:
+    """Each job's first pod, by index: a pod on its own, a group's first member."""
+    members = groups_of([outcome.job for outcome in outcomes])
+    return [index for index, outcome in enumerate(outcomes)
+            if outcome.job.group is None or members[outcome.job.group][0] == index]
+
+
+def run_seconds(outcome: Outcome) -> float:
+    """How long the pod's job ran once started: the engine's run-time model's figure, else its duration."""
+    return outcome.job.duration_s if outcome.run_s is None else outcome.run_s
+
+
 def summarize(run: Run, comm_share: float = COMM_SHARE) -> Summary:
     if not 0 <= comm_share <= 1:
         raise ValueError(f"the communication share must be within 0..1, not {comm_share}")
@@ -156,7 +158,7 @@ def summarize(run: Run, comm_share: float = COMM_SHARE) -> Summary:
     held = 0.0
     for outcome, start in zip(outcomes, job_starts(outcomes)):
         if outcome.placement is not None and outcome.placed_s is not None and outcome.placed_s < horizon:
-            end = math.inf if start is None else start + outcome.job.duration_s
+            end = math.inf if start is None else start + run_seconds(outcome)
             held += len(outcome.placement.gpus) * max(0.0, min(end, horizon) - outcome.placed_s)
     finite = [(o, pod) for o, pod in multi if math.isfinite(o.job.duration_s)]
     durations = sum(o.job.duration_s for o, _ in finite)

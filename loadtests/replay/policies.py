@@ -235,6 +235,12 @@ class ExtenderPolicy(_KubeSearch):
                 keys.group_placement: self.group_placement}
 
 
+OURS = "(4) ours, with delivery"
+OURS_GROUPS_PREFERRED = "(4) ours, groups preferred"
+"""The policy a pod gets from our extender as shipped: with delivery, and for a group's members that give only
+`group` and `group-size`, preferred placement."""
+
+
 def standard_policies(nodes: Sequence[ClusterNode], topology_wait: float = TOPOLOGY_WAIT_SECONDS
                       ) -> tuple[StockPolicy | ExtenderPolicy, ...]:
     """Policies (1) to (4), each fresh: (3) and (4) hold an extender whose state must start empty; they run with
@@ -242,7 +248,7 @@ def standard_policies(nodes: Sequence[ClusterNode], topology_wait: float = TOPOL
     return (StockPolicy("(1) quantity only", DEFAULT),
             StockPolicy("(2) quantity, GPU packing", GPU_PACKING),
             ExtenderPolicy("(3) ours, scheduling only", nodes, delivery=False, topology_wait=topology_wait),
-            ExtenderPolicy("(4) ours, with delivery", nodes, delivery=True, topology_wait=topology_wait))
+            ExtenderPolicy(OURS, nodes, delivery=True, topology_wait=topology_wait))
 
 
 def group_policies(nodes: Sequence[ClusterNode], topology_wait: float = TOPOLOGY_WAIT_SECONDS

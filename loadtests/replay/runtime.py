@@ -1,0 +1,85 @@
+"""How long a job runs where it landed (issue 29): its duration scaled by the bandwidth its placement gives.
+
+A job's `duration_s` is its run time at its best placement. Where it landed it runs
+`duration_s * slowdown`, `slowdown = (1 - c) + c * best / got`: the share `c` of its time spent in all-reduce
+(`--comm-share`) stretches by how much slower its placement's all-reduce is than its best one's. `c = 0` gives
+every job its duration, as the replay did before this model. The same model applies to every policy.
+
+- A pod on its own: `got` is the ring of its GPU set on its node's board (topology.select.ring_gbps); `best` the
+  best ring of as many GPUs on an empty board of its pool. One GPU has no ring and runs its duration.
+- A group: `got` is its slowest level (spans.allreduce_gbps: inside one NVLink domain, else its leaf or spine
+  network); `best` the same at the narrowest span one empty block of which holds the whole group
+  (Spans.tightest).
+
+Why `c` defaults to 0.3: communication is 30 to 50% of an LLM training step, and measured slowdowns of spread
+placements are 1.5x to 2.35x (Gavel, V100, median 2.35x; Pollux, BERT, 1.5x to 2.2x); at 0.3 a group scattered
+over InfiniBand instead of one NVL72 domain (85 against 811 GB/s) runs 3.6x its duration. Pollux's simulator
+models step times by placement in the same way; Tiresias's and Gavel's ignore placement.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import cache
+
+from loadtests.replay.boards import BoardKey, board, board_key
+from loadtests.replay.engine import Placement
+from loadtests.replay.model import ClusterNode, Job
+from loadtests.replay.spans import Spans, allreduce_gbps
+from topology.select import Choice, Request, Selector, ring_gbps
+
+COMM_SHARE = 0.3
+"""Default share of a job's time at its best placement spent in all-reduce (an assumption; set it)."""
+
+
+@cache
+def best_ring_gbps(key: BoardKey, gpus: int) -> float:
+    """The best ring a pod of this size gets on an empty node of the same board."""
+    compiled = board(key)
+    choice = Selector().select(compiled, compiled.full_mask, Request(gpus))
+    assert isinstance(choice, Choice) and choice.ring_gbps is not None, (key, gpus)
+    return choice.ring_gbps
+
+
+def slowdown(comm_share: float, best_gbps: float, got_gbps: float) -> float:
+    """(1 - c) + c * best / got; a placement with no bandwidth at all never finishes."""
+    if got_gbps <= 0:
+        return math.inf
+    return (1 - comm_share) + comm_share * best_gbps / got_gbps
+
+
+class RunTime:
+    """The run-time model of one fleet: `seconds(job, placements)` for the engine, `bandwidths` for the metrics."""
+
+    def __init__(self, nodes: Sequence[ClusterNode], comm_share: float = COMM_SHARE) -> None:
+        if not 0 <= comm_share <= 1:
+            raise ValueError(f"the communication share must be within 0..1, not {comm_share}")
+        self.comm_share = comm_share
+        self.spans = Spans(nodes)
+        self._key = {node.name: board_key(node) for node in nodes}
+        self._pool_keys: dict[str | None, frozenset[BoardKey]] = {None: frozenset(self._key.values())}
+        for node in nodes:
+            self._pool_keys[node.gpu_model] = self._pool_keys.get(node.gpu_model, frozenset()) | {self._key[node.name]}
+
+    def bandwidths(self, job: Job, placements: Sequence[Placement]) -> tuple[float, float] | None:
+        """(best, got) all-reduce bandwidth of the job where it landed; None where it does not communicate (one
+        GPU on its own)."""
+        if job.group is not None:
+            nodes = [placement.node for placement in placements]
+            platforms = {self.spans.platform[node] for node in nodes}
+            best = min(allreduce_gbps(platform, self.spans.tightest(job)) for platform in platforms)
+            return best, min(allreduce_gbps(platform, self.spans.span_of(nodes)) for platform in platforms)
+        (placement,) = placements
+        if len(placement.gpus) < 2:
+            return None
+        best = max(best_ring_gbps(key, len(placement.gpus)) for key in self._pool_keys.get(job.gpu_model, ())
+                   if board(key).size >= len(placement.gpus))
+        return best, ring_gbps(board(self._key[placement.node]), placement.gpus) or 0.0
+
+    def seconds(self, job: Job, placements: Sequence[Placement]) -> float:
+        """How long the job runs from its start where it landed: a group's members, once all are placed."""
+        if self.comm_share == 0 or not math.isfinite(job.duration_s):
+            return job.duration_s
+        found = self.bandwidths(job, placements)
+        return job.duration_s if found is None else job.duration_s * slowdown(self.comm_share, *found)
