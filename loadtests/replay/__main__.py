@@ -6,6 +6,7 @@
     python -m loadtests.replay --cluster mixed --workload inflation
     python -m loadtests.replay --cluster mixed --workload jobs.csv   # submit_time_s,duration_s,num_gpus[,gpu_model]
     python -m loadtests.replay --cluster nvl72 --workload jobs.csv --load 0.85 --json   # [,num_pods][,gpu_model]
+                                                          # [,time_limit_s]
 
 The mixed and Alibaba fleets compare policies (1)-(4); the nvl72 fleet (GB200 NVL72 racks beside HGX H100 nodes,
 under leaf and spine labels) compares (1), (6) Kueue-like and (4) with groups required and preferred on
@@ -43,6 +44,7 @@ from loadtests.replay.plots import write_group_plots, write_plots
 from loadtests.replay.policies import OURS, OURS_GROUPS_PREFERRED, group_policies, standard_policies
 from loadtests.replay.report import group_table, markdown_table
 from loadtests.replay.runtime import COMM_SHARE, RunTime
+from loadtests.replay.slurm_like import limits_note
 from loadtests.replay.workloads import (TRACE_GPU_MIX, alibaba_trace, at_load, describe, inflation, parse_gpu_mix,
                                         read_csv, synthetic, unplaceable)
 from topology.bounds import MAX_TOPOLOGY_WAIT_SECONDS
@@ -159,7 +161,8 @@ def _load(args: argparse.Namespace) -> float | None:
 def _header(args: argparse.Namespace, cluster: Sequence[ClusterNode], jobs: Sequence[Job]) -> dict[str, object]:
     return {"cluster": args.cluster, "workload": args.workload, "load": _load(args), "comm_share": args.comm_share,
             "topology_wait": args.topology_wait, "jobs": describe(jobs),
-            "default_policy": OURS_GROUPS_PREFERRED if args.cluster == "nvl72" else OURS}
+            "default_policy": OURS_GROUPS_PREFERRED if args.cluster == "nvl72" else OURS,
+            **({"time_limits": limits_note(jobs)} if args.cluster == "nvl72" else {})}
 
 
 def _runs(args: argparse.Namespace, cluster: Sequence[ClusterNode], jobs: Sequence[Job], seed: int) -> list[Run]:

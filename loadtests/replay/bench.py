@@ -227,17 +227,20 @@ def acceptance(summaries: Sequence[Summary]) -> str:
 
 def group_acceptance(groups: Sequence[GroupSummary]) -> str:
     """Issue 17's target: (4) with required placement puts >= 99 % of the groups that fit one NVLink domain into
-    one; its GPU utilization and p95 pending are set beside (1)'s and (6)'s, and (4) preferred is named too."""
-    one, kueue, ours, preferred = groups
+    one; its GPU utilization and p95 pending are set beside (1)'s, (6)'s and (7)'s, and (4) preferred is named
+    too."""
+    one, kueue, slurm, ours, preferred = groups
     met = ours.groups_in_one_domain_share >= 0.99
-    classes = ", ".join(f"{name}: {_seconds(ours, name)} against {_seconds(one, name)} (1) and "
-                        f"{_seconds(kueue, name)} (6)" for name in ours.pending_p95_s_by_pods)
+    classes = ", ".join(f"{name}: {_seconds(ours, name)} against {_seconds(one, name)} (1), "
+                        f"{_seconds(kueue, name)} (6) and {_seconds(slurm, name)} (7)"
+                        for name in ours.pending_p95_s_by_pods)
     return (f"{ours.policy} puts {percent(ours.groups_in_one_domain_share)} of the "
             f"{ours.groups_fitting_one_domain:,} started groups that fit one NVLink domain into one (target >= 99%: "
             f"{'met' if met else 'not met'}); {preferred.policy} {percent(preferred.groups_in_one_domain_share)}, "
-            f"(1) {percent(one.groups_in_one_domain_share)}, (6) {percent(kueue.groups_in_one_domain_share)}. "
-            f"GPU utilization of running jobs {percent(ours.gpu_utilization_running)} against "
-            f"{percent(one.gpu_utilization_running)} (1) and {percent(kueue.gpu_utilization_running)} (6); p95 "
+            f"(1) {percent(one.groups_in_one_domain_share)}, (6) {percent(kueue.groups_in_one_domain_share)}, "
+            f"(7) {percent(slurm.groups_in_one_domain_share)}. GPU utilization of running jobs "
+            f"{percent(ours.gpu_utilization_running)} against {percent(one.gpu_utilization_running)} (1), "
+            f"{percent(kueue.gpu_utilization_running)} (6) and {percent(slurm.gpu_utilization_running)} (7); p95 "
             f"pending by pods per job, {classes}.")
 
 

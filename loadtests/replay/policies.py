@@ -16,8 +16,9 @@ For multi-node jobs (a labelled fleet, spans.py) the replay compares: (1), whose
 member on its own; (6) Kueue-like, which admits a group whole into the best-fit block of the narrowest span
 that could hold it, or keeps it waiting (kueue_tas.py), and leaves the GPUs to the stock device plugin; and
 (4), whose members carry the group annotations (DESIGN §10), asking that span with required or preferred
-placement, and meet an extender that knows the fleet's topology levels. Pods on their own go through (6) as
-through (1): Kueue hands them to kube-scheduler.
+placement, and meet an extender that knows the fleet's topology levels; and (7) Slurm-like, EASY backfill with
+topology/block placement in segments (slurm_like.py). Pods on their own go through (6) as through (1): Kueue hands
+them to kube-scheduler.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from functools import cache
 from typing import Any
 
 from extender.api.group_request import NVLINK_DOMAIN
@@ -34,39 +34,19 @@ from extender.cache.cluster_state import ClusterState
 from extender.demo.cluster import DemoCluster
 from extender.verbs.service import ExtenderService
 from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS
-from loadtests.gpuallocator_baseline import DGX1V_HIDDEN_PCIE, BestEffortBaseline
 from loadtests.replay.boards import BoardKey, board_key, board_topology
 from loadtests.replay.engine import Fleet, Placement
 from loadtests.replay.kube_scores import (DEFAULT, GPU_PACKING, Profile, feasible_nodes_to_find, score_gpu_node,
                                           select_host, shipped_profile)
+from loadtests.replay.device_plugin import stock_device_plugin
 from loadtests.replay.kueue_tas import assign
 from loadtests.replay.model import LEAF_LABEL, SPINE_LABEL, TOPOLOGY_LEVELS, ClusterNode, Job
+from loadtests.replay.slurm_like import SlurmLikePolicy
 from loadtests.replay.spans import Span, Spans
-from topology.compiled import bits
 
 NAMESPACE = "default"
 EPOCH = 1_800_000_000.0
 """The wall-clock instant of the replay's time 0, for the extender, the agents and pods' creationTimestamp."""
-
-
-@cache
-def _baseline(key: BoardKey) -> BestEffortBaseline:
-    """go-gpuallocator's pair scores for a board; the DGX-1's with the PCIe levels NVML gives its NVLink pairs."""
-    platform, installed = key
-    position = {gpu: at for at, gpu in enumerate(installed)}
-    hidden = {(position[i], position[j]): level for (i, j), level in DGX1V_HIDDEN_PCIE.items()
-              if i in position and j in position} if platform == "dgx1-v100" else None
-    return BestEffortBaseline(board_topology(key), hidden)
-
-
-@cache
-def stock_device_plugin(key: BoardKey, free: int, count: int) -> tuple[int, ...]:
-    """The GPUs the kubelet gives a container through NVIDIA's device plugin: go-gpuallocator's preferred set,
-    then, as the kubelet does where the preference falls short (a padded set, PR #80), the lowest free ones."""
-    available = bits(free)
-    preferred = _baseline(key).search(available, count).gpus or ()
-    rest = [gpu for gpu in available if gpu not in preferred]
-    return tuple(sorted((*preferred, *rest[:count - len(preferred)])))
 
 
 def _kube_totals(profile: Profile, job: Job, fleet: Fleet, names: Sequence[str],
@@ -252,13 +232,14 @@ def standard_policies(nodes: Sequence[ClusterNode], topology_wait: float = TOPOL
 
 
 def group_policies(nodes: Sequence[ClusterNode], topology_wait: float = TOPOLOGY_WAIT_SECONDS
-                   ) -> tuple[StockPolicy | ExtenderPolicy, ...]:
-    """The policies for multi-node jobs on a labelled fleet, each fresh: (1), (6), and (4), our extender with the
-    fleet's topology levels and --topology-wait, once with members asking `required` placement (a group waits
+                   ) -> tuple[StockPolicy | SlurmLikePolicy | ExtenderPolicy, ...]:
+    """The policies for multi-node jobs on a labelled fleet, each fresh: (1), (6), (7), and (4), our extender with
+    the fleet's topology levels and --topology-wait, once with members asking `required` placement (a group waits
     for a domain of its span) and once `preferred`, the extender's default (after the wait it takes a wider span,
     then places members one by one)."""
     return (StockPolicy("(1) quantity only", DEFAULT),
             KueueLikePolicy("(6) Kueue-like, best-fit block", nodes),
+            SlurmLikePolicy("(7) Slurm-like, EASY backfill, topology/block", nodes),
             *(ExtenderPolicy(f"(4) ours, groups {placement}", nodes, delivery=True, topology_wait=topology_wait,
                              topology_levels=TOPOLOGY_LEVELS, group_placement=placement)
               for placement in ("required", "preferred")))

@@ -210,8 +210,8 @@ def inflation(base: Sequence[Job], cluster: Sequence[ClusterNode], seed: int = 0
 
 
 CSV_COLUMNS = ("submit_time_s", "duration_s", "num_gpus")
-CSV_OPTIONAL = ("num_pods", "gpu_model")
-CSV_HEADER = f"{','.join(CSV_COLUMNS)}[,num_pods][,gpu_model]"
+CSV_OPTIONAL = ("num_pods", "gpu_model", "time_limit_s")
+CSV_HEADER = f"{','.join(CSV_COLUMNS)}[,num_pods][,gpu_model][,time_limit_s]"
 CSV_MAX_BYTES = 64 << 20
 CSV_MAX_ROWS = 1_000_000
 CSV_MAX_PODS = 1_000_000
@@ -225,10 +225,10 @@ LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)")
 
 
 def read_csv(path: Path) -> tuple[Job, ...]:
-    """A user's job list, `submit_time_s,duration_s,num_gpus` then `num_pods` and `gpu_model` if wanted, in
-    either order, with that header, checked row by row; the first problem is one line naming the file and line.
-    A row of `num_pods` > 1 is a multi-node job: that many pods of `num_gpus` each (model.py). Jobs are sorted
-    by submit time, ties in file order."""
+    """A user's job list, `submit_time_s,duration_s,num_gpus` then `num_pods`, `gpu_model` and `time_limit_s` if
+    wanted, in any order, with that header, checked row by row; the first problem is one line naming the file and
+    line. A row of `num_pods` > 1 is a multi-node job: that many pods of `num_gpus` each (model.py). Jobs are
+    sorted by submit time, ties in file order."""
     try:
         size = os.stat(path).st_size
     except OSError as error:
@@ -245,7 +245,7 @@ def read_csv(path: Path) -> tuple[Job, ...]:
     header = tuple(cell.strip() for cell in rows[0])
     extra = header[len(CSV_COLUMNS):]
     if header[:len(CSV_COLUMNS)] != CSV_COLUMNS or len(set(extra)) != len(extra) or not set(extra) <= set(CSV_OPTIONAL):
-        raise ValueError(f"{path}:1: header {','.join(header)!r}; expected {CSV_HEADER} (those two in either order)")
+        raise ValueError(f"{path}:1: header {','.join(header)!r}; expected {CSV_HEADER} (those in any order)")
     if len(rows) - 1 > CSV_MAX_ROWS:
         raise ValueError(f"{path}: {len(rows) - 1} jobs, more than the {CSV_MAX_ROWS} allowed")
     if len(rows) == 1:
@@ -266,13 +266,14 @@ def _csv_jobs(row: list[str], header: tuple[str, ...], path: Path, line: int) ->
     gpus = _count(cells["num_gpus"], "num_gpus", MAX_GPUS, where)
     pods = _count(cells.get("num_pods") or "1", "num_pods", MAX_GROUP_SIZE, where)
     model = cells.get("gpu_model") or None
+    limit = _seconds(cells["time_limit_s"], "time_limit_s", where, zero_ok=False) if cells.get("time_limit_s") else None
     if model is not None and not LABEL_VALUE.fullmatch(model):
         raise ValueError(f"{where}: gpu_model {model[:80]!r} is not a label value "
                          "(1-63 of A-Z a-z 0-9 - _ ., alphanumeric at both ends)")
     if pods == 1:
-        return (Job(f"csv-{line}", submit, duration, gpus, model),)
-    return tuple(Job(f"csv-{line}-{member}", submit, duration, gpus, model, group=f"csv-{line}", pods=pods)
-                 for member in range(pods))
+        return (Job(f"csv-{line}", submit, duration, gpus, model, time_limit_s=limit),)
+    return tuple(Job(f"csv-{line}-{member}", submit, duration, gpus, model, group=f"csv-{line}", pods=pods,
+                     time_limit_s=limit) for member in range(pods))
 
 
 def _count(cell: str, column: str, most: int, where: str) -> int:

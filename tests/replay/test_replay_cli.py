@@ -77,8 +77,10 @@ def test_the_nvl72_fleet_takes_a_multi_node_csv_rescaled_to_a_load(tmp_path: Pat
     result = json.loads(capsys.readouterr().out)
     assert result["load"] == 0.85 and "in 40 multi-node jobs" in result["jobs"]
     policies = result["policies"]
-    assert list(policies) == ["(1) quantity only", "(6) Kueue-like, best-fit block", "(4) ours, groups required",
+    assert list(policies) == ["(1) quantity only", "(6) Kueue-like, best-fit block",
+                              "(7) Slurm-like, EASY backfill, topology/block", "(4) ours, groups required",
                               "(4) ours, groups preferred"]
+    assert result["time_limits"] == "duration x U(1, 3) per job"
     for metrics in policies.values():
         assert metrics["groups"] == 40 and metrics["groups_started"] == 40
         assert set(metrics["pending_p95_s_by_pods"]) == {"1", "2-4", "5-8", "9-18"}

@@ -11,7 +11,8 @@ from loadtests.gpuallocator_baseline import PCIE_LINK_SCORE, pcie_level
 from loadtests.replay.engine import replay
 from loadtests.replay.kube_scores import DEFAULT, GPU_PACKING
 from loadtests.replay.model import ClusterNode, Job
-from loadtests.replay.policies import ExtenderPolicy, StockPolicy, _baseline, standard_policies
+from loadtests.replay.device_plugin import gpuallocator
+from loadtests.replay.policies import ExtenderPolicy, StockPolicy, standard_policies
 from topology.compiled import compile_topology
 from topology.platforms import PLATFORMS
 from topology.select import ring_gbps
@@ -41,7 +42,7 @@ def test_quantity_only_reproduces_go_gpuallocator_on_the_dgx1(size: int, expecte
 def test_quantity_only_is_blind_to_the_nvswitch_of_a_dgx_h100() -> None:
     topology = PLATFORMS["dgx-h100"].topology()
     assert topology.nvswitch and all(topology.nvlink_count(i, j) == 18 for i, j in topology.pairs())
-    scores = _baseline(("dgx-h100", tuple(range(8)))).scores
+    scores = gpuallocator(("dgx-h100", tuple(range(8)))).scores
     # Eighteen NVLinks on every pair, and the pair scores hold only the PCIe term: NODE within a socket, SYS across.
     assert all(scores[i][j] == PCIE_LINK_SCORE[pcie_level(topology, i, j)] for i, j in topology.pairs())
     got = _placements([H100], [Job(f"p{i}", i, INF, 2) for i in range(4)], StockPolicy("quantity", DEFAULT))

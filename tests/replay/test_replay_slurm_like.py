@@ -1,0 +1,88 @@
+"""Policy (7), Slurm-like (issue 29, item 3): EASY backfill by time limits, and topology/block segments, on GB200
+NVL72 racks through the replay engine."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from loadtests.replay.clusters import nvl72_fleet
+from loadtests.replay.engine import Fleet, Placement, replay
+from loadtests.replay.model import Job
+from loadtests.replay.slurm_like import SlurmLikePolicy, limits_note, segment_pods, time_limit
+
+ONE_RACK = nvl72_fleet(racks=1, racks_per_leaf=1, hgx_leaves=0)
+TWO_RACKS = nvl72_fleet(racks=2, racks_per_leaf=2, hgx_leaves=0)
+
+
+def _gang(name: str, at: float, duration: float, trays: int, limit: float | None = None) -> list[Job]:
+    if trays == 1:
+        return [Job(name, at, duration, 4, "GB200", time_limit_s=limit)]
+    return [Job(f"{name}-{i}", at, duration, 4, "GB200", group=name, pods=trays, time_limit_s=limit)
+            for i in range(trays)]
+
+
+def _placed(nodes, jobs):  # type: ignore[no-untyped-def]
+    run = replay(nodes, jobs, SlurmLikePolicy("slurm", nodes), 1)
+    return {outcome.job.group or outcome.job.name: outcome for outcome in run.outcomes}
+
+
+def test_segments_follow_nvidias_guidance_down_to_a_divisor_of_the_nodes() -> None:
+    assert segment_pods(_gang("big", 0, 1, 32)[0]) == 16  # 128 GPUs
+    assert segment_pods(_gang("mid", 0, 1, 8)[0]) == 4  # 32 GPUs
+    assert segment_pods(_gang("odd", 0, 1, 18)[0]) == 3  # 72 GPUs: 4 does not divide 18 trays
+    assert segment_pods(_gang("small", 0, 1, 4)[0]) == 1  # 16 GPUs
+
+
+def test_a_time_limit_is_stated_or_drawn_from_one_to_three_durations() -> None:
+    stated, drawn = _gang("s", 0, 100, 1, limit=250)[0], _gang("d", 0, 100, 1)[0]
+    assert time_limit(stated) == 250
+    assert 100 <= time_limit(drawn) <= 300 and time_limit(drawn) == time_limit(_gang("d", 5, 100, 1)[0])
+    assert limits_note([stated]) == "as stated" and limits_note([drawn]).startswith("duration x U(1, 3)")
+    assert limits_note([stated, drawn]).startswith("as stated, else")
+
+
+def test_a_short_job_backfills_before_the_head_and_a_long_one_waits_behind_it() -> None:
+    """A holds 10 trays until 100 s (its limit). B, the whole rack, is the head: reserved from 100 s. C ends by
+    its limit before then and starts at once; D would not, and every tray is B's, so D waits for B."""
+    jobs = [*_gang("A", 0, 100, 10, limit=100), *_gang("B", 1, 50, 18, limit=50), *_gang("C", 2, 40, 1, limit=50),
+            *_gang("D", 3, 40, 1, limit=500)]
+    got = _placed(ONE_RACK, jobs)
+    assert got["A"].placed_s == 0 and got["C"].placed_s == 2
+    assert got["B"].placed_s == 100
+    assert got["D"].placed_s == 150
+
+
+def test_without_a_reservation_to_keep_a_job_takes_free_nodes_at_once() -> None:
+    jobs = [*_gang("A", 0, 100, 10, limit=100), *_gang("E", 1, 400, 4, limit=900)]
+    assert _placed(ONE_RACK, jobs)["E"].placed_s == 1  # no one waits: nothing to protect
+
+
+def test_a_gang_goes_whole_into_the_rack_it_fills_best_and_its_segments_never_straddle() -> None:
+    policy = SlurmLikePolicy("slurm", TWO_RACKS)
+    fleet = Fleet(TWO_RACKS)
+    first = [node.name for node in TWO_RACKS if node.name.startswith("gb200-r1-")]
+    for name in first[:10]:  # rack 1 has 8 trays free, rack 2 all 18
+        fleet.take(Placement(name, (0, 1, 2, 3)))
+    eight = _gang("eight", 0, 10, 8)  # 32 GPUs: segments of 4; rack 1 holds them with nothing left over
+    nodes = [policy.place(member, fleet, random.Random(1), 0).node for member in eight]  # type: ignore[union-attr]
+    assert sorted(nodes) == first[10:]
+    policy = SlurmLikePolicy("slurm", TWO_RACKS)
+    twenty = _gang("twenty", 0, 10, 20)  # 80 GPUs: 5 segments of 4, more than one rack's 4 (rack 2) + 2 (rack 1)
+    chosen = [policy.place(member, fleet, random.Random(1), 0) for member in twenty]
+    assert all(placement is not None for placement in chosen)
+    racks = [placement.node.split("-")[1] for placement in chosen]  # type: ignore[union-attr]
+    assert sorted(racks.count(rack) for rack in set(racks)) == [4, 16]
+    assert all(len(set(racks[at:at + 4])) == 1 for at in range(0, 20, 4))  # each segment in one rack
+
+
+@pytest.mark.parametrize("limit", [None, 1.0])
+def test_every_job_runs_and_no_gpu_is_given_twice(limit: float | None) -> None:
+    """A busy mix on two racks: the engine refuses a placement of a GPU that is not free, so a run is proof."""
+    jobs: list[Job] = []
+    for i in range(60):
+        trays = (1, 2, 4, 8, 12, 18)[i % 6]
+        jobs += _gang(f"j{i}", 7 * i, 60 + 13 * i % 300, trays, None if limit is None else 60 + 13 * i % 300)
+    got = _placed(TWO_RACKS, jobs)
+    assert all(outcome.placed_s is not None for outcome in got.values())
