@@ -25,13 +25,7 @@ from extender.cache.node_view import REFUSED, Key, NodeKey, NodeView, SharedKey
 from extender.cache.seal import Seal
 from topology.annotations import AnnotationKeys
 from topology.assignment import AssignmentError, decode_containers
-from topology.codec import (
-    CodecError,
-    StateAheadError,
-    check_state,
-    decode_state,
-    decode_topology,
-)
+from topology.codec import CodecError, StateAheadError, check_state, decode_state, decode_topology
 from topology.compiled import CompiledTopology, compile_topology
 from topology.fabric import CLIQUE_LABEL, reconcile
 from topology.sharing import combine, from_labels
