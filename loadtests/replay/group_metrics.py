@@ -3,6 +3,8 @@
 A job is a pod on its own or a group (model.py); a group is started once its last member is placed.
 - groups_in_one_domain_share: of the started groups whose size fits one NVLink domain (one empty domain of their
   pool holds all their members), those whose members all sit in one. The same for one leaf block.
+- segments_intact_share: of the started groups each of whose segments (`Job.segment_pods` consecutive members,
+  else the whole group) fits one NVLink domain, those whose every segment sits in one.
 - GPU utilization of running jobs: GPU-seconds of started jobs within [0, last arrival] over all GPUs times that
   span. metrics.Summary.gpu_utilization counts what is held, and a member holds its GPUs from its own placement,
   running or not; the gap is what partly placed groups hold while they wait.
@@ -41,6 +43,9 @@ class GroupSummary:
     groups_fitting_one_domain: int
     """Started groups whose size fits one NVLink domain: the denominator of the share below."""
     groups_in_one_domain_share: float
+    groups_whose_segments_fit: int
+    """Started groups each of whose segments fits one NVLink domain: the denominator of the share below."""
+    segments_intact_share: float
     groups_fitting_one_leaf: int
     groups_in_one_leaf_share: float
     gpu_utilization_running: float
@@ -73,6 +78,7 @@ def summarize_groups(run: Run, comm_share: float = COMM_SHARE) -> GroupSummary:
     capacity = sum(pool_capacity(run.nodes).values())
     pending: dict[str, list[float]] = {}
     fits = {Span.DOMAIN: [0, 0], Span.LEAF: [0, 0]}  # span -> [groups that fit one, of them in one]
+    segments = [0, 0]  # [groups whose segments fit one domain each, of them with every segment in one]
     running = modelled = durations = 0.0
     started_groups = 0
     for index in firsts:
@@ -94,6 +100,11 @@ def summarize_groups(run: Run, comm_share: float = COMM_SHARE) -> GroupSummary:
             if spans.holds(job, kind) >= job.pods:
                 counts[0] += 1
                 counts[1] += span <= kind
+        segment = job.segment_pods or job.pods
+        if spans.holds(job, Span.DOMAIN) >= segment:
+            segments[0] += 1
+            segments[1] += all(spans.span_of(nodes[at:at + segment]) is Span.DOMAIN
+                               for at in range(0, len(nodes), segment))
         found = model.bandwidths(job, [placement for placement in placed if placement is not None])
         if math.isfinite(job.duration_s) and found is not None:
             modelled += job.duration_s * slowdown(comm_share, *found)
@@ -102,6 +113,7 @@ def summarize_groups(run: Run, comm_share: float = COMM_SHARE) -> GroupSummary:
         policy=run.policy, jobs=len(firsts), groups=len(members), groups_started=started_groups,
         groups_fitting_one_domain=fits[Span.DOMAIN][0],
         groups_in_one_domain_share=_share(*fits[Span.DOMAIN]),
+        groups_whose_segments_fit=segments[0], segments_intact_share=_share(*segments),
         groups_fitting_one_leaf=fits[Span.LEAF][0], groups_in_one_leaf_share=_share(*fits[Span.LEAF]),
         gpu_utilization_running=running / (capacity * horizon) if capacity and horizon else math.nan,
         pending_p95_s_by_pods={name: percentile(pending[name], 0.95) for name in

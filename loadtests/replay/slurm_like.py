@@ -4,8 +4,8 @@ Slurm is the incumbent on GB200 NVL72 (its topology/block plugin was built with 
 - **Blocks and segments.** A block is an NVLink domain of several nodes (an NVL72 rack); a node in none is in the
   block of its leaf. A job of several nodes runs in segments of `segment_pods(job)` nodes, each segment inside one
   block (`--segment`), in as few blocks as it can: best fit, the block that leaves the fewest free slots, first.
-  NVIDIA's guidance sets the segment: 16 trays for jobs of 128 GPUs or more, 4 for 32 or more, else 1 (no
-  constraint), taken down to a divisor of the job's node count, as Slurm requires one.
+  The segment is the job's own (`segment_pods`), else NVIDIA's guidance: 16 trays for jobs of 128 GPUs or more,
+  4 for 32 or more, else 1 (no constraint), taken down to a divisor of the job's node count, as Slurm requires.
 - **EASY backfill** (sched/backfill with one reservation). The waiting job that arrived first (the head) reserves
   the earliest start the running jobs' time limits promise it, and the nodes it would take then. Another job
   starts now only if it fits now and either ends, by its own time limit, before that start, or takes none of the
@@ -51,7 +51,10 @@ def limits_note(jobs: Sequence[Job]) -> str:
 
 
 def segment_pods(job: Job) -> int:
-    """Nodes per segment: NVIDIA's guidance for the job's GPUs, down to a divisor of its node count."""
+    """Nodes per segment: as the job declares (`--segment`), else NVIDIA's guidance for its GPUs, down to a divisor
+    of its node count."""
+    if job.segment_pods is not None:
+        return job.segment_pods
     wanted = next((pods for gpus, pods in SEGMENTS if job.gpus * job.pods >= gpus), 1)
     return max(size for size in range(1, min(wanted, job.pods) + 1) if job.pods % size == 0)
 

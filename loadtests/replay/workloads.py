@@ -210,8 +210,8 @@ def inflation(base: Sequence[Job], cluster: Sequence[ClusterNode], seed: int = 0
 
 
 CSV_COLUMNS = ("submit_time_s", "duration_s", "num_gpus")
-CSV_OPTIONAL = ("num_pods", "gpu_model", "time_limit_s")
-CSV_HEADER = f"{','.join(CSV_COLUMNS)}[,num_pods][,gpu_model][,time_limit_s]"
+CSV_OPTIONAL = ("num_pods", "gpu_model", "time_limit_s", "segment_pods")
+CSV_HEADER = f"{','.join(CSV_COLUMNS)}[,num_pods][,gpu_model][,time_limit_s][,segment_pods]"
 CSV_MAX_BYTES = 64 << 20
 CSV_MAX_ROWS = 1_000_000
 CSV_MAX_PODS = 1_000_000
@@ -225,10 +225,11 @@ LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)")
 
 
 def read_csv(path: Path) -> tuple[Job, ...]:
-    """A user's job list, `submit_time_s,duration_s,num_gpus` then `num_pods`, `gpu_model` and `time_limit_s` if
-    wanted, in any order, with that header, checked row by row; the first problem is one line naming the file and
-    line. A row of `num_pods` > 1 is a multi-node job: that many pods of `num_gpus` each (model.py). Jobs are
-    sorted by submit time, ties in file order."""
+    """A user's job list, `submit_time_s,duration_s,num_gpus` then `num_pods`, `gpu_model`, `time_limit_s` and
+    `segment_pods` if wanted, in any order, with that header, checked row by row; the first problem is one line
+    naming the file and line. A row of `num_pods` > 1 is a multi-node job: that many pods of `num_gpus` each
+    (model.py), in segments of `segment_pods` if given (a divisor of `num_pods`, as Slurm's `--segment` must be).
+    Jobs are sorted by submit time, ties in file order."""
     try:
         size = os.stat(path).st_size
     except OSError as error:
@@ -270,10 +271,13 @@ def _csv_jobs(row: list[str], header: tuple[str, ...], path: Path, line: int) ->
     if model is not None and not LABEL_VALUE.fullmatch(model):
         raise ValueError(f"{where}: gpu_model {model[:80]!r} is not a label value "
                          "(1-63 of A-Z a-z 0-9 - _ ., alphanumeric at both ends)")
+    segment = _count(cells["segment_pods"], "segment_pods", pods, where) if cells.get("segment_pods") else None
+    if segment is not None and pods % segment:
+        raise ValueError(f"{where}: segment_pods {segment} does not divide num_pods {pods}")
     if pods == 1:
         return (Job(f"csv-{line}", submit, duration, gpus, model, time_limit_s=limit),)
     return tuple(Job(f"csv-{line}-{member}", submit, duration, gpus, model, group=f"csv-{line}", pods=pods,
-                     time_limit_s=limit) for member in range(pods))
+                     segment_pods=segment, time_limit_s=limit) for member in range(pods))
 
 
 def _count(cell: str, column: str, most: int, where: str) -> int:

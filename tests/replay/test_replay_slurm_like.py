@@ -1,16 +1,20 @@
 """Policy (7), Slurm-like (issue 29, item 3): EASY backfill by time limits, and topology/block segments, on GB200
-NVL72 racks through the replay engine."""
+NVL72 racks through the replay engine; segments a workload declares, and the share of them kept whole."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from loadtests.replay.clusters import nvl72_fleet
-from loadtests.replay.engine import Fleet, Placement, replay
+from loadtests.replay.engine import Fleet, Outcome, Placement, Run, replay
+from loadtests.replay.group_metrics import summarize_groups
 from loadtests.replay.model import Job
 from loadtests.replay.slurm_like import SlurmLikePolicy, limits_note, segment_pods, time_limit
+from loadtests.replay.workloads import read_csv
 
 ONE_RACK = nvl72_fleet(racks=1, racks_per_leaf=1, hgx_leaves=0)
 TWO_RACKS = nvl72_fleet(racks=2, racks_per_leaf=2, hgx_leaves=0)
@@ -86,3 +90,37 @@ def test_every_job_runs_and_no_gpu_is_given_twice(limit: float | None) -> None:
         jobs += _gang(f"j{i}", 7 * i, 60 + 13 * i % 300, trays, None if limit is None else 60 + 13 * i % 300)
     got = _placed(TWO_RACKS, jobs)
     assert all(outcome.placed_s is not None for outcome in got.values())
+
+
+def test_a_declared_segment_holds_slurm_to_it_and_the_share_counts_segments_kept_whole() -> None:
+    """Two racks with 6 trays free each: 8 trays in segments of 4 fit across them; declared as one segment of 8,
+    the job waits, as Slurm's --segment=8 would."""
+    fleet = Fleet(TWO_RACKS)
+    for rack in ("r1", "r2"):
+        for name in [node.name for node in TWO_RACKS if node.name.startswith(f"gb200-{rack}-")][:12]:
+            fleet.take(Placement(name, (0, 1, 2, 3)))
+    guided = _gang("guided", 0, 10, 8)
+    policy = SlurmLikePolicy("slurm", TWO_RACKS)
+    placed = [policy.place(member, fleet, random.Random(1), 0) for member in guided]
+    assert all(placement is not None for placement in placed)
+    declared = [replace(member, segment_pods=8) for member in _gang("declared", 0, 10, 8)]
+    assert SlurmLikePolicy("slurm", TWO_RACKS).place(declared[0], fleet, random.Random(1), 0) is None
+    racks = [placement.node.split("-")[1] for placement in placed]  # type: ignore[union-attr]
+    outcomes = tuple(Outcome(member, 0, placement, 10) for member, placement in zip(guided, placed))
+    halves = [replace(member, segment_pods=4) for member in guided]
+    assert racks[:4] != racks[4:]  # one segment a rack
+    split = summarize_groups(Run("s", 1, TWO_RACKS, tuple(replace(o, job=j) for o, j in zip(outcomes, halves)), ()))
+    whole = summarize_groups(Run("s", 1, TWO_RACKS, outcomes, ()))
+    assert (split.groups_in_one_domain_share, split.segments_intact_share) == (0.0, 1.0)
+    assert (whole.groups_whose_segments_fit, whole.segments_intact_share) == (1, 0.0)
+
+
+def test_a_csv_declares_segments_that_divide_the_job(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.csv"
+    path.write_text("submit_time_s,duration_s,num_gpus,num_pods,segment_pods,time_limit_s\n0,60,4,8,4,120\n",
+                    encoding="utf-8")
+    jobs = read_csv(path)
+    assert {(job.segment_pods, job.time_limit_s) for job in jobs} == {(4, 120.0)} and len(jobs) == 8
+    path.write_text("submit_time_s,duration_s,num_gpus,num_pods,segment_pods\n0,60,4,8,3\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="segment_pods 3 does not divide num_pods 8"):
+        read_csv(path)
