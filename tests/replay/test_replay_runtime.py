@@ -152,8 +152,8 @@ def test_the_json_names_the_default_policy_and_every_job_figure(tmp_path: Path,
     result = json.loads(capsys.readouterr().out)
     assert result["default_policy"] == "(4) ours, groups preferred" and result["default_policy"] in result["policies"]
     for metrics in result["policies"].values():
-        for key in ("groups_in_one_domain_share", "gpu_utilization", "goodput_utilization", "jct_mean_s",
-                    "jct_p95_s", "bounded_slowdown_mean", "wait_p50_s_by_pods", "wait_p95_s_by_pods",
+        for key in ("groups_in_one_domain_share", "segments_intact_share", "gpu_utilization", "goodput_utilization",
+                    "jct_mean_s", "jct_p95_s", "bounded_slowdown_mean", "wait_p50_s_by_pods", "wait_p95_s_by_pods",
                     "wait_max_s_by_pods", "still_waiting", "free_domains_mean"):
             assert key in metrics, key
         assert 0 < metrics["goodput_utilization"] <= metrics["gpu_utilization"] + 1e-9
