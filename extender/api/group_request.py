@@ -43,6 +43,7 @@ class GroupRequest:
     size: int | None  # members with GPUs; None: the group's PodGroup object says (extender/groups/sizes.py)
     span: str  # NVLINK_DOMAIN or a --topology-levels key
     required: bool
+    segment: int | None = None  # members that must share one NVLink domain (Slurm's --segment); None: no such rule
 
     def key(self, namespace: str) -> str:
         """The group's identity: groups are namespaced, and one name from two sources is two groups."""
@@ -56,12 +57,12 @@ def parse_group(metadata: Mapping[str, Any], spec: Mapping[str, Any], keys: Anno
     labels = metadata.get("labels") if isinstance(metadata.get("labels"), dict) else {}
     named = _named(annotations, labels, spec, keys)
     if named is None:
-        for key in (keys.group_size, keys.group_span, keys.group_placement):
+        for key in (keys.group_size, keys.group_span, keys.group_placement, keys.group_segment):
             if key in annotations:
                 raise ValueError(f"{key}: set without {keys.group} naming the group")
         return None
     name, source = named
-    size = _size(annotations.get(keys.group_size), keys)
+    size = _size(annotations.get(keys.group_size), keys.group_size)
     if size is None and source is GroupSource.ANNOTATION:
         raise ValueError(f"{keys.group_size}: missing; a group named by {keys.group} says how many members "
                          f"have GPUs (1 to {MAX_GROUP_SIZE})")
@@ -71,7 +72,10 @@ def parse_group(metadata: Mapping[str, Any], spec: Mapping[str, Any], keys: Anno
     placement = str(annotations.get(keys.group_placement, "preferred")).strip().lower()
     if placement not in ("required", "preferred"):
         raise ValueError(f"{keys.group_placement}: unknown value {placement[:40]!r}; expected required | preferred")
-    return GroupRequest(name, source, size, span, placement == "required")
+    segment = _size(annotations.get(keys.group_segment), keys.group_segment)
+    if segment is not None and size is not None and size % segment:
+        raise ValueError(f"{keys.group_segment}: {segment} does not divide the group's {size} members")
+    return GroupRequest(name, source, size, span, placement == "required", segment)
 
 
 def _named(annotations: Mapping[str, Any], labels: Mapping[str, Any], spec: Mapping[str, Any],
@@ -93,13 +97,13 @@ def _named(annotations: Mapping[str, Any], labels: Mapping[str, Any], spec: Mapp
     return None
 
 
-def _size(raw: Any, keys: AnnotationKeys) -> int | None:
+def _size(raw: Any, key: str) -> int | None:
+    """A count of members in annotation `key`, 1 to MAX_GROUP_SIZE; None where absent."""
     if raw is None:
         return None
     text = str(raw).strip()
     if not text.isdigit() or len(text) > 5 or not 1 <= int(text) <= MAX_GROUP_SIZE:
-        raise ValueError(f"{keys.group_size}: {text[:40]!r} is not a whole number of members from 1 to "
-                         f"{MAX_GROUP_SIZE}")
+        raise ValueError(f"{key}: {text[:40]!r} is not a whole number of members from 1 to {MAX_GROUP_SIZE}")
     return int(text)
 
 

@@ -13,7 +13,7 @@ ledger sees it, and a node's sets are worked out once per key.
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 
 from extender.cache.node_view import NodeKey
@@ -85,6 +85,39 @@ def layout(selector: Selector, domain: str, nodes: Iterable[tuple[str, NodeKey]]
         if len(slots) == members:
             return Layout(domain, tuple(slots), free - members * count, empty)
     return None
+
+
+def segmented_layout(selector: Selector, domain: str, nodes: Iterable[tuple[str, NodeKey]], members: int, count: int,
+                     segment: int, nvlink_of: Callable[[str], str | None],
+                     allowed: Container[str] | None = None) -> Layout | None:
+    """The group's layout in this block with each `segment` members inside one NVLink domain (Slurm's `--segment`,
+    Kueue's slices), in as few NVLink domains as hold the segments: best fit first (the domain left with the fewest
+    free sets), else the roomiest. After a restart the members still to come may end in a short segment. None when
+    the block's NVLink domains cannot hold every segment now."""
+    free, empty = 0, True
+    offers: dict[str, list[tuple[int, str, tuple[int, ...]]]] = {}
+    for name, key in nodes:
+        free += key.free.bit_count()
+        empty = empty and key.free == key.compiled.full_mask & ~key.unhealthy
+        nvlink = nvlink_of(name)
+        sets = node_sets(selector, key, count) if nvlink is not None and (allowed is None or name in allowed) else ()
+        if sets:
+            offers.setdefault(nvlink or "", []).append((key.free.bit_count(), name, sets))
+    slots = {nvlink: [Slot(name, gpus) for _, name, sets in sorted(found) for gpus in sets]
+             for nvlink, found in offers.items()}
+    capacity = {nvlink: len(found) // segment for nvlink, found in slots.items() if len(found) >= segment}
+    segments = -(-members // segment)
+    if sum(capacity.values()) < segments:
+        return None
+    chosen: list[Slot] = []
+    while segments:
+        whole = [nvlink for nvlink, held in capacity.items() if held >= segments]
+        nvlink = (min(whole, key=lambda nvlink: (capacity[nvlink] - segments, nvlink)) if whole
+                  else max(capacity, key=lambda nvlink: (capacity[nvlink], nvlink)))
+        taken = min(segments, capacity.pop(nvlink))
+        chosen.extend(slots[nvlink][:taken * segment])
+        segments -= taken
+    return Layout(domain, tuple(chosen[:members]), free - members * count, empty)
 
 
 def best_layout(layouts: Iterable[Layout | None]) -> Layout | None:

@@ -13,6 +13,10 @@ the wait); a preferred one, once its wait is out, tries wider spans (a leaf, a s
 members as single pods. A group no domain could hold even empty is refused at once if required, and placed
 member by member if preferred.
 
+A group with a segment (`gpu-topology.io/group-segment`, Slurm's `--segment`) that spans more than an NVLink
+domain is planned with each segment of members inside one NVLink domain, in as few as hold them
+(extender/groups/layouts.py `segmented_layout`); a preferred one keeps its segments whole as it widens its span.
+
 Every node the plan does not name is refused as unresolvable: kube-scheduler's preemption of single pods
 cannot make a group fit (the preempt verb knows no groups yet).
 """
@@ -24,11 +28,12 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from extender.api.group_request import NVLINK_DOMAIN, GroupRequest
 from extender.api.pod_request import PodRequest
 from extender.cache.cluster_state import ClusterState
 from extender.cache.domains import span_name
 from extender.cache.node_view import NodeKey
-from extender.groups.layouts import best_layout, capacity, drain_targets, layout
+from extender.groups.layouts import Layout, best_layout, capacity, drain_targets, layout, segmented_layout
 from extender.groups.plans import GroupPlans, Plan
 from extender.verbs.drains import Drains
 from extender.verbs.filter import FilterOutcome
@@ -175,7 +180,7 @@ class GroupPlacement:
                      for domain, nodes in self._domains(span, placed_nodes)]
             domains = [(domain, usable) for domain, usable in every
                        if any(found.compiled in boards for _, found in usable)]
-            best = best_layout(layout(self.selector, domain, usable, remaining, request.count, candidates)
+            best = best_layout(self._layout(group, span, domain, usable, remaining, request.count, candidates)
                                for domain, usable in domains)
             if best is not None:
                 return Plan(key, span, best.domain, request.count, best.slots, now, now + self.plans.timeout)
@@ -184,6 +189,15 @@ class GroupPlacement:
                 if wait_at is not None and (group.required or self.wait.holds(key, self.wait.seconds(pod), now)):
                     return wait_at
         return wait_at
+
+    def _layout(self, group: GroupRequest, span: str, domain: str, usable: list[tuple[str, NodeKey]], members: int,
+                count: int, candidates: frozenset[str]) -> Layout | None:
+        """The group's layout in one block of the span: with a segment, each segment inside one NVLink domain."""
+        if group.segment is None or group.segment == 1 or span == NVLINK_DOMAIN:
+            return layout(self.selector, domain, usable, members, count, candidates)
+        index = self.state.domains
+        return segmented_layout(self.selector, domain, usable, members, count, group.segment,
+                                lambda node: index.domain_of(NVLINK_DOMAIN, node), candidates)
 
     def _nearest(self, span: str, domains: list[tuple[str, list[tuple[str, NodeKey]]]], members: int,
                  count: int) -> _NoRoom | None:

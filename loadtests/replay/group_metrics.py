@@ -3,8 +3,10 @@
 A job is a pod on its own or a group (model.py); a group is started once its last member is placed.
 - groups_in_one_domain_share: of the started groups whose size fits one NVLink domain (one empty domain of their
   pool holds all their members), those whose members all sit in one. The same for one leaf block.
-- segments_intact_share: of the started groups each of whose segments (`Job.segment_pods` consecutive members,
-  else the whole group) fits one NVLink domain, those whose every segment sits in one.
+- segments_intact_share: of the started groups each of whose segments (`Job.segment_pods` members, else the whole
+  group) fits one NVLink domain, those whose members split into such segments, each in one domain: every domain
+  holds a whole number of segments. Members are alike (no pod is told its rank), so which member is in which
+  segment is not asked.
 - GPU utilization of running jobs: GPU-seconds of started jobs within [0, last arrival] over all GPUs times that
   span. metrics.Summary.gpu_utilization counts what is held, and a member holds its GPUs from its own placement,
   running or not; the gap is what partly placed groups hold while they wait.
@@ -18,6 +20,7 @@ A job is a pod on its own or a group (model.py); a group is started once its las
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 from loadtests.replay.clusters import pool_capacity
@@ -103,8 +106,8 @@ def summarize_groups(run: Run, comm_share: float = COMM_SHARE) -> GroupSummary:
         segment = job.segment_pods or job.pods
         if spans.holds(job, Span.DOMAIN) >= segment:
             segments[0] += 1
-            segments[1] += all(spans.span_of(nodes[at:at + segment]) is Span.DOMAIN
-                               for at in range(0, len(nodes), segment))
+            per_domain = Counter(spans.blocks[node][Span.DOMAIN] for node in nodes)
+            segments[1] += all(count % segment == 0 for count in per_domain.values())
         found = model.bandwidths(job, [placement for placement in placed if placement is not None])
         if math.isfinite(job.duration_s) and found is not None:
             modelled += job.duration_s * slowdown(comm_share, *found)

@@ -35,8 +35,8 @@ class Job:
     pods: int = 1
     """The members of its group, this one included (`gpus` each); 1 for a pod on its own."""
     segment_pods: int | None = None
-    """Members of its group that must share one NVLink domain, consecutive in the workload, as declared (a CSV's
-    `segment_pods`, Slurm's `--segment`); None: none declared, the whole group is one segment."""
+    """Members of its group that must share one NVLink domain, as declared (a CSV's `segment_pods`, Slurm's
+    `--segment`); None: none declared, the whole group is one segment."""
     time_limit_s: float | None = None
     """The time limit its user stated (a CSV's `time_limit_s`), which only the Slurm-like policy reads; None: none
     stated."""

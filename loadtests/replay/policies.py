@@ -210,9 +210,10 @@ class ExtenderPolicy(_KubeSearch):
         if job.group is None:
             return {}
         keys = self.state.keys
+        segment = {} if job.segment_pods is None else {keys.group_segment: str(job.segment_pods)}
         return {keys.group: job.group, keys.group_size: str(job.pods),
                 keys.group_span: GROUP_SPAN[self.spans.tightest(job, labelled=True)],
-                keys.group_placement: self.group_placement}
+                keys.group_placement: self.group_placement, **segment}
 
 
 OURS = "(4) ours, with delivery"

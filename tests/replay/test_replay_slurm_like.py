@@ -3,12 +3,14 @@ NVL72 racks through the replay engine; segments a workload declares, and the sha
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from loadtests.replay.__main__ import main
 from loadtests.replay.clusters import nvl72_fleet
 from loadtests.replay.engine import Fleet, Outcome, Placement, Run, replay
 from loadtests.replay.group_metrics import summarize_groups
@@ -124,3 +126,18 @@ def test_a_csv_declares_segments_that_divide_the_job(tmp_path: Path) -> None:
     path.write_text("submit_time_s,duration_s,num_gpus,num_pods,segment_pods\n0,60,4,8,3\n", encoding="utf-8")
     with pytest.raises(ValueError, match="segment_pods 3 does not divide num_pods 8"):
         read_csv(path)
+
+
+def test_declared_segments_stay_whole_under_slurm_and_our_extender(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Gangs of 24 trays, more than a rack's 18, in segments of 12: our extender (gpu-topology.io/group-segment)
+    and Slurm keep every segment in one rack; count-only placement does not."""
+    path = tmp_path / "segments.csv"
+    path.write_text("submit_time_s,duration_s,num_gpus,num_pods,segment_pods,gpu_model\n" + "".join(
+        f"{600 * i},{900 + 120 * i},4,24,12,GB200\n" for i in range(6)), encoding="utf-8")
+    assert main(["--cluster", "nvl72", "--workload", str(path), "--json", "--comm-share", "0"]) == 0
+    policies = json.loads(capsys.readouterr().out)["policies"]
+    for name in ("(7) Slurm-like, EASY backfill, topology/block", "(4) ours, groups required",
+                 "(4) ours, groups preferred"):
+        assert policies[name]["groups_whose_segments_fit"] == 6 and policies[name]["segments_intact_share"] == 1.0
+    assert policies["(1) quantity only"]["segments_intact_share"] < 1.0

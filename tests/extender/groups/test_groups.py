@@ -215,6 +215,11 @@ def test_a_refused_binding_gives_the_slot_back_to_the_plan() -> None:
     ({"gpu-topology.io/group-size": "2"}, "set without gpu-topology.io/group"),
     ({"gpu-topology.io/group": "g", "gpu-topology.io/group-size": "2", "gpu-topology.io/group-placement": "maybe"},
      "gpu-topology.io/group-placement: unknown value 'maybe'"),
+    ({"gpu-topology.io/group": "g", "gpu-topology.io/group-size": "6", "gpu-topology.io/group-segment": "4"},
+     "gpu-topology.io/group-segment: 4 does not divide the group's 6 members"),
+    ({"gpu-topology.io/group": "g", "gpu-topology.io/group-size": "6", "gpu-topology.io/group-segment": "0"},
+     "gpu-topology.io/group-segment: '0' is not a whole number of members from 1 to"),
+    ({"gpu-topology.io/group-segment": "2"}, "gpu-topology.io/group-segment: set without gpu-topology.io/group"),
 ])
 def test_a_hostile_group_annotation_gets_a_clear_reason_and_holds_nothing(annotations: dict[str, str],
                                                                           reason: str) -> None:
@@ -242,6 +247,34 @@ def test_a_group_may_span_a_leaf_and_members_without_gpus_pass_everywhere() -> N
     assert len({_domain(node) for node in service.filter(ExtenderArgs(pod, ALL, None)).passed}) == 1
     launcher = _pod(kube, "launcher", 0, group="leafy", size=3, **{"gpu-topology.io/group-span": LEAF})
     assert service.filter(ExtenderArgs(launcher, ALL, None)).passed == ALL
+
+
+def _planned(service: ExtenderService, kube: _Kube, group: str, segment: int | None, span: str = SPINE,
+             placement: str = "required") -> list[str]:
+    """The nodes the first member's filter passes: the plan's slots for a group of 8 trays of 4 GPUs."""
+    extra = {"gpu-topology.io/group-span": span, "gpu-topology.io/group-placement": placement}
+    if segment is not None:
+        extra["gpu-topology.io/group-segment"] = str(segment)
+    return service.filter(ExtenderArgs(_pod(kube, f"{group}-0", 4, group=group, size=8, **extra), ALL, None)).passed
+
+
+def test_a_segment_keeps_its_members_in_one_nvlink_domain_when_the_group_spans_more() -> None:
+    """Eight trays across a spine of two 6-tray domains: unsegmented, the fullest-first layout takes one domain
+    whole and two trays of the other; in segments of 4, four and four."""
+    service, kube = _cluster(ManualClock())
+    assert sorted(_domain(node) for node in _planned(service, kube, "plain", None)) == ["a"] * 6 + ["b"] * 2
+    service, kube = _cluster(ManualClock())
+    assert sorted(_domain(node) for node in _planned(service, kube, "halves", 4)) == ["a"] * 4 + ["b"] * 4
+    assert all(len(nodes) == len(set(nodes)) for nodes in _held(service).values())
+
+
+def test_a_group_whose_segments_fit_no_domain_now_waits_though_its_members_would_fit() -> None:
+    """Three trays free in domain a, six in b: eight members fit, but not two segments of four."""
+    busy = {name: (0, 1, 2, 3) for name in _names("a")[:3]}
+    service, kube = _cluster(ManualClock(), busy=busy)
+    assert len(_planned(service, kube, "plain", None)) == 8
+    service, kube = _cluster(ManualClock(), busy=busy)
+    assert _planned(service, kube, "halves", 4) == [] and not len(service.plans)
 
 
 def test_a_group_larger_than_any_domain_is_refused_when_required_and_placed_alone_when_preferred() -> None:
