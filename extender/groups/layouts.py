@@ -13,7 +13,7 @@ ledger sees it, and a node's sets are worked out once per key.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from extender.cache.node_view import NodeKey
@@ -105,19 +105,29 @@ def segmented_layout(selector: Selector, domain: str, nodes: Iterable[tuple[str,
             offers.setdefault(nvlink or "", []).append((key.free.bit_count(), name, sets))
     slots = {nvlink: [Slot(name, gpus) for _, name, sets in sorted(found) for gpus in sets]
              for nvlink, found in offers.items()}
-    capacity = {nvlink: len(found) // segment for nvlink, found in slots.items() if len(found) >= segment}
-    segments = -(-members // segment)
-    if sum(capacity.values()) < segments:
+    spread = fewest_blocks({nvlink: len(found) // segment for nvlink, found in slots.items()}, -(-members // segment))
+    if spread is None:
         return None
-    chosen: list[Slot] = []
-    while segments:
-        whole = [nvlink for nvlink, held in capacity.items() if held >= segments]
-        nvlink = (min(whole, key=lambda nvlink: (capacity[nvlink] - segments, nvlink)) if whole
-                  else max(capacity, key=lambda nvlink: (capacity[nvlink], nvlink)))
-        taken = min(segments, capacity.pop(nvlink))
-        chosen.extend(slots[nvlink][:taken * segment])
-        segments -= taken
+    chosen = [slot for nvlink, taken in spread for slot in slots[nvlink][:taken * segment]]
     return Layout(domain, tuple(chosen[:members]), free - members * count, empty)
+
+
+def fewest_blocks(capacity: Mapping[str, int], segments: int) -> list[tuple[str, int]] | None:
+    """How many segments each block takes, in as few blocks as hold them all: the block left with the fewest spare
+    segments among those that hold the rest, else the roomiest, until none is left (Slurm's topology/block does
+    the same). None when the blocks together hold too few."""
+    spare = {block: held for block, held in capacity.items() if held > 0}
+    if sum(spare.values()) < segments:
+        return None
+    spread: list[tuple[str, int]] = []
+    while segments:
+        whole = [block for block, held in spare.items() if held >= segments]
+        block = (min(whole, key=lambda block: (spare[block] - segments, block)) if whole
+                 else max(spare, key=lambda block: (spare[block], block)))
+        taken = min(segments, spare.pop(block))
+        spread.append((block, taken))
+        segments -= taken
+    return spread
 
 
 def best_layout(layouts: Iterable[Layout | None]) -> Layout | None:

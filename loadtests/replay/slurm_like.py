@@ -25,6 +25,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from extender.groups.layouts import fewest_blocks
 from loadtests.replay.device_plugin import stock_device_plugin
 from loadtests.replay.engine import Fleet, Placement
 from loadtests.replay.model import ClusterNode, Job
@@ -152,16 +153,7 @@ class SlurmLikePolicy:
             fullest = [nodes[0] for nodes in slots.values() if nodes]
             return [min(fullest, key=lambda name: (free[name], name))] if fullest else None
         size = segment_pods(job)
-        segments = job.pods // size
-        capacity = {block: len(nodes) // size for block, nodes in slots.items() if len(nodes) >= size}
-        if sum(capacity.values()) < segments:
+        spread = fewest_blocks({block: len(nodes) // size for block, nodes in slots.items()}, job.pods // size)
+        if spread is None:
             return None
-        chosen: list[str] = []
-        while segments:
-            whole = [block for block, count in capacity.items() if count >= segments]
-            block = (min(whole, key=lambda block: (capacity[block] - segments, block)) if whole
-                     else max(capacity, key=lambda block: (capacity[block], block)))
-            taken = min(segments, capacity.pop(block))
-            chosen.extend(slots[block][:taken * size])
-            segments -= taken
-        return chosen
+        return [node for block, taken in spread for node in slots[block][:taken * size]]

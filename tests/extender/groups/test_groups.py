@@ -19,6 +19,7 @@ from extender.api.wire import BindingArgs, ExtenderArgs
 from extender.cache.cluster_state import ClusterState
 from extender.cache.ledger import Phase
 from extender.cache.seal import Seal
+from extender.groups.layouts import fewest_blocks
 from extender.groups.sizes import GroupSizes
 from extender.verbs.group_placement import ELSEWHERE
 from extender.verbs.service import ExtenderService
@@ -388,3 +389,9 @@ def test_a_group_is_planned_only_on_the_nodes_kube_scheduler_passed_for_its_memb
     outcome = service.filter(ExtenderArgs(pod, _names("b"), None))
     assert len(outcome.passed) == 3 and {_domain(node) for node in outcome.passed} == {"b"}
     assert {entry.node[0] for entry in service.state.ledger.pods()} == {"b"}
+
+
+def test_segments_go_to_the_domain_they_fill_best_then_to_the_roomiest() -> None:
+    assert fewest_blocks({"a": 2, "b": 4}, 2) == [("a", 2)]  # a is left with nothing spare; b would keep 2
+    assert fewest_blocks({"a": 2, "b": 4}, 5) == [("b", 4), ("a", 1)]
+    assert fewest_blocks({"a": 2, "b": 4, "c": 0}, 7) is None
