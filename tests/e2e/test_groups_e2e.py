@@ -17,6 +17,7 @@ starts from an empty namespace, so each also runs alone.
 
 - Groups named by our annotations (`gpu-topology.io/group`, `group-size`, `group-placement: required`): kube-
   scheduler takes their pods one at a time; the extender plans a group whole at its first member's filter.
+- A group larger than a domain in segments (`group-segment`, across the spine): one whole segment in each domain.
 - kube-scheduler's own pod group (`spec.schedulingGroup.podGroupName` naming a PodGroup with a gang policy): v1.36
   with both gates schedules the group's pods together in one pod-group cycle (our filter and prioritize for each
   member in turn, then a binding cycle for each, through our bind, once the gang's minCount is met) and records
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -58,6 +60,7 @@ from helpers.group_scenario import (
     tray_labels,
     waiting_group,
 )
+from topology.fabric import CLIQUE_LABEL
 from kube_e2e import (
     POD_GROUP_GATES,
     POD_GROUP_RUNTIME_CONFIG,
@@ -93,6 +96,7 @@ class Observer:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.waiting: set[str] = set()  # groups that cannot be placed now: none of their members may be bound
+        self.segments: dict[str, int] = {}  # segmented groups: how many segments, the domains they may span
         self.polls = 0
         self.started = time.monotonic()
         self.bind_errors = self.refused_binds()
@@ -105,7 +109,7 @@ class Observer:
     def pods(self) -> list[dict[str, Any]]:
         pods = self.cluster.kube.list_pods(self.cluster.namespace)
         self.polls += 1
-        problems = moment_problems(pods, LABELS, self.waiting)
+        problems = moment_problems(pods, LABELS, self.waiting, self.segments)
         assert not problems, f"poll {self.polls}: {problems}"
         return pods
 
@@ -235,6 +239,26 @@ def test_groups_land_whole_and_a_waiting_group_takes_the_domain_a_deleted_group_
     assert domain_of(pods, group) == freed
     check_placements(run, pods)
     assert plan_problems(pods, group, size) == []
+
+
+def test_a_segmented_group_larger_than_a_domain_lands_one_whole_segment_in_each(spec_cluster: Cluster) -> None:
+    """24 trays in segments of 12, across the spine: 12 in each NVLink domain, where a plan without segments puts
+    18 in one and 6 in the other."""
+    cluster = spec_cluster
+    empty(cluster)
+    run = Observer(cluster)
+    run.segments["seg"] = 2
+    annotations = {KEYS.group: "seg", KEYS.group_size: "24", KEYS.group_span: LEVELS[0],
+                   KEYS.group_segment: "12", KEYS.group_placement: REQUIRED}
+    names = [f"seg-{index}" for index in range(24)]
+    for name in names:
+        cluster.kube.create_pod(gpu_pod(name, GPUS_PER_MEMBER, scheduler=cluster.scheduler_name,
+                                        namespace=cluster.namespace, annotations=annotations))
+    pods = run.until("the segmented group bound", all_bound(names))
+    per_domain = Counter(LABELS[node_of(pod)][CLIQUE_LABEL] for pod in bound_members(pods, "seg"))
+    assert sorted(per_domain.values()) == [12, 12]
+    check_placements(run, pods)
+    assert plan_problems(pods, "seg", 24) == []
 
 
 def test_kube_schedulers_own_pod_group_lands_whole_and_waits_whole(spec_cluster: Cluster) -> None:

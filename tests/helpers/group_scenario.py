@@ -117,11 +117,13 @@ def domains_of_groups(pods: Iterable[Mapping[str, Any]], labels: Mapping[str, Ma
 
 
 def moment_problems(pods: list[Mapping[str, Any]], labels: Mapping[str, Mapping[str, str]],
-                    waiting: Iterable[str]) -> list[str]:
-    """What must hold at every moment of the run: no group's bound members in two domains, and no bound member of
-    a group that cannot be placed now (`waiting`)."""
-    problems = [f"bound members of group {group} span two NVLink domains: {sorted(domains)}"
-                for group, domains in domains_of_groups(pods, labels).items() if len(domains) > 1]
+                    waiting: Iterable[str], segments: Mapping[str, int] | None = None) -> list[str]:
+    """What must hold at every moment of the run: no group's bound members in more NVLink domains than it has
+    segments (`segments`: a segmented group's count; else one), and no bound member of a group that cannot be
+    placed now (`waiting`)."""
+    problems = [f"bound members of group {group} span {len(domains)} NVLink domains: {sorted(domains)}"
+                for group, domains in domains_of_groups(pods, labels).items()
+                if len(domains) > (segments or {}).get(group, 1)]
     return problems + [f"{pod['metadata']['name']} bound while its group {group} cannot be placed"
                        for group in waiting for pod in bound_members(pods, group)]
 
