@@ -20,7 +20,7 @@ from extender.api._names import lookup
 from extender.api.pod_request import DEFAULT_GPU_RESOURCE, PodRequest, parse_pod
 from extender.cache.assignments import Assignment, Phase
 from extender.cache.domains import DomainIndex
-from extender.cache.ledger import BIND_OUTCOME_SECONDS, Ledger, SlotClaims
+from extender.cache.ledger import BIND_OUTCOME_SECONDS, Ledger, NoClaims, SlotClaims
 from extender.cache.node_view import REFUSED, Key, NodeKey, NodeView, SharedKey
 from extender.cache.seal import Seal
 from topology.annotations import AnnotationKeys
@@ -55,11 +55,8 @@ class MemberPlans(SlotClaims, Protocol):
     def forget_member(self, uid: str) -> None: ...
 
 
-class _NoPlans:
+class _NoPlans(NoClaims):
     """Until plans are attached: no member holds a slot, and no sealed plan is read back."""
-
-    def unclaim(self, pod_uid: str) -> None:
-        """Nothing was claimed."""
 
     def restore(self, group: str, uid: str, node: str, value: object, held: frozenset[str]) -> None:
         """No plan is put in force."""

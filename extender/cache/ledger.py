@@ -41,9 +41,11 @@ class SlotClaims(Protocol):
     def unclaim(self, pod_uid: str) -> None: ...
 
 
-class _NoClaims:
+class NoClaims:
+    """No group plans: nothing was claimed."""
+
     def unclaim(self, pod_uid: str) -> None:
-        """No plans: nothing was claimed."""
+        """Nothing to open again."""
 
 
 class Ledger:
@@ -56,7 +58,7 @@ class Ledger:
         self.clock = clock
         self.bind_outcome_seconds = bind_outcome_seconds
         self.on_mismatch: Mismatch | None = None  # told when the kubelet allocated other GPUs than we bound
-        self.claims: SlotClaims = _NoClaims()
+        self.claims: SlotClaims = NoClaims()
         self._book = AssignmentBook(self.lock)
         self._nodes = nodes
         self._placed = placed
@@ -81,8 +83,9 @@ class Ledger:
         Binding's answer was lost is taken again as it was, for the Binding sent again with the same GPUs."""
         with self.lock:
             previous = self._book.get(pod_uid)
-            at = previous.at if previous is not None and (previous.node, previous.gpus) == (node, gpus) else None
-            assignment = Assignment(pod_uid, pod_key, node, gpus, self.clock() if at is None else at, Phase.BINDING)
+            again = previous is not None and (previous.node, previous.gpus) == (node, gpus)
+            assignment = Assignment(pod_uid, pod_key, node, gpus, previous.at if previous and again else self.clock(),
+                                    Phase.BINDING)
             self.record(assignment)
             return assignment
 

@@ -66,49 +66,31 @@ def node_sets(selector: Selector, key: NodeKey, count: int) -> tuple[int, ...]:
     return found
 
 
-def layout(selector: Selector, domain: str, nodes: Iterable[tuple[str, NodeKey]], members: int,
-           count: int, allowed: Container[str] | None = None) -> Layout | None:
-    """The group's layout in this domain, or None when it has too few free full-bandwidth sets on the `allowed`
-    nodes (None: all). What is left over counts every node of the domain."""
-    offers: list[tuple[int, str, tuple[int, ...]]] = []
-    free = 0
-    empty = True
-    for name, key in nodes:
-        free += key.free.bit_count()
-        empty = empty and key.free == key.compiled.full_mask & ~key.unhealthy
-        sets = node_sets(selector, key, count) if allowed is None or name in allowed else ()
-        if sets:
-            offers.append((key.free.bit_count(), name, sets))
-    slots: list[Slot] = []
-    for _, name, sets in sorted(offers):
-        slots.extend(Slot(name, gpus) for gpus in sets[:members - len(slots)])
-        if len(slots) == members:
-            return Layout(domain, tuple(slots), free - members * count, empty)
-    return None
+def layout(selector: Selector, domain: str, nodes: Iterable[tuple[str, NodeKey]], members: int, count: int,
+           allowed: Container[str] | None = None, segment: int = 1,
+           nvlink_of: Callable[[str], str | None] | None = None) -> Layout | None:
+    """The group's layout in this domain, the fullest nodes giving their sets first, or None when it has too few
+    free full-bandwidth sets on the `allowed` nodes (None: all). What is left over counts every node of the domain.
 
-
-def segmented_layout(selector: Selector, domain: str, nodes: Iterable[tuple[str, NodeKey]], members: int, count: int,
-                     segment: int, nvlink_of: Callable[[str], str | None],
-                     allowed: Container[str] | None = None) -> Layout | None:
-    """The group's layout in this block with each `segment` members inside one NVLink domain (Slurm's `--segment`,
-    Kueue's slices), in as few NVLink domains as hold the segments: best fit first (the domain left with the fewest
-    free sets), else the roomiest. After a restart the members still to come may end in a short segment. None when
-    the block's NVLink domains cannot hold every segment now."""
+    With `nvlink_of`, each `segment` members sit inside one NVLink domain (Slurm's `--segment`, Kueue's slices), in
+    as few as hold the segments (`fewest_blocks`); a node in none holds no member. After a restart the members still
+    to come may end in a short segment."""
     free, empty = 0, True
     offers: dict[str, list[tuple[int, str, tuple[int, ...]]]] = {}
     for name, key in nodes:
         free += key.free.bit_count()
         empty = empty and key.free == key.compiled.full_mask & ~key.unhealthy
-        nvlink = nvlink_of(name)
-        sets = node_sets(selector, key, count) if nvlink is not None and (allowed is None or name in allowed) else ()
-        if sets:
-            offers.setdefault(nvlink or "", []).append((key.free.bit_count(), name, sets))
-    slots = {nvlink: [Slot(name, gpus) for _, name, sets in sorted(found) for gpus in sets]
-             for nvlink, found in offers.items()}
-    spread = fewest_blocks({nvlink: len(found) // segment for nvlink, found in slots.items()}, -(-members // segment))
+        block = "" if nvlink_of is None else nvlink_of(name)
+        if block is None or (allowed is not None and name not in allowed):
+            continue
+        if sets := node_sets(selector, key, count):
+            offers.setdefault(block, []).append((key.free.bit_count(), name, sets))
+    slots = {block: [Slot(name, gpus) for _, name, sets in sorted(found) for gpus in sets]
+             for block, found in offers.items()}
+    spread = fewest_blocks({block: len(found) // segment for block, found in slots.items()}, -(-members // segment))
     if spread is None:
         return None
-    chosen = [slot for nvlink, taken in spread for slot in slots[nvlink][:taken * segment]]
+    chosen = [slot for block, taken in spread for slot in slots[block][:taken * segment]]
     return Layout(domain, tuple(chosen[:members]), free - members * count, empty)
 
 

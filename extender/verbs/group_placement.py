@@ -15,7 +15,7 @@ member by member if preferred.
 
 A group with a segment (`gpu-topology.io/group-segment`, Slurm's `--segment`) that spans more than an NVLink
 domain is planned with each segment of members inside one NVLink domain, in as few as hold them
-(extender/groups/layouts.py `segmented_layout`); a preferred one keeps its segments whole as it widens its span.
+(extender/groups/layouts.py `layout`); a preferred one keeps its segments whole as it widens its span.
 
 Every node the plan does not name is refused as unresolvable: kube-scheduler's preemption of single pods
 cannot make a group fit (the preempt verb knows no groups yet).
@@ -33,7 +33,7 @@ from extender.api.pod_request import PodRequest
 from extender.cache.cluster_state import ClusterState
 from extender.cache.domains import span_name
 from extender.cache.node_view import NodeKey
-from extender.groups.layouts import Layout, best_layout, capacity, drain_targets, layout, segmented_layout
+from extender.groups.layouts import Layout, best_layout, capacity, drain_targets, layout
 from extender.groups.plans import GroupPlans, Plan
 from extender.verbs.drains import Drains
 from extender.verbs.filter import FilterOutcome
@@ -196,8 +196,8 @@ class GroupPlacement:
         if group.segment is None or group.segment == 1 or span == NVLINK_DOMAIN:
             return layout(self.selector, domain, usable, members, count, candidates)
         index = self.state.domains
-        return segmented_layout(self.selector, domain, usable, members, count, group.segment,
-                                lambda node: index.domain_of(NVLINK_DOMAIN, node), candidates)
+        return layout(self.selector, domain, usable, members, count, candidates, group.segment,
+                      lambda node: index.domain_of(NVLINK_DOMAIN, node))
 
     def _nearest(self, span: str, domains: list[tuple[str, list[tuple[str, NodeKey]]]], members: int,
                  count: int) -> _NoRoom | None:

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from loadtests.replay.clusters import pool_capacity
-from loadtests.replay.engine import Run, groups_of
+from loadtests.replay.engine import Outcome, Run, groups_of
 from loadtests.replay.metrics import job_firsts, job_starts, percentile, run_seconds
-from loadtests.replay.model import Job
 from loadtests.replay.runtime import COMM_SHARE, RunTime, slowdown
 from loadtests.replay.spans import Span
 from topology.bounds import MAX_GROUP_SIZE
@@ -63,9 +63,17 @@ def class_name(low: int, high: int) -> str:
     return str(low) if low == high else f"{low}+" if high == MAX_GROUP_SIZE else f"{low}-{high}"
 
 
-def size_class(job: Job) -> str:
-    """The class of pods per job (POD_CLASSES) the job is in."""
-    return class_name(*next(bounds for bounds in POD_CLASSES if bounds[0] <= job.pods <= bounds[1]))
+def waits_by_class(outcomes: Sequence[Outcome], starts: Sequence[float | None],
+                   firsts: Sequence[int]) -> dict[str, list[float]]:
+    """Per class of pods per job (POD_CLASSES) present in the workload, each started job's wait: arrival to start."""
+    waits: dict[str, list[float]] = {}
+    for index in firsts:
+        job, start = outcomes[index].job, starts[index]
+        times = waits.setdefault(class_name(*next(bounds for bounds in POD_CLASSES
+                                                  if bounds[0] <= job.pods <= bounds[1])), [])
+        if start is not None:
+            times.append(start - job.submit_s)
+    return waits
 
 
 def summarize_groups(run: Run, comm_share: float = COMM_SHARE) -> GroupSummary:
@@ -79,18 +87,15 @@ def summarize_groups(run: Run, comm_share: float = COMM_SHARE) -> GroupSummary:
     firsts = job_firsts(outcomes)
     horizon = max((outcome.job.submit_s for outcome in outcomes), default=0.0)
     capacity = sum(pool_capacity(run.nodes).values())
-    pending: dict[str, list[float]] = {}
+    pending = waits_by_class(outcomes, starts, firsts)
     fits = {Span.DOMAIN: [0, 0], Span.LEAF: [0, 0]}  # span -> [groups that fit one, of them in one]
     segments = [0, 0]  # [groups whose segments fit one domain each, of them with every segment in one]
     running = modelled = durations = 0.0
     started_groups = 0
     for index in firsts:
         job, start = outcomes[index].job, starts[index]
-        size = size_class(job)
-        times = pending.setdefault(size, [])
         if start is None:
             continue
-        times.append(start - job.submit_s)
         if start < horizon:
             running += job.gpus * job.pods * (min(start + run_seconds(outcomes[index]), horizon) - start)
         if job.group is None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from loadtests.replay.boards import board, board_key
 from loadtests.replay.engine import Run
-from loadtests.replay.group_metrics import POD_CLASSES, class_name, size_class
+from loadtests.replay.group_metrics import POD_CLASSES, class_name, waits_by_class
 from loadtests.replay.metrics import job_firsts, job_starts, percentile, run_seconds
 from loadtests.replay.spans import Span, Spans
 
@@ -54,19 +54,14 @@ def summarize_jobs(run: Run) -> JobSummary:
     firsts = job_firsts(outcomes)
     horizon = max((outcome.job.submit_s for outcome in outcomes), default=0.0)
     capacity = sum(board(board_key(node)).size for node in run.nodes)
-    waits: dict[str, list[float]] = {}
+    waits = waits_by_class(outcomes, starts, firsts)
     jct: list[float] = []
     slowdowns: list[float] = []
     useful = 0.0
-    still_waiting = 0
     for index in firsts:
         job, start = outcomes[index].job, starts[index]
-        size = size_class(job)
-        times = waits.setdefault(size, [])
         if start is None:
-            still_waiting += 1
             continue
-        times.append(start - job.submit_s)
         ran = run_seconds(outcomes[index])
         if start < horizon and ran > 0:
             speed = job.duration_s / ran if math.isfinite(ran) else 0.0
@@ -84,7 +79,7 @@ def summarize_jobs(run: Run) -> JobSummary:
         wait_p50_s_by_pods={name: percentile(waits[name], 0.5) for name in classes},
         wait_p95_s_by_pods={name: percentile(waits[name], 0.95) for name in classes},
         wait_max_s_by_pods={name: max(waits[name], default=math.nan) for name in classes},
-        still_waiting=still_waiting, free_domains_mean=free_domains_mean(run))
+        still_waiting=sum(starts[index] is None for index in firsts), free_domains_mean=free_domains_mean(run))
 
 
 def free_domains_mean(run: Run) -> float:

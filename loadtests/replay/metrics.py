@@ -24,7 +24,7 @@ from itertools import combinations
 
 from loadtests.replay.boards import BoardKey, board, board_key
 from loadtests.replay.engine import Outcome, Run, groups_of
-from loadtests.replay.runtime import COMM_SHARE, best_ring_gbps
+from loadtests.replay.runtime import COMM_SHARE, best_ring_gbps, slowdown
 from topology.compiled import bits
 from topology.levels import Level
 from topology.select import ring_gbps
@@ -162,8 +162,7 @@ def summarize(run: Run, comm_share: float = COMM_SHARE) -> Summary:
             held += len(outcome.placement.gpus) * max(0.0, min(end, horizon) - outcome.placed_s)
     finite = [(o, pod) for o, pod in multi if math.isfinite(o.job.duration_s)]
     durations = sum(o.job.duration_s for o, _ in finite)
-    modelled = sum(o.job.duration_s * ((1 - comm_share) + comm_share * pod.best_gbps / pod.granted_gbps)
-                   for o, pod in finite)
+    modelled = sum(o.job.duration_s * slowdown(comm_share, pod.best_gbps, pod.granted_gbps) for o, pod in finite)
     fragmentation_mean = {}
     for size in FRAGMENTATION_SIZES:
         shares = [share for _, share in fragmentation(run, size) if share is not None]

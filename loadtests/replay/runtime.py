@@ -58,9 +58,10 @@ class RunTime:
         self.comm_share = comm_share
         self.spans = Spans(nodes)
         self._key = {node.name: board_key(node) for node in nodes}
-        self._pool_keys: dict[str | None, frozenset[BoardKey]] = {None: frozenset(self._key.values())}
+        self._pool_keys: dict[str | None, set[BoardKey]] = {None: set(self._key.values())}
         for node in nodes:
-            self._pool_keys[node.gpu_model] = self._pool_keys.get(node.gpu_model, frozenset()) | {self._key[node.name]}
+            self._pool_keys.setdefault(node.gpu_model, set()).add(self._key[node.name])
+        self._best: dict[tuple[str | None, int], float] = {}  # (pool, GPUs) -> the best ring on an empty board
 
     def bandwidths(self, job: Job, placements: Sequence[Placement]) -> tuple[float, float] | None:
         """(best, got) all-reduce bandwidth of the job where it landed; None where it does not communicate (one
@@ -73,8 +74,12 @@ class RunTime:
         (placement,) = placements
         if len(placement.gpus) < 2:
             return None
-        best = max(best_ring_gbps(key, len(placement.gpus)) for key in self._pool_keys.get(job.gpu_model, ())
-                   if board(key).size >= len(placement.gpus))
+        gpus = len(placement.gpus)
+        best = self._best.get((job.gpu_model, gpus))
+        if best is None:
+            keys = self._pool_keys.get(job.gpu_model, set())
+            best = self._best[(job.gpu_model, gpus)] = max(best_ring_gbps(key, gpus) for key in keys
+                                                           if board(key).size >= gpus)
         return best, ring_gbps(board(self._key[placement.node]), placement.gpus) or 0.0
 
     def seconds(self, job: Job, placements: Sequence[Placement]) -> float:

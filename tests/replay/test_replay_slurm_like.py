@@ -83,13 +83,14 @@ def test_a_gang_goes_whole_into_the_rack_it_fills_best_and_its_segments_never_st
     assert all(len(set(racks[at:at + 4])) == 1 for at in range(0, 20, 4))  # each segment in one rack
 
 
-@pytest.mark.parametrize("limit", [None, 1.0])
-def test_every_job_runs_and_no_gpu_is_given_twice(limit: float | None) -> None:
-    """A busy mix on two racks: the engine refuses a placement of a GPU that is not free, so a run is proof."""
+@pytest.mark.parametrize("stated", [False, True])
+def test_every_job_runs_and_no_gpu_is_given_twice(stated: bool) -> None:
+    """A busy mix on two racks, time limits drawn or stated as the durations: the engine refuses a placement of a
+    GPU that is not free, so a run is proof."""
     jobs: list[Job] = []
     for i in range(60):
-        trays = (1, 2, 4, 8, 12, 18)[i % 6]
-        jobs += _gang(f"j{i}", 7 * i, 60 + 13 * i % 300, trays, None if limit is None else 60 + 13 * i % 300)
+        trays, duration = (1, 2, 4, 8, 12, 18)[i % 6], 60 + 13 * i % 300
+        jobs += _gang(f"j{i}", 7 * i, duration, trays, duration if stated else None)
     got = _placed(TWO_RACKS, jobs)
     assert all(outcome.placed_s is not None for outcome in got.values())
 
