@@ -119,8 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    for name, figures in merged.items()}}))
         return 0
     runs = _runs(args, cluster, jobs, args.seed)
-    summaries = [summarize(run, args.comm_share) for run in runs]
-    groups = [summarize_groups(run, args.comm_share) for run in runs] if args.cluster == "nvl72" else []
+    summaries, groups = _summaries(args, runs)
     load = _load(args)
     if args.plots is not None:
         label = args.workload if args.workload in WORKLOADS else Path(args.workload).stem
@@ -190,11 +189,16 @@ def _metrics(runs: Sequence[Run], summaries: Sequence[Summary],
     return metrics
 
 
+def _summaries(args: argparse.Namespace, runs: Sequence[Run]) -> tuple[list[Summary], list[GroupSummary]]:
+    """Each run's per-pod figures and, on the fleet of groups, its per-group ones."""
+    groups = [summarize_groups(run, args.comm_share) for run in runs] if args.cluster == "nvl72" else []
+    return [summarize(run, args.comm_share) for run in runs], groups
+
+
 def _replayed(args: argparse.Namespace, cluster: Sequence[ClusterNode], seed: int,
               jobs: Sequence[Job]) -> dict[str, dict[str, object]]:
     runs = _runs(args, cluster, jobs, seed)
-    groups = [summarize_groups(run, args.comm_share) for run in runs] if args.cluster == "nvl72" else []
-    return _metrics(runs, [summarize(run, args.comm_share) for run in runs], groups)
+    return _metrics(runs, *_summaries(args, runs))
 
 
 def _over_seeds(figures: Sequence[dict[str, dict[str, object]]]) -> dict[str, dict[str, tuple[float | None,

@@ -22,6 +22,7 @@ queued from the first departure that lets one member fit, as the engine retries 
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -71,9 +72,7 @@ class SlurmLikePolicy:
     def __init__(self, name: str, nodes: Sequence[ClusterNode]) -> None:
         self.name = name
         spans = Spans(nodes)
-        sizes: dict[str, int] = {}
-        for node in nodes:
-            sizes[spans.blocks[node.name][Span.DOMAIN]] = sizes.get(spans.blocks[node.name][Span.DOMAIN], 0) + 1
+        sizes = Counter(blocks[Span.DOMAIN] for blocks in spans.blocks.values())
         self.block = {name: blocks[Span.DOMAIN] if sizes[blocks[Span.DOMAIN]] > 1 else blocks[Span.LEAF]
                       for name, blocks in spans.blocks.items()}
         self.waiting: dict[str, Job] = {}  # job key -> its first pod offered, in the order offered
