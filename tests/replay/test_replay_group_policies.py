@@ -5,6 +5,7 @@ placements known by hand, and the synthetic multi-node mix."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pytest
 
@@ -16,6 +17,7 @@ from loadtests.replay.kube_scores import DEFAULT
 from loadtests.replay.kueue_tas import assign
 from loadtests.replay.model import LEAF_LABEL, SPINE_LABEL, TOPOLOGY_LEVELS, ClusterNode, Job
 from loadtests.replay.policies import ExtenderPolicy, KueueLikePolicy, StockPolicy
+from loadtests.replay.runtime import segmented_gbps
 from loadtests.replay.spans import Span, Spans, allreduce_gbps
 from loadtests.replay.workloads import offered_load, unplaceable
 from topology.fabric import CLIQUE_LABEL
@@ -53,7 +55,10 @@ def test_count_only_scatters_a_rack_sized_group_that_kueue_like_keeps_in_one_rac
     assert (one.groups_in_one_domain_share, whole.groups_in_one_domain_share) == (0.0, 1.0)
     assert whole.pending_p95_s_by_pods == {"1": 0.0, "9-18": freed - 20.0}
     assert one.pending_p95_s_by_pods["9-18"] == 0.0
-    assert one.modelled_group_job_time == pytest.approx(0.7 + 0.3 * 811 / (85 * 0.5))
+    halves = Counter(spans.blocks[outcome.placement.node][Span.DOMAIN] for outcome in members)
+    assert sorted(halves.values()) == [9, 9]  # two racks of 9: a hierarchical all-reduce crosses the spine on 1/9
+    assert one.modelled_group_job_time == pytest.approx(0.7 + 0.3 * 811 / segmented_gbps("gb200-node", Span.SPINE, 9))
+    assert one.modelled_group_job_time > 1.5
 
 
 def test_ours_keeps_a_rack_whole_so_the_group_starts_at_once_in_it() -> None:

@@ -72,6 +72,28 @@ def test_a_group_across_racks_runs_at_infiniband_speed_and_one_inside_a_rack_at_
     assert model.seconds(gang, across) > 1000 * (0.7 + 0.3 * gb200.domain_gbps / gb200.leaf_gbps) - 1e-6
 
 
+def test_a_group_in_intact_segments_pays_only_its_between_segment_traffic() -> None:
+    fleet = nvl72_fleet(racks=2, racks_per_leaf=2, hgx_leaves=0)  # two racks on one leaf
+    racks = [[node for node in fleet if dict(node.labels)[CLIQUE_LABEL] == clique]
+             for clique in sorted({dict(node.labels)[CLIQUE_LABEL] for node in fleet})]
+    model = RunTime(fleet, 0.3)
+    gang = Job("g", 0, 1000, 4, "GB200", group="g", pods=8)
+    whole = ALLREDUCE["gb200-node"]
+
+    def got(per_rack: list[int]) -> float:
+        placed = [Placement(node.name, (0, 1, 2, 3)) for rack, count in zip(racks, per_rack) for node in rack[:count]]
+        found = model.bandwidths(gang, placed)
+        assert found is not None and found[0] == whole.domain_gbps
+        return found[1]
+
+    assert got([8]) == whole.domain_gbps
+    assert got([4, 4]) == pytest.approx(1 / (1 / 811 + (1 / 85 - 1 / 811) / 4))  # 259 GB/s
+    assert got([6, 2]) == pytest.approx(1 / (1 / 811 + (1 / 85 - 1 / 811) / 2))  # equal segments of 2 at most
+    assert got([5, 3]) == whole.leaf_gbps  # no equal segments: a flat ring over the network
+    assert got([7, 1]) == whole.leaf_gbps
+    assert whole.leaf_gbps < got([6, 2]) < got([4, 4]) < whole.domain_gbps
+
+
 def test_the_engine_runs_each_job_for_its_run_time_and_a_group_for_one() -> None:
     def doubled(job: Job, placements: list[Placement]) -> float:
         return 2 * job.duration_s * len(placements)
