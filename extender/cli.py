@@ -30,6 +30,7 @@ from extender.kube.leader_label import LeaderLabel
 from extender.kube.reflector import Reflector
 from extender.server.gc_freeze import settle_when_synced
 from extender.server.serve import ServeOptions, serve
+from extender.verbs.group_placement import GROUP_AGE_BOUND_SECONDS
 from extender.verbs.service import ExtenderService
 from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS
 from topology.annotations import DEFAULT_PREFIX, AnnotationKeys
@@ -98,6 +99,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--group-timeout", type=float, default=GROUP_TIMEOUT_SECONDS, metavar="SECONDS",
                        help="how long a group's plan holds its GPUs for members still to come, from its last member "
                             f"bound (default {GROUP_TIMEOUT_SECONDS:g})")
+    serve.add_argument("--group-age-bound", type=float, default=GROUP_AGE_BOUND_SECONDS, metavar="SECONDS",
+                       help="a group that has waited this long for a domain drains the one predicted to free soonest, "
+                            "the longest-waiting group first, one at a time; 0: never (default "
+                            f"{GROUP_AGE_BOUND_SECONDS:g})")
     serve.add_argument("--api-timeout", type=float, default=1.2, metavar="SECONDS",
                        help="bound on each API call; bind makes one write (two calls after a conflict), which must "
                             "finish inside kube-scheduler's httpTimeout (3 s in scheduler-config/)")
@@ -157,6 +162,10 @@ def _serve(args: argparse.Namespace) -> int:
         log.warning("no --seal-key-file: bind records are sealed with a key of this process only; after a restart, "
                     "pods bound but not yet started are known again only once their node reports them")
         seal = Seal.ephemeral()
+    if not 0 <= args.group_age_bound <= MAX_TOPOLOGY_WAIT_SECONDS:
+        raise ValueError(f"--group-age-bound must be 0 to {MAX_TOPOLOGY_WAIT_SECONDS:g} seconds, "
+                         f"not {args.group_age_bound}")
+    groups = {"group_timeout": args.group_timeout, "group_age_bound": args.group_age_bound or None}
     if not 0 < args.group_timeout <= MAX_TOPOLOGY_WAIT_SECONDS:
         raise ValueError(f"--group-timeout must be more than 0 and at most {MAX_TOPOLOGY_WAIT_SECONDS:g} seconds, "
                          f"not {args.group_timeout}")
@@ -167,7 +176,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.demo:
         kube = DemoCluster(state)
         _heartbeat(kube)
-        service = ExtenderService(state, kube, topology_wait=args.topology_wait, group_timeout=args.group_timeout)
+        service = ExtenderService(state, kube, topology_wait=args.topology_wait, **groups)
     else:
         kube = (KubernetesApi.in_cluster(timeout=args.api_timeout) if args.in_cluster
                 else KubernetesApi.from_kubeconfig(args.kubeconfig, timeout=args.api_timeout))
@@ -176,7 +185,7 @@ def _serve(args: argparse.Namespace) -> int:
         if timings is not None:
             elector = _elector(args, kube, timings)
         service = ExtenderService(state, kube, leader=elector, pods=pods if elector else None,
-                                  topology_wait=args.topology_wait, group_timeout=args.group_timeout)
+                                  topology_wait=args.topology_wait, **groups)
         nodes.start()
         pods.start()
         for kind in KINDS:  # a cluster without the CRD or the alpha API answers 404: ask every 5 minutes at most

@@ -71,6 +71,9 @@ STATE_MAX_BYTES = 32 * 1024
 # (extender/verbs/wait.py); a longer one would hold drained GPUs back past any wait a training job accepts.
 MAX_TOPOLOGY_WAIT_SECONDS = 86_400
 
+# A pod's spec.activeDeadlineSeconds, as kube-apiserver admits it: a positive int32 (ValidatePodSpec), 68 years.
+MAX_ACTIVE_DEADLINE_SECONDS = 2**31 - 1
+
 
 def valid_id(value: str) -> bool:
     return ID_PATTERN.fullmatch(value) is not None

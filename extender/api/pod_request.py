@@ -15,7 +15,7 @@ from typing import Any
 
 from extender.api.group_request import GroupRequest, parse_group
 from topology.annotations import AnnotationKeys
-from topology.bounds import MAX_TOPOLOGY_WAIT_SECONDS
+from topology.bounds import MAX_ACTIVE_DEADLINE_SECONDS, MAX_TOPOLOGY_WAIT_SECONDS
 from topology.levels import Interconnect
 from topology.select import Request
 from topology.containers import ContainerNeed, container_needs, device_request, parse_count
@@ -42,6 +42,7 @@ class PodRequest:
     containers: tuple[ContainerNeed, ...] = ()  # its GPU containers in the kubelet's allocation order
     wait_seconds: float | None = None  # its own topology wait (extender/verbs/wait.py); None: the extender's
     group: GroupRequest | None = None  # the job it is a member of, placed whole (extender/groups.py)
+    deadline_seconds: int | None = None  # spec.activeDeadlineSeconds: the longest it runs once started
 
     @property
     def requires_topology(self) -> bool:
@@ -79,7 +80,8 @@ def parse_pod(pod: Mapping[str, Any], keys: AnnotationKeys, resource: str = DEFA
         group = parse_group(metadata, spec, keys)
     except ValueError as error:
         return PodRequest(namespace, name, uid, gpus, None, True, str(error), containers)
-    return PodRequest(namespace, name, uid, gpus, request, required, None, containers, wait_seconds, group)
+    return PodRequest(namespace, name, uid, gpus, request, required, None, containers, wait_seconds, group,
+                      spec.get("activeDeadlineSeconds"))
 
 
 def pod_shape_problem(pod: Mapping[str, Any]) -> str | None:
@@ -107,6 +109,9 @@ def pod_shape_problem(pod: Mapping[str, Any]) -> str | None:
         return None
     if not isinstance(spec, dict):
         return f"spec: expected an object, got {json_type(spec)}"
+    deadline = spec.get("activeDeadlineSeconds")
+    if deadline is not None and (type(deadline) is not int or not 1 <= deadline <= MAX_ACTIVE_DEADLINE_SECONDS):
+        return f"spec.activeDeadlineSeconds: expected a whole number from 1 to {MAX_ACTIVE_DEADLINE_SECONDS}"
     overhead = spec.get("overhead")
     if overhead is not None and not isinstance(overhead, dict):
         return f"spec.overhead: expected an object, got {json_type(overhead)}"

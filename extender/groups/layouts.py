@@ -123,18 +123,21 @@ def capacity(selector: Selector, nodes: Sequence[tuple[str, NodeKey]], count: in
     return sum(len(_healthy_sets(selector, key, count)) for _, key in nodes)
 
 
-def drain_targets(selector: Selector, nodes: Sequence[tuple[str, NodeKey]], members: int,
-                  count: int) -> tuple[int, list[Slot]]:
-    """The `members` full-bandwidth sets of the domain nearest to free (most of their GPUs free now), one node's
-    disjoint, and how many of their GPUs are free: what to drain so that departures complete the group."""
-    candidates: list[tuple[int, str, int]] = []
+def drain_targets(selector: Selector, nodes: Sequence[tuple[str, NodeKey]], members: int, count: int,
+                  frees_at: Mapping[str, float] | None = None) -> tuple[int, list[Slot]]:
+    """The `members` full-bandwidth sets of the domain nearest to free, one node's disjoint, and how many of their
+    GPUs are free: what to drain so that departures complete the group. Nearest: free now, else on the nodes
+    predicted to free soonest (`frees_at`, by node), then with most of their GPUs free now."""
+    candidates: list[tuple[float, int, str, int]] = []
     for name, key in nodes:
         ranked = sorted(_healthy_sets(selector, key, count, disjoint=False),
                         key=lambda mask, free=key.free: -(mask & free).bit_count())
-        candidates.extend(((mask & key.free).bit_count(), name, mask) for mask in _disjoint(ranked))
-    candidates.sort(key=lambda candidate: (-candidate[0], candidate[1]))
+        at = 0.0 if frees_at is None else frees_at[name]
+        candidates.extend((0.0 if mask & key.free == mask else at, -(mask & key.free).bit_count(), name, mask)
+                          for mask in _disjoint(ranked))
+    candidates.sort(key=lambda candidate: candidate[:3])
     chosen = candidates[:members]
-    return sum(ready for ready, _, _ in chosen), [Slot(name, mask) for _, name, mask in chosen]
+    return -sum(ready for _, ready, _, _ in chosen), [Slot(name, mask) for _, _, name, mask in chosen]
 
 
 def _healthy_sets(selector: Selector, key: NodeKey, count: int, disjoint: bool = True) -> list[int]:

@@ -10,15 +10,16 @@ other pod.
 
 A drain lasts no longer than its pod's wait and ends when the pod binds; at most one per pod and
 MAX_DRAINS in all, so a flood of waiting pods cannot hold back the cluster. Only GPUs that are free are drained:
-a drain never takes a GPU from anyone. A waiting group (extender/verbs/group_placement.py) drains one set per member
-across the nodes of the domain nearest to holding it, under the group's key: its members see them as free.
+a drain never takes a GPU from anyone. A group waiting past its age bound (extender/verbs/group_placement.py)
+drains one set per member across the nodes of the domain predicted to free soonest, under the group's key: its
+members see them as free. Its drain is a lease the group renews each time kube-scheduler retries it.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from extender.api._names import lookup
 from extender.cache.cluster_state import ClusterState
@@ -56,6 +57,10 @@ class Drains:
 
     def __len__(self) -> int:
         return len(self._by_pod)
+
+    def in_force(self) -> list[Drain]:
+        with self._lock:
+            return list(self._by_pod.values())
 
     def held(self, node: str, uid: str, now: float) -> int:
         """GPUs of `node` that pod `uid` may not take: those drained for other pods."""
@@ -104,11 +109,15 @@ class Drains:
             return self._add(Drain(uid, ((node, target),), until))
 
     def start_sets(self, uid: str, targets: Sequence[tuple[str, int]], until: float, now: float) -> Drain | None:
-        """Drain these sets for `uid` (a waiting group), unless it drains already or none overlaps another's."""
+        """Drain these sets for `uid` (a waiting group) until `until`, unless one overlaps another's; a group that
+        drains already keeps its sets, and its drain lasts until `until` if that is later (a lease it renews)."""
         self._expire(now)
         with self._lock:
-            if uid in self._by_pod:
-                return self._by_pod[uid]
+            drain = self._by_pod.get(uid)
+            if drain is not None:
+                if until > drain.until:
+                    drain = self._by_pod[uid] = replace(drain, until=until)
+                return drain
             if len(self._by_pod) >= self._limit or any(self._by_node.get(node, 0) & gpus for node, gpus in targets):
                 return None
             return self._add(Drain(uid, tuple(targets), until))

@@ -7,11 +7,20 @@ states: after a restart, an expired plan or a lost node, the rest of the group i
 domain where its bound members already are.
 
 A group no domain of its span can hold now waits, as a single pod waits for a full-bandwidth set
-(extender/verbs/wait.py), and drains the domain nearest to holding it (extender/verbs/drains.py): every node says
-why, and nothing of it binds. A group with `required` placement waits for as long as it takes (it drains only within
-the wait); a preferred one, once its wait is out, tries wider spans (a leaf, a spine), then places its
-members as single pods. A group no domain could hold even empty is refused at once if required, and placed
-member by member if preferred.
+(extender/verbs/wait.py): every node says why, and nothing of it binds. A group with `required` placement waits
+for as long as it takes. A preferred one (the default) waits as long as waiting finishes it sooner than a split
+(`group_wait`): its own `topology-wait` if it states one; else, where its members state activeDeadlineSeconds,
+SPLIT_COST times that; else for as long as a domain could hold it, since a split runs slower for its whole run
+and the replay measured that any split feeds itself at load (issue 29). Then it tries wider spans (a leaf, a
+spine) with its members in equal segments, each inside one NVLink domain, the largest that fit, and last places
+its members as single pods. A group no domain could hold even empty is refused at once if required, and goes to
+the wider spans at once if preferred.
+
+No group starves: with an age bound (--group-age-bound), the group waiting longest past it drains the domain
+predicted to free soonest (extender/verbs/drains.py), one group at a time. A running pod's remaining time is
+predicted from its elapsed time (as long again: GPU job run times are heavy-tailed). The drain is a lease the
+group renews at each retry, and its pods' reason says so. Drains are not taken during the ordinary wait: holding
+free GPUs idle for every waiting group cost utilization and lengthened the waits of large groups (issue 29).
 
 A group with a segment (`gpu-topology.io/group-segment`, Slurm's `--segment`) that spans more than an NVLink
 domain is planned with each segment of members inside one NVLink domain, in as few as hold them
@@ -24,6 +33,7 @@ cannot make a group fit (the preempt verb knows no groups yet).
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,7 +43,7 @@ from extender.api.pod_request import PodRequest
 from extender.cache.cluster_state import ClusterState
 from extender.cache.domains import span_name
 from extender.cache.node_view import NodeKey
-from extender.groups.layouts import Layout, best_layout, capacity, drain_targets, layout
+from extender.groups.layouts import Layout, Slot, best_layout, capacity, drain_targets, layout
 from extender.groups.plans import GroupPlans, Plan
 from extender.verbs.drains import Drains
 from extender.verbs.filter import FilterOutcome
@@ -47,6 +57,20 @@ PLAN_LIMIT = "too many group plans in force; the group waits for one to end"
 MAX_SCORE = 10
 NO_ROOM_SECONDS = 1.0
 MAX_REMEMBERED_GROUPS = 4096
+SPLIT_COST = 2.5
+"""A preferred group that states activeDeadlineSeconds waits this many times it for one domain before it splits.
+Split across NVL72 racks over InfiniBand it would run (1 - c) + c x 811 / 85 times as long, 3.56x at the replay's
+communication share c = 0.3 (loadtests/replay/runtime.py): a wait of up to 2.56 runs still finishes no later."""
+RETRIED_SECONDS = 600.0
+"""A group refused within this long is still waiting: kube-scheduler retries an unschedulable pod at least every
+5 minutes (its flush of unschedulable pods), so one not seen for twice that was deleted or placed elsewhere."""
+DRAIN_LEASE_SECONDS = 600.0
+"""An age-bound drain lasts this long past the group's last retry: a group gone lets its domain go within it."""
+AGE_DRAINING = "past its age bound, a domain is drained for it"
+GROUP_AGE_BOUND_SECONDS = 7200.0
+"""--group-age-bound's default. Measured in the replay (nvl72 fleet, load 0.85, --comm-share 0.3, seed 1), longest
+wait of 9-18-tray gangs and mean JCT: none 39,454 s and 2,029 s; 4 h 29,554 s and 2,000 s; 2 h 21,925 s and
+1,910 s; 1 h 27,510 s and 2,113 s, goodput 70.7%, 70.4%, 70.5%, 69.0%: shorter bounds drain too often."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,19 +78,21 @@ class _NoRoom:
     """No domain of `span` holds the group now, though one could once GPUs come free."""
 
     span: str
-    nodes: tuple[tuple[str, NodeKey], ...]  # the domain nearest to holding it, for the drain
+    targets: tuple[Slot, ...]  # the sets of the domain predicted to free soonest, for an age-bound drain
     members: int
 
 
 class GroupPlacement:
     def __init__(self, state: ClusterState, plans: GroupPlans, selector: Selector, wait: WaitClock,
-                 drains: Drains) -> None:
+                 drains: Drains, age_bound: float | None = None) -> None:
         self.state = state
         self.plans = plans
         self.selector = selector
         self.wait = wait
         self.drains = drains
+        self.age_bound = age_bound
         self._no_room: OrderedDict[str, tuple[int, float, _NoRoom | None]] = OrderedDict()
+        self._waiting: OrderedDict[str, tuple[float, float]] = OrderedDict()  # key -> (first, last refusal)
 
     def filter(self, pod: PodRequest, names: Sequence[str]) -> FilterOutcome | None:
         """The member's verdicts, or None when it is to be placed as a single pod."""
@@ -99,11 +125,11 @@ class GroupPlacement:
                 self.plans.install(found)
                 self.wait.forget(key)
                 self.drains.end(key)
+                self._waiting.pop(key, None)
                 log.info("group %s planned in %s %s: %s", key, span_name(found.span), found.domain,
                          ", ".join(slot.node for slot in found.slots))
                 return _only(names, self._open_nodes(key, pod.uid))
-        seconds = self.wait.seconds(pod)
-        within = self.wait.holds(key, seconds, now)
+        within = self.wait.holds(key, self.group_wait(pod), now)
         if found is None:
             if group.required:
                 return _refuse(names, f"no {span_name(group.span)} can hold the group's pods of "
@@ -111,13 +137,36 @@ class GroupPlacement:
             return None
         if not (group.required or within):
             return None
-        if within:
-            deadline = self.wait.deadline(key, seconds)
-            _, targets = drain_targets(self.selector, found.nodes, found.members, request.count)
-            if deadline is not None and targets:
-                self.drains.start_sets(key, [(slot.node, slot.gpus) for slot in targets], deadline, now)
-        return _refuse(names, f"no {span_name(found.span)} with room for {found.members} pods of {request.count} "
-                              "GPUs", resolvable=False)
+        reason = f"no {span_name(found.span)} with room for {found.members} pods of {request.count} GPUs"
+        if self._age_drain(key, found, now):
+            reason += f"; {AGE_DRAINING}"
+        return _refuse(names, reason, resolvable=False)
+
+    def group_wait(self, pod: PodRequest) -> float:
+        """How long a preferred group waits for one domain of its span before it splits (the module's docstring)."""
+        if pod.wait_seconds is not None:
+            return pod.wait_seconds
+        if self.wait.wait_seconds <= 0:
+            return 0.0
+        if pod.deadline_seconds is not None:
+            return max(self.wait.wait_seconds, SPLIT_COST * pod.deadline_seconds)
+        return math.inf
+
+    def _age_drain(self, key: str, found: _NoRoom, now: float) -> bool:
+        """Whether the group drains now: it has waited past the age bound, longest of the groups still retried."""
+        waiting = self._waiting
+        first, _ = waiting.pop(key, (now, now))
+        waiting[key] = (first, now)
+        if len(waiting) > MAX_REMEMBERED_GROUPS:
+            waiting.popitem(last=False)
+        if self.age_bound is None or now - first < self.age_bound or not found.targets:
+            return False
+        oldest = min((since, other) for other, (since, seen) in waiting.items() if now - seen < RETRIED_SECONDS)
+        if oldest[1] != key:
+            return False
+        drain = self.drains.start_sets(key, [(slot.node, slot.gpus) for slot in found.targets],
+                                       now + DRAIN_LEASE_SECONDS, now)
+        return drain is not None
 
     def prioritize(self, pod: PodRequest, names: Sequence[str]) -> list[int] | None:
         """Planned nodes first; None when the member has no plan (it is placed as a single pod)."""
@@ -185,30 +234,52 @@ class GroupPlacement:
             if best is not None:
                 return Plan(key, span, best.domain, request.count, best.slots, now, now + self.plans.timeout)
             if wait_at is None:
-                wait_at = self._nearest(span, domains, remaining, request.count)
-                if wait_at is not None and (group.required or self.wait.holds(key, self.wait.seconds(pod), now)):
+                wait_at = self._soonest(span, domains, remaining, request.count, now)
+                if wait_at is not None and (group.required or self.wait.holds(key, self.group_wait(pod), now)):
                     return wait_at
         return wait_at
 
     def _layout(self, group: GroupRequest, span: str, domain: str, usable: list[tuple[str, NodeKey]], members: int,
                 count: int, candidates: frozenset[str]) -> Layout | None:
-        """The group's layout in one block of the span: with a segment, each segment inside one NVLink domain."""
-        if group.segment is None or group.segment == 1 or span == NVLINK_DOMAIN:
-            return layout(self.selector, domain, usable, members, count, candidates)
+        """The group's layout in one block of the span: with a segment, each segment inside one NVLink domain;
+        without one, past its own span, in the largest equal segments that fit, each inside one NVLink domain
+        (a split pays only its between-segment traffic)."""
         index = self.state.domains
-        return layout(self.selector, domain, usable, members, count, candidates, group.segment,
-                      lambda node: index.domain_of(NVLINK_DOMAIN, node))
 
-    def _nearest(self, span: str, domains: list[tuple[str, list[tuple[str, NodeKey]]]], members: int,
-                 count: int) -> _NoRoom | None:
-        """Among the domains that could hold the group with every GPU free, the one nearest to holding it now."""
-        nearest: tuple[int, list[tuple[str, NodeKey]]] | None = None
+        def nvlink_of(node: str) -> str | None:
+            return index.domain_of(NVLINK_DOMAIN, node)
+
+        if span == NVLINK_DOMAIN or group.segment == 1 or (group.segment is None and span == group.span):
+            return layout(self.selector, domain, usable, members, count, candidates)
+        if group.segment is not None:
+            return layout(self.selector, domain, usable, members, count, candidates, group.segment, nvlink_of)
+        for segment in sorted((size for size in range(2, members) if members % size == 0), reverse=True):
+            found = layout(self.selector, domain, usable, members, count, candidates, segment, nvlink_of)
+            if found is not None:
+                return found
+        return layout(self.selector, domain, usable, members, count, candidates)
+
+    def _soonest(self, span: str, domains: list[tuple[str, list[tuple[str, NodeKey]]]], members: int, count: int,
+                 now: float) -> _NoRoom | None:
+        """Among the domains that could hold the group with every GPU free, the one predicted to hold it soonest:
+        by when the last of its sets frees (a node frees when its longest-running pod ends, predicted to run as
+        long again as it has), then by most GPUs free now."""
+        soonest: tuple[tuple[float, int], list[Slot]] | None = None
         for _, usable in domains:
             if capacity(self.selector, usable, count) >= members:
-                ready, _ = drain_targets(self.selector, usable, members, count)
-                if nearest is None or ready > nearest[0]:
-                    nearest = (ready, usable)
-        return None if nearest is None else _NoRoom(span, tuple(nearest[1]), members)
+                frees_at = {name: self._frees_at(name, now) for name, _ in usable}
+                ready, targets = drain_targets(self.selector, usable, members, count, frees_at)
+                keys = dict(usable)
+                rank = (max((frees_at[slot.node] for slot in targets if slot.gpus & keys[slot.node].free != slot.gpus),
+                            default=now), -ready)
+                if soonest is None or rank < soonest[0]:
+                    soonest = (rank, targets)
+        return None if soonest is None else _NoRoom(span, tuple(soonest[1]), members)
+
+    def _frees_at(self, node: str, now: float) -> float:
+        """When the node's pods are predicted to have ended: each runs as long again as it has run (the median
+        remaining time of a heavy-tailed run time grows with its age)."""
+        return now + max((now - entry.at for entry in self.state.ledger.entries(node)), default=0.0)
 
     def _domains(self, span: str, placed_nodes: list[str]) -> list[tuple[str, list[str]]]:
         """The span's domains as (domain, nodes); only the one most of the group's bound members are in, if any."""

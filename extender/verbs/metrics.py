@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sized
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from extender.cache.cluster_state import ClusterState
+from extender.verbs.drains import Drains
 from topology.sharing import Sharing
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -16,7 +17,8 @@ _GBPS_BUCKETS = (5, 10, 20, 50, 100, 150, 200, 300, 450, 600, 900)
 
 
 class Metrics:
-    def __init__(self, state: ClusterState, plans: Sized, leading: Callable[[], bool] = lambda: True) -> None:
+    def __init__(self, state: ClusterState, plans: Sized, leading: Callable[[], bool] = lambda: True,
+                 drains: Drains | None = None) -> None:
         self.registry = CollectorRegistry()
         self.request_seconds = Histogram("gpu_topology_extender_request_seconds", "Time to answer a verb, server side",
                                          ["verb"], buckets=_LATENCY_BUCKETS, registry=self.registry)
@@ -43,6 +45,12 @@ class Metrics:
         planned = Gauge("gpu_topology_extender_group_plans", "Group plans in force (extender/groups/plans.py)",
                         registry=self.registry)
         planned.set_function(lambda: len(plans))
+        if drains is not None:
+            draining = Gauge("gpu_topology_extender_drains", "Drains in force: free GPUs held back for a waiting "
+                             "pod or, past its age bound, a waiting group (extender/verbs/drains.py)",
+                             registry=self.registry)
+            draining.set_function(lambda: len(drains))
+            self.registry.register(_DrainsStarted(drains))
         doubtful = Gauge("gpu_topology_extender_nodes_domain_refused",
                          "Nodes whose NVLink domain was refused (fabric not complete, GPUs or sources disagreeing)",
                          registry=self.registry)
@@ -90,3 +98,14 @@ class _SharedNodes(Collector):
         for mode, count in counts.items():
             family.add_metric([mode.value], count)
         yield family
+
+
+class _DrainsStarted(Collector):
+    """Drains begun, counted by the drains themselves (a count kept where it changes, read at scrape)."""
+
+    def __init__(self, drains: Drains) -> None:
+        self._drains = drains
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily("gpu_topology_extender_drains_started", "Drains begun since the extender started",
+                                  value=self._drains.started)

@@ -44,7 +44,7 @@ from extender.verbs.bind import (
 )
 from extender.verbs.drains import Drains
 from extender.verbs.filter import FilterOutcome, Verdict, filter_nodes
-from extender.verbs.group_placement import GroupPlacement
+from extender.verbs.group_placement import GROUP_AGE_BOUND_SECONDS, GroupPlacement
 from extender.verbs.metrics import Metrics
 from extender.verbs.preempt import preempt_nodes
 from extender.verbs.scoring import Offer, prioritize_nodes
@@ -89,7 +89,8 @@ def _pass_on(answer: asyncio.Future[str], done: asyncio.Future[str]) -> None:
 class ExtenderService:
     def __init__(self, state: ClusterState, kube: KubeApi, selector: Selector | None = None, *,
                  leader: Leadership | None = None, pods: Relister | None = None,
-                 topology_wait: float = TOPOLOGY_WAIT_SECONDS, group_timeout: float = GROUP_TIMEOUT_SECONDS) -> None:
+                 topology_wait: float = TOPOLOGY_WAIT_SECONDS, group_timeout: float = GROUP_TIMEOUT_SECONDS,
+                 group_age_bound: float | None = GROUP_AGE_BOUND_SECONDS) -> None:
         if (leader is None) != (pods is None):
             raise ValueError("leader election needs the pod reflector, to rebuild the ledger on each win")
         self.state = state
@@ -98,12 +99,13 @@ class ExtenderService:
         self.wait = WaitClock(topology_wait)
         self.drains = Drains()
         self.plans = GroupPlans(state, group_timeout)
-        self.groups = GroupPlacement(state, self.plans, self.selector, self.wait, self.drains)
+        self.groups = GroupPlacement(state, self.plans, self.selector, self.wait, self.drains, group_age_bound)
         self.leader, self._pod_lists = leader, pods
         self._rebuild: tuple[int, int] | None = None  # (term, ticket of the pod list that rebuilds its ledger)
         if leader is not None:
             leader.on_new_term(self._new_term)
-        self.metrics = Metrics(state, self.plans, leading=lambda: leader is None or leader.term() is not None)
+        self.metrics = Metrics(state, self.plans, leading=lambda: leader is None or leader.term() is not None,
+                               drains=self.drains)
         self._verdicts: ShapeMemo[Verdict] = ShapeMemo()
         self._offers: ShapeMemo[Offer | None] = ShapeMemo()
         self._pods: OrderedDict[str, tuple[str, PodRequest]] = OrderedDict()  # uid -> (resourceVersion, request)

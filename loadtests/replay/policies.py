@@ -32,6 +32,7 @@ from extender.api.group_request import NVLINK_DOMAIN
 from extender.api.wire import BindingArgs, ExtenderArgs
 from extender.cache.cluster_state import ClusterState
 from extender.demo.cluster import DemoCluster
+from extender.verbs.group_placement import GROUP_AGE_BOUND_SECONDS
 from extender.verbs.service import ExtenderService
 from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS
 from loadtests.replay.boards import BoardKey, board_key, board_topology
@@ -162,7 +163,8 @@ class ExtenderPolicy(_KubeSearch):
 
     def __init__(self, name: str, nodes: Sequence[ClusterNode], *, delivery: bool,
                  profile: Profile | None = None, topology_wait: float = TOPOLOGY_WAIT_SECONDS,
-                 topology_levels: tuple[str, ...] = (), group_placement: str = "preferred") -> None:
+                 topology_levels: tuple[str, ...] = (), group_placement: str = "preferred",
+                 group_age_bound: float = GROUP_AGE_BOUND_SECONDS) -> None:
         self.name = name
         self.group_placement = group_placement
         self.profile = profile or shipped_profile()
@@ -170,7 +172,8 @@ class ExtenderPolicy(_KubeSearch):
         # Real agents republish node state every few seconds, so no node goes stale: the replay's never do.
         self.state = ClusterState(clock=lambda: EPOCH + self.now, stale_after=math.inf, levels=topology_levels)
         self.cluster = demo_cluster(nodes, self.state, delivery=delivery)
-        self.service = ExtenderService(self.state, self.cluster, topology_wait=topology_wait)
+        self.service = ExtenderService(self.state, self.cluster, topology_wait=topology_wait,
+                                       group_age_bound=group_age_bound or None)
         self.spans = Spans(nodes)
         self.index = {name: {gpu.uuid: gpu.index for gpu in topology.gpus}
                       for name, topology in self.cluster.topologies.items()}

@@ -8,6 +8,7 @@ shows each Binding to the watch, as the real one does.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -79,7 +80,7 @@ def _cluster(clock: ManualClock, busy: Mapping[str, tuple[int, ...]] | None = No
     return ExtenderService(state, kube, topology_wait=600.0), kube  # type: ignore[arg-type]
 
 
-def _pod(kube: _Kube, name: str, gpus: int, group: str | None = None, size: int | str = 4,
+def _pod(kube: _Kube, name: str, gpus: int, group: str | None = None, size: int | str = 4, deadline: int | None = None,
          **extra: str) -> dict[str, Any]:
     annotations = dict(extra)
     if group is not None:
@@ -87,6 +88,8 @@ def _pod(kube: _Kube, name: str, gpus: int, group: str | None = None, size: int 
     pod = {"metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}", "resourceVersion": "1",
                         "annotations": annotations},
            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}
+    if deadline is not None:
+        pod["spec"]["activeDeadlineSeconds"] = deadline
     kube.pods[pod["metadata"]["uid"]] = pod
     assert kube.state is not None
     kube.state.pods.apply("ADDED", pod)
@@ -144,13 +147,81 @@ def test_best_fit_fills_a_partly_used_domain_before_breaking_an_empty_one() -> N
     assert "a00" not in outcome.passed and "a01" not in outcome.passed
 
 
-def test_a_group_that_fits_no_domain_now_waits_on_every_node_and_holds_nothing_but_its_drain() -> None:
+def test_a_group_that_fits_no_domain_now_waits_on_every_node_and_holds_nothing() -> None:
     service, kube = _cluster(ManualClock(), busy={name: (0,) for name in ALL[::2]})  # 3 whole trays per domain
     outcome = service.filter(ExtenderArgs(_pod(kube, "w0", 4, group="big"), ALL, None))
     assert outcome.passed == []
     assert outcome.unresolvable == {"no NVLink domain with room for 4 pods of 4 GPUs": ALL}
     assert not service.state.ledger.pods()
-    assert len(service.drains) == 1  # the domain nearest to holding it drains for it
+    assert len(service.drains) == 0  # no age bound: waiting holds no free GPU back
+
+
+def test_a_preferred_group_no_domain_holds_splits_into_the_largest_equal_segments_at_once() -> None:
+    service, kube = _cluster(ManualClock())
+    members = [_pod(kube, f"w{i}", 4, group="wide", size=8) for i in range(8)]
+    nodes = [_schedule(service, pod) for pod in members]
+    assert None not in nodes
+    assert sorted(Counter(_domain(node) for node in nodes if node).values()) == [4, 4]  # not 6 + 2: two racks of 4
+
+
+@pytest.mark.parametrize("deadline", [None, 100])
+def test_a_preferred_group_waits_for_one_domain_unless_its_deadline_says_a_split_finishes_sooner(
+        deadline: int | None) -> None:
+    clock = ManualClock()
+    busy = {name: (0,) for name in ["a00", "a01", "a02", "b00", "b01", "b02"]}  # 3 whole trays free in each domain
+    service, kube = _cluster(clock, busy=busy)
+    members = [_pod(kube, f"w{i}", 4, group="six", size=6, deadline=deadline) for i in range(6)]
+    assert _schedule(service, members[0]) is None
+    clock.now += 601  # past the extender's 600 s, and past 2.5 x a 100 s deadline
+    nodes = [_schedule(service, pod) for pod in members]
+    if deadline is None:  # no run time stated: a split would run slower for its whole run, so it waits on
+        assert nodes == [None] * 6
+    else:
+        assert sorted(Counter(_domain(node) for node in nodes if node).values()) == [3, 3]
+
+
+def _bind_to(service: ExtenderService, pod: dict[str, Any], node: str) -> None:
+    meta = pod["metadata"]
+    assert service.filter(ExtenderArgs(pod, [node], None)).passed == [node]
+    assert not service.bind(BindingArgs(meta["name"], meta["namespace"], meta["uid"], node))
+
+
+def test_the_group_waiting_longest_past_its_age_bound_drains_the_domain_predicted_to_free_soonest() -> None:
+    clock = ManualClock()
+    service, kube = _cluster(clock)
+    service.groups.age_bound = 600.0
+    _bind_to(service, _pod(kube, "old", 1), "a00")  # domain a: one pod, running for an hour by the time it matters
+    clock.now += 3000
+    for node in ("b00", "b01"):  # domain b: two pods, just started; a has more GPUs free, b frees sooner
+        _bind_to(service, _pod(kube, f"young-{node}", 1), node)
+    first = [_pod(kube, f"f{i}", 4, group="first", size=NODES_PER_DOMAIN) for i in range(NODES_PER_DOMAIN)]
+    second = [_pod(kube, f"s{i}", 4, group="second", size=NODES_PER_DOMAIN) for i in range(NODES_PER_DOMAIN)]
+    waiting = {"no NVLink domain with room for 6 pods of 4 GPUs": ALL}
+    assert service.filter(ExtenderArgs(first[0], ALL, None)).unresolvable == waiting
+    clock.now += 100
+    assert service.filter(ExtenderArgs(second[0], ALL, None)).unresolvable == waiting
+    assert len(service.drains) == 0  # within the age bound
+    clock.now += 550  # the first past its bound, the second not yet
+    drained = {"no NVLink domain with room for 6 pods of 4 GPUs; past its age bound, a domain is drained for it": ALL}
+    assert service.filter(ExtenderArgs(first[0], ALL, None)).unresolvable == drained
+    (drain,) = service.drains.in_force()
+    assert drain.nodes == frozenset(_names("b"))  # predicted soonest: its pods are 650 s old, a's 3,650 s
+    clock.now += 100  # both past the bound: only the one waiting longest drains
+    assert service.filter(ExtenderArgs(second[0], ALL, None)).unresolvable == waiting
+    registry = service.metrics.registry
+    assert registry.get_sample_value("gpu_topology_extender_drains") == 1
+    assert registry.get_sample_value("gpu_topology_extender_drains_started_total") == 1
+    single = _pod(kube, "single", 1)  # single pods keep landing, outside the drained domain
+    passed = service.filter(ExtenderArgs(single, ALL, None)).passed
+    assert passed and {_domain(node) for node in passed} == {"a"}
+    for node in ("b00", "b01"):  # the young pods end: the first group gets the domain drained for it
+        assert kube.state is not None
+        kube.state.pods.apply("DELETED", kube.pods[f"uid-young-{node}"])
+    planned = service.filter(ExtenderArgs(first[0], ALL, None)).passed
+    assert {_domain(node) for node in planned} == {"b"} and len(service.drains) == 0
+    clock.now += 10  # and the second, now the longest waiting, drains next
+    assert service.filter(ExtenderArgs(second[0], ALL, None)).unresolvable == drained
+    assert len(service.drains) == 1
 
 
 def test_two_groups_racing_for_the_last_free_domain_never_both_end_half_placed() -> None:
