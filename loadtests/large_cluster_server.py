@@ -68,6 +68,7 @@ from extender.demo.cluster import DEMO_NODES, DemoCluster, with_uuids
 from extender.server.app import create_app
 from extender.server.gc_freeze import settle_when_synced
 from extender.server.serve import ServeOptions, server_config
+from extender.verbs.drains import MAX_DRAINS
 from extender.verbs.service import ExtenderService
 from topology.agent.claims import Board
 from topology.annotations import AnnotationKeys
@@ -309,9 +310,11 @@ class GcPauses:
 
 
 def build(nodes: int, fill: float, window: int, seed: int, hostile: Path | None = None, leaf_nodes: int = 0,
-          plans: int = 0) -> tuple[ExtenderService, LoadCluster, Churn, dict]:
+          plans: int = 0, drains: int = 0) -> tuple[ExtenderService, LoadCluster, Churn, dict]:
     if plans and not leaf_nodes:
         raise ValueError("planned groups span a leaf: --plans needs --leaf-nodes")
+    if not 0 <= drains <= min(MAX_DRAINS, nodes):
+        raise ValueError(f"--drains must be 0 to {min(MAX_DRAINS, nodes)}, not {drains}")
     started = time.perf_counter()
     layout = cluster_nodes(nodes)
     labels = network_labels([name for name, _ in layout], leaf_nodes) if leaf_nodes else None
@@ -342,6 +345,7 @@ def build(nodes: int, fill: float, window: int, seed: int, hostile: Path | None 
     if hostile is not None:
         cluster.add_hostile(HOSTILE_NODE, decode_topology(hostile.read_text(encoding="utf-8")))
     planning = plan_groups(service, cluster, plans)
+    draining = start_drains(service, drains)
     churn = Churn(cluster, running, window)
     churn.create_up_to(window - 1)
     cluster.on_bound = churn.bound
@@ -349,7 +353,7 @@ def build(nodes: int, fill: float, window: int, seed: int, hostile: Path | None 
     facts = {"nodes": len(names), "gpus": total, "used_gpus": used, "fill_pods": len(running),
              "fill_refused_binds": refused, "pending_pods": churn.created, "distinct_node_keys": len(keys),
              "boards": len({key.compiled.fingerprint for key in keys}), "leaf_nodes": leaf_nodes,
-             "spine_leaves": SPINE_LEAVES, **planning, **plans_in_force(service),
+             "spine_leaves": SPINE_LEAVES, **planning, **draining, **plans_in_force(service),
              "setup_seconds": round(time.perf_counter() - started, 2)}
     return service, cluster, churn, facts
 
@@ -371,11 +375,28 @@ def plan_groups(service: ExtenderService, cluster: LoadCluster, count: int) -> d
             "plan_filter_ms_max": round(1000 * max(took, default=0.0), 2)}
 
 
+def start_drains(service: ExtenderService, count: int) -> dict[str, int]:
+    """`count` drains in force for the whole run, as pods waiting for a full set leave them (extender/verbs/wait.py):
+    each holds back the free GPUs of a set of 2 on a node of its own, spread over the cluster, so every request's
+    5,000 names meet them. Nodes with no such set free are passed over."""
+    state, drains = service.state, service.drains
+    names = list(state.views())
+    now = state.clock()
+    for step in range(len(names)):
+        if len(drains) >= count:
+            break
+        name = names[step * 7919 % len(names)]
+        key = state.keys_for([name])[0]
+        if isinstance(key, NodeKey):
+            drains.start(f"drain-{step}", [(name, key)], service.selector, 2, now + 1e9, now)
+    return {"drains": len(drains)}
+
+
 def plans_in_force(service: ExtenderService) -> dict[str, int]:
     """The plans in force, and their open slots and GPUs held in the ledger."""
     planned = [entry for entry in service.state.ledger.pods() if entry.phase is Phase.PLANNED]
     return {"plans": len(service.plans), "planned_slots": len(planned),
-            "planned_gpus": sum(len(entry.gpus) for entry in planned)}
+            "planned_gpus": sum(len(entry.gpus) for entry in planned), "drains_in_force": len(service.drains)}
 
 
 def serve(service: ExtenderService, cluster: LoadCluster, churn: Churn, facts: dict, port: int) -> None:
@@ -496,9 +517,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "those levels (default 0: no labels, no levels)")
     parser.add_argument("--plans", type=int, default=0,
                         help="groups planned before serving, each in one leaf (default 0; needs --leaf-nodes)")
+    parser.add_argument("--drains", type=int, default=0,
+                        help=f"drains in force while serving, each on a node of its own (default 0; at most "
+                             f"{MAX_DRAINS})")
     args = parser.parse_args(argv)
     service, cluster, churn, facts = build(args.nodes, args.fill, args.window, args.seed, args.hostile,
-                                           args.leaf_nodes, args.plans)
+                                           args.leaf_nodes, args.plans, args.drains)
     serve(service, cluster, churn, facts, args.port)
     return 0
 

@@ -69,7 +69,11 @@ FLOOR_RATIO_TARGET = 1.5
 CYCLES_TARGET = 300.0
 TARGET_NAMES = 5000
 PLANS_MARGIN = 0.10
-"""Issue 17: with group plans in force, filter and prioritize within 10% of the same run without them."""
+"""Issues 17 and 29: with group plans and drains in force, filter and prioritize within 10% of the same run
+without them."""
+DRAINS = 256
+"""Drains in force beside the plans: pods waiting for a full set (each drains one) and a group past its age bound.
+Each on a node of its own, so filter and prioritize take the path for many drained nodes among 5,000 names."""
 OURS = ("extender", "scoring", "topology")  # the profile's rows of our own code, by their file's directory
 TICKS = os.sysconf("SC_CLK_TCK")
 IDLE_SECONDS = 4.0
@@ -435,6 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plans", type=int, default=1000,
                         help="group plans in force in a second extender, measured against the first at 5,000 "
                              "names (default 1000; 0: no second extender)")
+    parser.add_argument("--drains", type=int, default=DRAINS,
+                        help=f"drains in force in the extender with plans, each on a node of its own (default "
+                             f"{DRAINS})")
     parser.add_argument("--wait-idle", type=float, default=0.0, metavar="SECONDS",
                         help="first wait up to this long for the machine to be idle (default 0: start at once)")
     parser.add_argument("--write", metavar="PATH", help="rewrite the load_extender section of this Markdown file")
@@ -462,7 +469,7 @@ def orchestrate(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
                str(args.fill), "--leaf-nodes", str(args.leaf_nodes)]
     commands = {"extender": cluster, "floor": [sys.executable, str(HERE / "floor_server.py")]}
     if args.plans:
-        commands["plans"] = cluster + ["--plans", str(args.plans)]
+        commands["plans"] = cluster + ["--plans", str(args.plans), "--drains", str(args.drains)]
     servers: dict[str, Server] = {}
     try:
         start_servers(commands, logs, servers)
@@ -821,8 +828,9 @@ class PlansComparison:
         rows = []
         for verb in VERBS[:2]:
             p50, p99 = self.ratios(verb)
-            rows.append(f"| {verb} with {groups:,} group plans in force: server p50 and p99 within "
-                        f"{PLANS_MARGIN:.0%} of the same run without (issue 17) | {p50:.2f}x / {p99:.2f}x | "
+            rows.append(f"| {verb} with {groups:,} group plans and {self.plan_facts['drains']:,} drains in force: "
+                        f"server p50 and p99 within {PLANS_MARGIN:.0%} of the same run without (issues 17 and 29) | "
+                        f"{p50:.2f}x / {p99:.2f}x | "
                         f"{self.verdict(verb)} |")
         return rows
 
@@ -834,10 +842,11 @@ class PlansComparison:
         ours = sum(usage[1][role] - usage[0][role] for role in ("extender", "plans", "floor", "client"))
         others = max(0.0, usage[1]["machine_busy"] - usage[0]["machine_busy"] - ours) / self.data["seconds"]
         lines = [
-            f"### Group plans in force (issue 17): {self.data['size']:,} names, without and with "
-            f"{plan['plan_groups']:,} plans", "",
+            f"### Group plans and drains in force (issues 17 and 29): {self.data['size']:,} names, without and "
+            f"with {plan['plan_groups']:,} plans and {plan['drains']:,} drains", "",
             "Two extender processes built alike (the same nodes, network labels, levels and seed, so the same "
-            "fill); the second then plans the groups before serving. The client sends both the same pods, in "
+            "fill); the second then plans the groups and starts the drains before serving. The client sends both "
+            "the same pods, in "
             f"the {self.data['size']:,}-name latency phase only (the other phases run on the extender without "
             f"plans), in rounds of {self.data['round']} cycles on one and then on the other, the first to go "
             "alternating from round to round, so that drift on the shared machine meets both alike. The load's "
@@ -847,6 +856,11 @@ class PlansComparison:
             "gets only the names that passed, fewer where the plans hold GPUs (here "
             f"{self.mean_passed('without'):,.0f} without plans and {self.mean_passed('with'):,.0f} with, on "
             "average), which would make prioritize look cheaper with plans than it is.", "",
+            f"- Drains: {plan['drains']:,}, each holding back the free GPUs of a set of 2 on a node of its own, "
+            "spread over the cluster, for the whole run (`loadtests/large_cluster_server.py` `start_drains`): "
+            "more drained nodes than the few that filter and prioritize look up one by one, so every request "
+            f"takes the path for many; {before['with']['drains_in_force']:,} in force before the load, "
+            f"{after['with']['drains_in_force']:,} after it.",
             f"- Groups: {plan['plan_groups']:,}, of 2, 3 and 4 members in turn with {plan['plan_gpus_per_member']} "
             f"GPUs each (`{KEYS.group}`, `{KEYS.group_size}`, `{KEYS.group_span}: {LEAF}`, "
             f"`{KEYS.group_placement}: required`), every member pending, each planned at its first member's "

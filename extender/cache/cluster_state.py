@@ -80,6 +80,8 @@ class ClusterState:
         self.group_sizes: dict[str, int] = {}  # group key -> members, from PodGroup objects (groups/sizes.py)
         self._views: dict[str, NodeView] = {}
         self._keys: dict[str, Key] = {}
+        self._held: dict[str, int] = {}  # node -> GPUs held back from every pod but the drain's own
+        self._seen_keys: dict[str, Key] = {}  # _keys with the held-back GPUs taken out: what other pods see
         self._interned: dict[tuple[CompiledTopology, int, int, bool], NodeKey] = {}
         self._interned_boards: set[CompiledTopology] = set()
         self._boards_limit = MAX_DEAD_BOARDS
@@ -119,6 +121,28 @@ class ClusterState:
     def keys_for(self, names: list[str]) -> list[Key | None]:
         """Each node's key, None for a node never seen; one C pass (extender/api/_names.c) for thousands of names."""
         return lookup(names, self._keys)
+
+    def keys_held_back(self, names: list[str]) -> list[Key | None]:
+        """Each node's key as a pod sees it with the held-back GPUs (`hold_back`) not free: one C pass, as
+        `keys_for`, whatever the number of nodes holding GPUs back."""
+        return lookup(names, self._seen_keys)
+
+    def hold_back(self, node: str, gpus: int) -> None:
+        """Hold these GPUs of the node back from every pod but the one draining them (extender/verbs/drains.py
+        says whose they are): `keys_held_back` shows them as taken, those free now and those that free later."""
+        with self.ledger.lock:
+            if gpus:
+                self._held[node] = gpus
+            else:
+                self._held.pop(node, None)
+            if node in self._keys:
+                self._seen_keys[node] = self._held_key(node)
+            self.version += 1
+
+    def _held_key(self, node: str) -> Key:
+        key = self._keys[node]
+        held = self._held.get(node, 0)
+        return self.key_without(key, held) if held and isinstance(key, NodeKey) else key
 
     def is_stale(self, view: NodeView, now: float) -> bool:
         return view.observed is None or now - view.observed > self.stale_after
@@ -175,6 +199,7 @@ class ClusterState:
             if kind == "DELETED":
                 self._views.pop(name, None)
                 self._keys.pop(name, None)
+                self._seen_keys.pop(name, None)
                 self.domains.remove(name)
                 self._observed.pop(name, None)
                 self.ledger.forget_node(name)
@@ -203,6 +228,7 @@ class ClusterState:
             self._keys[view.name] = self._intern(view.compiled, view.free, view.unhealthy,
                                                  view.name in self.domains.whole)
             self._observed[view.name] = float("-inf") if view.observed is None else view.observed
+        self._seen_keys[view.name] = self._held_key(view.name)
         self.domains.set_busy(view.name, view.compiled is not None and view.free != view.compiled.full_mask)
 
     def _rekey(self, name: str) -> None:
@@ -210,6 +236,7 @@ class ClusterState:
         key = self._keys.get(name)
         if isinstance(key, NodeKey):
             self._keys[name] = self._intern(key.compiled, key.free, key.unhealthy, name in self.domains.whole)
+            self._seen_keys[name] = self._held_key(name)
 
     def key_without(self, key: NodeKey, gpus: int) -> NodeKey:
         """The key of a node with `gpus` taken out of its free ones, as a pod sees a node that drains GPUs for
@@ -236,7 +263,7 @@ class ClusterState:
         """Keep only the keys of live nodes. A key pins its compiled board (up to ~70 KB for 64 GPUs), so a
         reporter rewriting its topology must not keep boards alive through old keys: at most
         MAX_DEAD_BOARDS boards beyond the live ones stay, and `key_epoch` tells the answer memos to let go."""
-        live = [key for key in self._keys.values() if isinstance(key, NodeKey)]
+        live = [key for keys in (self._keys, self._seen_keys) for key in keys.values() if isinstance(key, NodeKey)]
         self._interned = {(key.compiled, key.free, key.unhealthy, key.whole): key for key in live}
         self._interned_boards = {key.compiled for key in live}
         self._boards_limit = len(self._interned_boards) + MAX_DEAD_BOARDS

@@ -17,7 +17,7 @@ members see them as free. Its drain is a lease the group renews each time kube-s
 
 from __future__ import annotations
 
-import threading
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -29,8 +29,6 @@ from topology.select import Selector
 
 MAX_DRAINS = 1024
 """Pods draining at once; a pod past it waits without draining."""
-FEW_DRAINED_NODES = 16
-"""Up to this many draining nodes, each is looked up among a request's names in C; past it, one pass."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,14 +44,19 @@ class Drain:
 
 
 class Drains:
-    """The drains in force, by pod UID, with the union of drained GPUs per node for the hot path."""
+    """The drains in force, by pod UID. The union of drained GPUs per node is held back in the cluster state
+    (`ClusterState.hold_back`), so that every other pod reads it in the same C pass as the node keys, however
+    many nodes drain; only a drain's own pod restores its nodes. Shares the ledger's lock, which the state's
+    keys are changed under."""
 
-    def __init__(self, limit: int = MAX_DRAINS) -> None:
+    def __init__(self, state: ClusterState, limit: int = MAX_DRAINS) -> None:
+        self._state = state
         self._limit = limit
         self._by_pod: dict[str, Drain] = {}
         self._by_node: dict[str, int] = {}
-        self._lock = threading.Lock()
-        self.started = 0  # drains begun since start, for the replay's checks
+        self._lock = state.ledger.lock
+        self._next_end = math.inf  # the earliest `until` in force: no drain to end before it
+        self.started = 0  # drains begun since start
 
     def __len__(self) -> int:
         return len(self._by_pod)
@@ -64,27 +67,26 @@ class Drains:
 
     def held(self, node: str, uid: str, now: float) -> int:
         """GPUs of `node` that pod `uid` may not take: those drained for other pods."""
-        return self._others(uid, now).get(node, 0)
+        self._expire(now)
+        with self._lock:
+            return self._drained(node, besides=uid) if node in self._by_node else 0
 
-    def hide(self, state: ClusterState, names: Sequence[str], keys: list[Key | None], uid: str,
-             now: float) -> list[Key | None]:
-        """The keys as pod `uid` sees them: on nodes draining for other pods, the drained GPUs are not free."""
-        hidden = self._others(uid, now)
-        if not hidden:
+    def seen(self, names: list[str], uid: str, now: float) -> list[Key | None]:
+        """The nodes' keys as pod `uid` sees them: on nodes draining for other pods, the drained GPUs are not
+        free; on its own drain's nodes, only other drains' are hidden."""
+        self._expire(now)
+        state = self._state
+        if not self._by_pod:  # the common case, on every filter and prioritize: no lock taken
+            return state.keys_for(names)
+        keys = state.keys_held_back(names)
+        own = self._by_pod.get(uid)
+        if own is None:
             return keys
-        if len(hidden) > FEW_DRAINED_NODES:
-            return [state.key_without(key, hidden[name]) if name in hidden and isinstance(key, NodeKey) else key
-                    for name, key in zip(names, keys, strict=True)]
-        keys = list(keys)
-        for node, gpus in hidden.items():  # a few C-speed scans beat one Python pass over 5,000 names
-            try:
-                at = names.index(node)  # kube-scheduler names each node once; bind holds the GPUs back anyway
-            except ValueError:
-                continue
-            key = keys[at]
-            if isinstance(key, NodeKey):
-                keys[at] = state.key_without(key, gpus)
-        return keys
+        with self._lock:
+            nodes = list(own.nodes)
+            restored = {node: state.key_without(key, self._drained(node, besides=uid)) if isinstance(key, NodeKey)
+                        else key for node, key in zip(nodes, state.keys_for(nodes), strict=True)}
+        return lookup(names, restored, keys)
 
     def start(self, uid: str, candidates: Sequence[tuple[str, NodeKey]], selector: Selector, size: int,
               until: float, now: float) -> Drain | None:
@@ -125,8 +127,8 @@ class Drains:
     def _add(self, drain: Drain) -> Drain:
         self._by_pod[drain.uid] = drain
         self.started += 1
-        for node, gpus in drain.targets:
-            self._by_node[node] = self._by_node.get(node, 0) | gpus
+        self._next_end = min(self._next_end, drain.until)
+        self._remark(drain.nodes)
         return drain
 
     def end(self, uid: str) -> None:
@@ -135,27 +137,15 @@ class Drains:
             if drain is not None:
                 self._remark(drain.nodes)
 
-    def _others(self, uid: str, now: float) -> dict[str, int]:
-        """Per node, the GPUs drained for pods other than `uid`."""
-        if not self._by_pod:  # the common case, on every filter and prioritize: no lock taken
-            return {}
-        self._expire(now)
-        with self._lock:
-            if not self._by_node:
-                return {}
-            hidden = dict(self._by_node)
-            own = self._by_pod.get(uid)
-            if own is not None:
-                for node in own.nodes:
-                    hidden[node] = self._drained(node, besides=uid)
-            return hidden
-
     def _expire(self, now: float) -> None:
+        if now < self._next_end:
+            return
         with self._lock:
             expired = [drain for drain in self._by_pod.values() if drain.until <= now]
             for drain in expired:
                 del self._by_pod[drain.uid]
                 self._remark(drain.nodes)
+            self._next_end = min((drain.until for drain in self._by_pod.values()), default=math.inf)
 
     def _drained(self, node: str, besides: str | None = None) -> int:
         mask = 0
@@ -173,6 +163,7 @@ class Drains:
                 self._by_node[node] = mask
             else:
                 self._by_node.pop(node, None)
+            self._state.hold_back(node, mask)
 
 
 def keys_seen(state: ClusterState, names: list[str], drains: Drains | None, uid: str,
@@ -180,8 +171,6 @@ def keys_seen(state: ClusterState, names: list[str], drains: Drains | None, uid:
     """Each candidate's key as filter and prioritize read it for pod `uid`: GPUs drained for other pods hidden,
     and `stale` in place of a node whose GPU state is too old. Passes over the names run in C
     (extender/api/_names.c)."""
-    keys = state.keys_for(names)
-    if drains is not None:
-        keys = drains.hide(state, names, keys, uid, state.clock())
+    keys = state.keys_for(names) if drains is None else drains.seen(names, uid, state.clock())
     old = state.stale_names()
     return lookup(names, dict.fromkeys(old, stale), keys) if old else keys

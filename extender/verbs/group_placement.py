@@ -293,7 +293,7 @@ class GroupPlacement:
         """The nodes' keys as the group sees them (fresh, whole GPUs, others' drains hidden), where a full set
         meets what the pod requires."""
         state = self.state
-        keys = self.drains.hide(state, nodes, state.keys_for(nodes), key, now)
+        keys = self.drains.seen(nodes, key, now)
         stale = state.stale_names()
         usable = [(name, found) for name, found in zip(nodes, keys, strict=True)
                   if isinstance(found, NodeKey) and name not in stale]

@@ -97,7 +97,7 @@ class ExtenderService:
         self.kube = kube
         self.selector = selector or Selector()
         self.wait = WaitClock(topology_wait)
-        self.drains = Drains()
+        self.drains = Drains(state)
         self.plans = GroupPlans(state, group_timeout)
         self.groups = GroupPlacement(state, self.plans, self.selector, self.wait, self.drains, group_age_bound)
         self.leader, self._pod_lists = leader, pods

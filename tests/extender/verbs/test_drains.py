@@ -91,9 +91,32 @@ def test_drains_are_bounded_and_never_overlap() -> None:
     state = reported_cluster({"a": ("pcie-l40s", ())}, clock=clock)
     (key,) = state.keys_for(["a"])
     assert isinstance(key, NodeKey)
-    drains = Drains(limit=2)
+    drains = Drains(state, limit=2)
     first = drains.start("p1", [("a", key)], Selector(), 4, clock.now + WAIT, clock.now)
     second = drains.start("p2", [("a", key)], Selector(), 4, clock.now + WAIT, clock.now)
     assert first is not None and second is not None and not dict(first.targets)["a"] & dict(second.targets)["a"]
     assert drains.start("p3", [("a", key)], Selector(), 2, clock.now + WAIT, clock.now) is None  # the bound
     assert drains.start("p1", [("a", key)], Selector(), 4, clock.now + WAIT, clock.now) == first  # kept
+
+
+def test_many_drained_nodes_are_hidden_from_every_other_pod_and_shown_to_their_own() -> None:
+    clock = Clock()
+    nodes = {f"n{index:02d}": ("pcie-l40s", (0, 1, 2, 7)) for index in range(40)}
+    service = _service(clock, nodes)
+    names = sorted(nodes)
+    for name in names[::2]:  # 20 pods each drain socket 4-7 of a node of their own
+        assert service.filter(ExtenderArgs(_pod(f"wait-{name}", 4), [name], None)).failed == {WAITING: [name]}
+    assert len(service.drains) == 20
+    seen = service.drains.seen(names, "someone-else", clock.now)
+    for name, key in zip(names, seen, strict=True):
+        assert isinstance(key, NodeKey)
+        assert key.free == (0b00001000 if name in names[::2] else 0b01111000), name  # only GPU3 left where drained
+    own = service.drains.seen(names, f"wait-{names[4]}", clock.now)
+    assert [key.free for key in own if isinstance(key, NodeKey)] == [
+        0b01111000 if name == names[4] or name not in names[::2] else 0b00001000 for name in names]
+    assert service.filter(ExtenderArgs(_pod("pair", 2), names, None)).passed == names[1::2]
+    service.drains.end(f"wait-{names[0]}")
+    assert service.filter(ExtenderArgs(_pod("pair", 2), names, None)).passed == sorted([names[0], *names[1::2]])
+    clock.now += WAIT  # every drain's wait is over: nothing is held back any more
+    assert service.filter(ExtenderArgs(_pod("pair", 2), names, None)).passed == names
+    assert len(service.drains) == 0
