@@ -19,6 +19,7 @@ test: $(BIN)/activate
 
 bench: $(BIN)/activate
 	$(BIN)/python -m loadtests.replay.bench --write BENCHMARKS.md
+	$(BIN)/python -m loadtests.replay.group_matrix --write BENCHMARKS.md
 
 bench-select: $(BIN)/activate
 	$(BIN)/python loadtests/bench_select.py

@@ -17,10 +17,11 @@ its members as single pods. A group no domain could hold even empty is refused a
 the wider spans at once if preferred.
 
 No group starves: with an age bound (--group-age-bound), the group waiting longest past it drains the domain
-predicted to free soonest (extender/verbs/drains.py), one group at a time. A running pod's remaining time is
-predicted from its elapsed time (as long again: GPU job run times are heavy-tailed). The drain is a lease the
-group renews at each retry, and its pods' reason says so. Drains are not taken during the ordinary wait: holding
-free GPUs idle for every waiting group cost utilization and lengthened the waits of large groups (issue 29).
+predicted to free soonest (extender/verbs/drains.py), one group at a time, once that is predicted within
+DRAIN_HORIZON_SECONDS. A running pod's remaining time is predicted from its elapsed time (as long again: GPU job
+run times are heavy-tailed). The drain is a lease the group renews at each retry, and its pods' reason says so.
+Drains are not taken during the ordinary wait: holding free GPUs idle for every waiting group cost utilization
+and lengthened the waits of large groups (issue 29).
 
 A group with a segment (`gpu-topology.io/group-segment`, Slurm's `--segment`) that spans more than an NVLink
 domain is planned with each segment of members inside one NVLink domain, in as few as hold them
@@ -66,11 +67,17 @@ RETRIED_SECONDS = 600.0
 5 minutes (its flush of unschedulable pods), so one not seen for twice that was deleted or placed elsewhere."""
 DRAIN_LEASE_SECONDS = 600.0
 """An age-bound drain lasts this long past the group's last retry: a group gone lets its domain go within it."""
+DRAIN_HORIZON_SECONDS = 3600.0
+"""A group past its age bound drains only a domain predicted to hold it within this long: a drain idles the domain's
+free GPUs until then, and one predicted to free later costs more than the wait it saves. Measured in the replay
+(nvl72 fleet, load 0.85, --comm-share 0.3, a 2 h age bound; goodput with no horizon, with this one, and with no
+drain): synthetic seed 2 77.4%, 77.9%, 75.0%; seed 4 70.7%, 73.3%, 72.5%; two unseen multi-node CSVs 73.9%,
+74.9%, 75.6% and 73.2%, 72.8%, 71.8%."""
 AGE_DRAINING = "past its age bound, a domain is drained for it"
 GROUP_AGE_BOUND_SECONDS = 7200.0
-"""--group-age-bound's default. Measured in the replay (nvl72 fleet, load 0.85, --comm-share 0.3, seed 1), longest
-wait of 9-18-tray gangs and mean JCT: none 39,454 s and 2,029 s; 4 h 29,554 s and 2,000 s; 2 h 21,925 s and
-1,910 s; 1 h 27,510 s and 2,113 s, goodput 70.7%, 70.4%, 70.5%, 69.0%: shorter bounds drain too often."""
+"""--group-age-bound's default. Measured in the replay (nvl72 fleet, load 0.85, --comm-share 0.3, synthetic seed 1,
+before the horizon), longest wait of 9-18-tray gangs and mean JCT: none 39,454 s and 2,029 s; 4 h 29,554 s and
+2,000 s; 2 h 21,925 s and 1,910 s; 1 h 27,510 s and 2,113 s, goodput 70.7%, 70.4%, 70.5%, 69.0%."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +87,7 @@ class _NoRoom:
     span: str
     targets: tuple[Slot, ...]  # the sets of the domain predicted to free soonest, for an age-bound drain
     members: int
+    starts: float  # when that domain is predicted to hold it
 
 
 class GroupPlacement:
@@ -153,13 +161,16 @@ class GroupPlacement:
         return math.inf
 
     def _age_drain(self, key: str, found: _NoRoom, now: float) -> bool:
-        """Whether the group drains now: it has waited past the age bound, longest of the groups still retried."""
+        """Whether the group drains now: it has waited past the age bound, longest of the groups still retried, and
+        a domain is predicted to hold it within DRAIN_HORIZON_SECONDS."""
         waiting = self._waiting
         first, _ = waiting.pop(key, (now, now))
         waiting[key] = (first, now)
         if len(waiting) > MAX_REMEMBERED_GROUPS:
             waiting.popitem(last=False)
         if self.age_bound is None or now - first < self.age_bound or not found.targets:
+            return False
+        if found.starts - now > DRAIN_HORIZON_SECONDS:
             return False
         oldest = min((since, other) for other, (since, seen) in waiting.items() if now - seen < RETRIED_SECONDS)
         if oldest[1] != key:
@@ -274,7 +285,7 @@ class GroupPlacement:
                             default=now), -ready)
                 if soonest is None or rank < soonest[0]:
                     soonest = (rank, targets)
-        return None if soonest is None else _NoRoom(span, tuple(soonest[1]), members)
+        return None if soonest is None else _NoRoom(span, tuple(soonest[1]), members, soonest[0][0])
 
     def _frees_at(self, node: str, now: float) -> float:
         """When the node's pods are predicted to have ended: each runs as long again as it has run (the median

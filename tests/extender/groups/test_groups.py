@@ -22,7 +22,7 @@ from extender.cache.ledger import Phase
 from extender.cache.seal import Seal
 from extender.groups.layouts import fewest_blocks
 from extender.groups.sizes import GroupSizes
-from extender.verbs.group_placement import ELSEWHERE
+from extender.verbs.group_placement import DRAIN_HORIZON_SECONDS, ELSEWHERE
 from extender.verbs.service import ExtenderService
 from helpers.reported_nodes import ManualClock, reported_cluster
 from topology.annotations import AnnotationKeys
@@ -184,6 +184,21 @@ def _bind_to(service: ExtenderService, pod: dict[str, Any], node: str) -> None:
     meta = pod["metadata"]
     assert service.filter(ExtenderArgs(pod, [node], None)).passed == [node]
     assert not service.bind(BindingArgs(meta["name"], meta["namespace"], meta["uid"], node))
+
+
+def test_a_group_past_its_age_bound_drains_no_domain_predicted_to_free_beyond_the_horizon() -> None:
+    clock = ManualClock()
+    service, kube = _cluster(clock)
+    service.groups.age_bound = 600.0
+    for node in ("a00", "b00"):
+        _bind_to(service, _pod(kube, f"long-{node}", 1), node)
+    clock.now += DRAIN_HORIZON_SECONDS + 1  # each has run past the horizon: predicted to run as long again
+    members = [_pod(kube, f"w{i}", 4, group="late", size=NODES_PER_DOMAIN) for i in range(NODES_PER_DOMAIN)]
+    waiting = {"no NVLink domain with room for 6 pods of 4 GPUs": ALL}
+    assert service.filter(ExtenderArgs(members[0], ALL, None)).unresolvable == waiting
+    clock.now += 601
+    assert service.filter(ExtenderArgs(members[0], ALL, None)).unresolvable == waiting
+    assert len(service.drains) == 0
 
 
 def test_the_group_waiting_longest_past_its_age_bound_drains_the_domain_predicted_to_free_soonest() -> None:
