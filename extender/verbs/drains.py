@@ -18,10 +18,11 @@ members see them as free. Its drain is a lease the group renews each time kube-s
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, replace
 
 from extender.api._names import lookup
+from extender.api.pod_request import PodRequest
 from extender.cache.cluster_state import ClusterState
 from extender.cache.node_view import Key, NodeKey
 from topology.full_sets import full_set_masks
@@ -29,6 +30,14 @@ from topology.select import Selector
 
 MAX_DRAINS = 1024
 """Pods draining at once; a pod past it waits without draining."""
+STOP_SECONDS = 30.0
+"""Kubernetes' default terminationGracePeriodSeconds: a pod past its activeDeadlineSeconds has this long to stop."""
+
+
+def ends_by(pod: PodRequest, now: float) -> float | None:
+    """When a pod placed now has ended at the latest: its activeDeadlineSeconds from now, and the time to stop;
+    None where it sets no deadline."""
+    return None if pod.deadline_seconds is None else now + pod.deadline_seconds + STOP_SECONDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +46,9 @@ class Drain:
     targets: tuple[tuple[str, int], ...]
     """(node, GPUs) of the full sets being drained: their free GPUs are held back now, busy ones as they free up."""
     until: float
+    starts: float | None = None
+    """When its group is predicted to start on them: a pod bound to end before (its activeDeadlineSeconds) may
+    use them meanwhile, as a backfill. None: a pod's drain, which nothing backfills."""
 
     @property
     def nodes(self) -> frozenset[str]:
@@ -54,6 +66,7 @@ class Drains:
         self._limit = limit
         self._by_pod: dict[str, Drain] = {}
         self._by_node: dict[str, int] = {}
+        self._backfilled: dict[str, Drain] = {}  # the drains with a predicted start, which pods may backfill
         self._lock = state.ledger.lock
         self._next_end = math.inf  # the earliest `until` in force: no drain to end before it
         self.started = 0  # drains begun since start
@@ -65,28 +78,36 @@ class Drains:
         with self._lock:
             return list(self._by_pod.values())
 
-    def held(self, node: str, uid: str, now: float) -> int:
-        """GPUs of `node` that pod `uid` may not take: those drained for other pods."""
+    def held(self, node: str, uid: str, now: float, ends_by: float | None = None) -> int:
+        """GPUs of `node` that pod `uid` may not take: those drained for other pods, but for the drains it
+        backfills (it ends by `ends_by`, before their group starts)."""
         self._expire(now)
         with self._lock:
-            return self._drained(node, besides=uid) if node in self._by_node else 0
+            return self._drained(node, self._exempt(uid, ends_by)) if node in self._by_node else 0
 
-    def seen(self, names: list[str], uid: str, now: float) -> list[Key | None]:
+    def seen(self, names: list[str], uid: str, now: float, ends_by: float | None = None) -> list[Key | None]:
         """The nodes' keys as pod `uid` sees them: on nodes draining for other pods, the drained GPUs are not
-        free; on its own drain's nodes, only other drains' are hidden."""
+        free; on its own drain's nodes and those of drains it backfills (`held`), only other drains' are hidden."""
         self._expire(now)
         state = self._state
         if not self._by_pod:  # the common case, on every filter and prioritize: no lock taken
             return state.keys_for(names)
         keys = state.keys_held_back(names)
-        own = self._by_pod.get(uid)
-        if own is None:
+        if uid not in self._by_pod and (ends_by is None or not self._backfilled):
             return keys
         with self._lock:
-            nodes = list(own.nodes)
-            restored = {node: state.key_without(key, self._drained(node, besides=uid)) if isinstance(key, NodeKey)
+            exempt = self._exempt(uid, ends_by)
+            nodes = list({node for owner in exempt if owner in self._by_pod for node in self._by_pod[owner].nodes})
+            restored = {node: state.key_without(key, self._drained(node, exempt)) if isinstance(key, NodeKey)
                         else key for node, key in zip(nodes, state.keys_for(nodes), strict=True)}
-        return lookup(names, restored, keys)
+        return lookup(names, restored, keys) if restored else keys
+
+    def _exempt(self, uid: str, ends_by: float | None) -> frozenset[str]:
+        """The drains pod `uid` sees through: its own, and the groups' it ends before (their `starts`)."""
+        if ends_by is None:
+            return frozenset((uid,))
+        return frozenset((uid, *(owner for owner, drain in self._backfilled.items()
+                                 if drain.starts is not None and ends_by <= drain.starts)))
 
     def start(self, uid: str, candidates: Sequence[tuple[str, NodeKey]], selector: Selector, size: int,
               until: float, now: float) -> Drain | None:
@@ -110,9 +131,11 @@ class Drains:
             _, node, target = best
             return self._add(Drain(uid, ((node, target),), until))
 
-    def start_sets(self, uid: str, targets: Sequence[tuple[str, int]], until: float, now: float) -> Drain | None:
+    def start_sets(self, uid: str, targets: Sequence[tuple[str, int]], until: float, now: float,
+                   starts: float | None = None) -> Drain | None:
         """Drain these sets for `uid` (a waiting group) until `until`, unless one overlaps another's; a group that
-        drains already keeps its sets, and its drain lasts until `until` if that is later (a lease it renews)."""
+        drains already keeps its sets, and its drain lasts until `until` if that is later (a lease it renews).
+        `starts`: when the group is predicted to start on them (Drain.starts)."""
         self._expire(now)
         with self._lock:
             drain = self._by_pod.get(uid)
@@ -122,10 +145,12 @@ class Drains:
                 return drain
             if len(self._by_pod) >= self._limit or any(self._by_node.get(node, 0) & gpus for node, gpus in targets):
                 return None
-            return self._add(Drain(uid, tuple(targets), until))
+            return self._add(Drain(uid, tuple(targets), until, starts))
 
     def _add(self, drain: Drain) -> Drain:
         self._by_pod[drain.uid] = drain
+        if drain.starts is not None:
+            self._backfilled[drain.uid] = drain
         self.started += 1
         self._next_end = min(self._next_end, drain.until)
         self._remark(drain.nodes)
@@ -134,6 +159,7 @@ class Drains:
     def end(self, uid: str) -> None:
         with self._lock:
             drain = self._by_pod.pop(uid, None)
+            self._backfilled.pop(uid, None)
             if drain is not None:
                 self._remark(drain.nodes)
 
@@ -144,13 +170,14 @@ class Drains:
             expired = [drain for drain in self._by_pod.values() if drain.until <= now]
             for drain in expired:
                 del self._by_pod[drain.uid]
+                self._backfilled.pop(drain.uid, None)
                 self._remark(drain.nodes)
             self._next_end = min((drain.until for drain in self._by_pod.values()), default=math.inf)
 
-    def _drained(self, node: str, besides: str | None = None) -> int:
+    def _drained(self, node: str, besides: Container[str] = ()) -> int:
         mask = 0
         for drain in self._by_pod.values():
-            if drain.uid != besides:
+            if drain.uid not in besides:
                 for target, gpus in drain.targets:
                     if target == node:
                         mask |= gpus
@@ -167,10 +194,10 @@ class Drains:
 
 
 def keys_seen(state: ClusterState, names: list[str], drains: Drains | None, uid: str,
-              stale: Key | None) -> list[Key | None]:
-    """Each candidate's key as filter and prioritize read it for pod `uid`: GPUs drained for other pods hidden,
-    and `stale` in place of a node whose GPU state is too old. Passes over the names run in C
-    (extender/api/_names.c)."""
-    keys = state.keys_for(names) if drains is None else drains.seen(names, uid, state.clock())
+              stale: Key | None, ends_by: float | None = None) -> list[Key | None]:
+    """Each candidate's key as filter and prioritize read it for pod `uid`, which is bound to end by `ends_by`:
+    GPUs drained for other pods hidden (but for the drains it backfills), and `stale` in place of a node whose
+    GPU state is too old. Passes over the names run in C (extender/api/_names.c)."""
+    keys = state.keys_for(names) if drains is None else drains.seen(names, uid, state.clock(), ends_by)
     old = state.stale_names()
     return lookup(names, dict.fromkeys(old, stale), keys) if old else keys

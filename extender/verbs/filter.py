@@ -15,7 +15,7 @@ from extender.api.pod_request import PodRequest
 from extender.cache.cluster_state import ClusterState
 from extender.cache.node_view import Key, SharedKey
 from extender.verbs.answer_memo import ON_LOOP, ShapeMemo
-from extender.verbs.drains import Drains, keys_seen
+from extender.verbs.drains import Drains, ends_by, keys_seen
 from extender.verbs.wait import WAITING, WaitClock
 from topology.compiled import CompiledTopology
 from topology.full_sets import best_ring_gbps, full_choice
@@ -68,7 +68,7 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
         return FilterOutcome([], {}, {pod.problem: list(names)})
     if pod.request is None:
         return FilterOutcome(list(names), {}, {})
-    keys = keys_seen(state, names, drains, pod.uid, STALE)
+    keys = keys_seen(state, names, drains, pod.uid, STALE, ends_by(pod, state.clock()))
     distinct = set(unique(keys))
     waiting = wait is not None and wait.waits(pod, state.clock())
     known = (memo or ShapeMemo()).answers((pod.request, pod.required, waiting), distinct,

@@ -19,7 +19,9 @@ the wider spans at once if preferred.
 No group starves: with an age bound (--group-age-bound), the group waiting longest past it drains the domain
 predicted to free soonest (extender/verbs/drains.py), one group at a time, once that is predicted within
 DRAIN_HORIZON_SECONDS. A running pod's remaining time is predicted from its elapsed time (as long again: GPU job
-run times are heavy-tailed). The drain is a lease the group renews at each retry, and its pods' reason says so.
+run times are heavy-tailed). Only pods bound to end before that (by their activeDeadlineSeconds) may use the
+drained GPUs meanwhile, as a backfill. The drain is a lease the group renews at each retry, and its pods' reason
+says so.
 Drains are not taken during the ordinary wait: holding free GPUs idle for every waiting group cost utilization
 and lengthened the waits of large groups (issue 29).
 
@@ -176,7 +178,7 @@ class GroupPlacement:
         if oldest[1] != key:
             return False
         drain = self.drains.start_sets(key, [(slot.node, slot.gpus) for slot in found.targets],
-                                       now + DRAIN_LEASE_SECONDS, now)
+                                       now + DRAIN_LEASE_SECONDS, now, found.starts)
         return drain is not None
 
     def prioritize(self, pod: PodRequest, names: Sequence[str]) -> list[int] | None:

@@ -42,7 +42,7 @@ from extender.verbs.bind import (
     needs_read,
     post_binding,
 )
-from extender.verbs.drains import Drains
+from extender.verbs.drains import Drains, ends_by
 from extender.verbs.filter import FilterOutcome, Verdict, filter_nodes
 from extender.verbs.group_placement import GROUP_AGE_BOUND_SECONDS, GroupPlacement
 from extender.verbs.metrics import Metrics
@@ -247,7 +247,10 @@ class ExtenderService:
                     "kube-scheduler will retry the pod")
         self.state.ledger.sweep()
         try:
-            held = self.drains.held(args.node, args.pod_uid, self.state.clock())
+            now = self.state.clock()
+            with self._pods_lock:
+                known = self._pods.get(args.pod_uid)
+            held = self.drains.held(args.node, args.pod_uid, now, None if known is None else ends_by(known[1], now))
             step = begin_bind(self.state, self.plans, self.selector, kube, args, held)
         except BindError as error:
             return self._refused(args, error)

@@ -17,7 +17,7 @@ from extender.api.pod_request import PodRequest
 from extender.cache.cluster_state import ClusterState
 from extender.cache.node_view import Key, NodeKey, SharedKey
 from extender.verbs.answer_memo import ON_LOOP, ShapeMemo
-from extender.verbs.drains import Drains, keys_seen
+from extender.verbs.drains import Drains, ends_by, keys_seen
 from extender.verbs.scoring.bandwidth import bandwidth_score
 from extender.verbs.scoring.domains import domain_penalty
 from extender.verbs.scoring.fragmentation import fragmentation_score, lost_gpus
@@ -50,7 +50,7 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
     more is missing."""
     if pod.request is None:
         return [0] * len(names)
-    keys = keys_seen(state, names, drains, pod.uid, None)
+    keys = keys_seen(state, names, drains, pod.uid, None, ends_by(pod, state.clock()))
     distinct = set(unique(keys))
     boards = [key for key in distinct if isinstance(key, NodeKey)]
     known = (memo or ShapeMemo()).answers(pod.request, boards, partial(_offer, selector, pod.request),

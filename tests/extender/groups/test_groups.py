@@ -229,9 +229,18 @@ def test_the_group_waiting_longest_past_its_age_bound_drains_the_domain_predicte
     single = _pod(kube, "single", 1)  # single pods keep landing, outside the drained domain
     passed = service.filter(ExtenderArgs(single, ALL, None)).passed
     assert passed and {_domain(node) for node in passed} == {"a"}
-    for node in ("b00", "b01"):  # the young pods end: the first group gets the domain drained for it
-        assert kube.state is not None
-        kube.state.pods.apply("DELETED", kube.pods[f"uid-young-{node}"])
+    # A pod bound to end (activeDeadlineSeconds, and 30 s to stop) before the group is predicted to start there,
+    # 650 s from now, backfills the drained domain; one that may run longer does not.
+    short = _pod(kube, "short", 1, deadline=300)
+    assert {_domain(node) for node in service.filter(ExtenderArgs(short, ALL, None)).passed} == {"a", "b"}
+    _bind_to(service, short, "b05")
+    long = _pod(kube, "long", 1, deadline=3600)
+    assert {_domain(node) for node in service.filter(ExtenderArgs(long, ALL, None)).passed} == {"a"}
+    assert kube.state is not None
+    meta = long["metadata"]
+    assert service.bind(BindingArgs(meta["name"], meta["namespace"], meta["uid"], "b04"))  # refused: drained
+    for name in ("young-b00", "young-b01", "short"):  # they end: the first group gets the domain drained for it
+        kube.state.pods.apply("DELETED", kube.pods[f"uid-{name}"])
     planned = service.filter(ExtenderArgs(first[0], ALL, None)).passed
     assert {_domain(node) for node in planned} == {"b"} and len(service.drains) == 0
     clock.now += 10  # and the second, now the longest waiting, drains next
