@@ -10,12 +10,14 @@ import pytest
 from fastapi.testclient import TestClient
 
 from extender.api.openapi import document
+from extender.api.pod_request import parse_pod
 from extender.api.wire import BadRequest, filter_result, parse_binding_args, parse_extender_args, prioritize_result
 from extender.cache.cluster_state import ClusterState
 from extender.demo.cluster import DemoCluster
 from extender.server.app import create_app
 from extender.verbs.service import ExtenderService
 from helpers.paths import FIXTURES
+from topology.annotations import AnnotationKeys
 
 
 @pytest.mark.parametrize(("hosts", "scores", "answered"), [
@@ -177,3 +179,12 @@ def test_the_openapi_document_describes_what_kube_scheduler_sends(capture: str) 
     schema = spec["paths"][f"/{verb}"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     resolvable = _json_schema({**schema, "components": spec["components"]})
     jsonschema.validate(_capture(capture), resolvable)
+
+
+@pytest.mark.parametrize(("deadline", "parsed"), [(None, None), (1, 1), (3600, 3600), (2**31 - 1, 2**31 - 1)])
+def test_a_pods_active_deadline_is_read_as_kube_apiserver_admits_it(deadline: int | None, parsed: int | None) -> None:
+    spec: dict[str, object] = {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}
+    if deadline is not None:
+        spec["activeDeadlineSeconds"] = deadline
+    pod = parse_pod({"metadata": {"name": "p", "namespace": "ml", "uid": "u"}, "spec": spec}, AnnotationKeys())
+    assert (pod.problem, pod.deadline_seconds) == (None, parsed)
