@@ -247,7 +247,7 @@ class GroupPlacement:
             if best is not None:
                 return Plan(key, span, best.domain, request.count, best.slots, now, now + self.plans.timeout)
             if wait_at is None:
-                wait_at = self._soonest(span, domains, remaining, request.count, now)
+                wait_at = self._soonest(span, domains, remaining, request.count, now, self._aged(key, now))
                 if wait_at is not None and (group.required or self.wait.holds(key, self.group_wait(pod), now)):
                     return wait_at
         return wait_at
@@ -272,14 +272,21 @@ class GroupPlacement:
                 return found
         return layout(self.selector, domain, usable, members, count, candidates)
 
+    def _aged(self, key: str, now: float) -> bool:
+        """The group has waited past the age bound: where it would drain is worth predicting."""
+        seen = self._waiting.get(key)
+        return self.age_bound is not None and seen is not None and now - seen[0] >= self.age_bound
+
     def _soonest(self, span: str, domains: list[tuple[str, list[tuple[str, NodeKey]]]], members: int, count: int,
-                 now: float) -> _NoRoom | None:
+                 now: float, predict: bool) -> _NoRoom | None:
         """Among the domains that could hold the group with every GPU free, the one predicted to hold it soonest:
         by when the last of its sets frees (a node frees when its longest-running pod ends, predicted to run as
-        long again as it has), then by most GPUs free now."""
+        long again as it has), then by most GPUs free now. Without `predict`, only whether one could: the first."""
         soonest: tuple[tuple[float, int], list[Slot]] | None = None
         for _, usable in domains:
             if capacity(self.selector, usable, count) >= members:
+                if not predict:
+                    return _NoRoom(span, (), members, math.inf)
                 frees_at = {name: self._frees_at(name, now) for name, _ in usable}
                 ready, targets = drain_targets(self.selector, usable, members, count, frees_at)
                 keys = dict(usable)
