@@ -102,7 +102,9 @@ class GroupPlacement:
         self.drains = drains
         self.age_bound = age_bound
         self._no_room: OrderedDict[str, tuple[int, float, _NoRoom | None]] = OrderedDict()
-        self._waiting: OrderedDict[str, tuple[float, float]] = OrderedDict()  # key -> (first, last refusal)
+        self._first: OrderedDict[str, float] = OrderedDict()  # waiting group -> its first refusal, oldest first
+        self._last: dict[str, float] = {}  # waiting group -> its last refusal
+        self._segments: dict[tuple[int, int, frozenset[str]], tuple[int, bool]] = {}  # -> (state version, fits)
 
     def filter(self, pod: PodRequest, names: Sequence[str]) -> FilterOutcome | None:
         """The member's verdicts, or None when it is to be placed as a single pod."""
@@ -130,12 +132,18 @@ class GroupPlacement:
                 return _only(names, nodes)
             if self.plans.full and self.plans.get(key) is None:
                 return _refuse(names, PLAN_LIMIT, resolvable=True)
+            if group.segment is not None and not self._segment_fits(group.segment, request.count, names):
+                if group.required:
+                    return _refuse(names, f"{state.keys.group_segment}: no NVLink domain of these nodes holds "
+                                          f"{group.segment} pods of {request.count} GPUs", resolvable=False)
+                return None
             found = self._plan_once(pod, key, size, now, names)
             if isinstance(found, Plan):
                 self.plans.install(found)
                 self.wait.forget(key)
                 self.drains.end(key)
-                self._waiting.pop(key, None)
+                self._first.pop(key, None)
+                self._last.pop(key, None)
                 log.info("group %s planned in %s %s: %s", key, span_name(found.span), found.domain,
                          ", ".join(slot.node for slot in found.slots))
                 return _only(names, self._open_nodes(key, pod.uid))
@@ -165,17 +173,12 @@ class GroupPlacement:
     def _age_drain(self, key: str, found: _NoRoom, now: float) -> bool:
         """Whether the group drains now: it has waited past the age bound, longest of the groups still retried, and
         a domain is predicted to hold it within DRAIN_HORIZON_SECONDS."""
-        waiting = self._waiting
-        first, _ = waiting.pop(key, (now, now))
-        waiting[key] = (first, now)
-        if len(waiting) > MAX_REMEMBERED_GROUPS:
-            waiting.popitem(last=False)
-        if self.age_bound is None or now - first < self.age_bound or not found.targets:
-            return False
-        if found.starts - now > DRAIN_HORIZON_SECONDS:
-            return False
-        oldest = min((since, other) for other, (since, seen) in waiting.items() if now - seen < RETRIED_SECONDS)
-        if oldest[1] != key:
+        if key not in self._first:
+            self._first[key] = now
+            if len(self._first) > MAX_REMEMBERED_GROUPS:
+                self._last.pop(self._first.popitem(last=False)[0], None)
+        self._last[key] = now
+        if not self._aged(key, now) or not found.targets or found.starts - now > DRAIN_HORIZON_SECONDS:
             return False
         drain = self.drains.start_sets(key, [(slot.node, slot.gpus) for slot in found.targets],
                                        now + DRAIN_LEASE_SECONDS, now, found.starts)
@@ -272,10 +275,42 @@ class GroupPlacement:
                 return found
         return layout(self.selector, domain, usable, members, count, candidates)
 
+    def _segment_fits(self, segment: int, count: int, names: Sequence[str]) -> bool:
+        """Some NVLink domain of the candidates holds a segment with every GPU free (on HGX nodes, each its own
+        domain, a segment of several 8-GPU pods never does: waiting for one would be forever). Remembered per
+        answer until a node changes."""
+        if segment <= 1:
+            return True
+        state = self.state
+        index = state.domains
+        domains = frozenset(domain for name in names if (domain := index.domain_of(NVLINK_DOMAIN, name)) is not None)
+        remembered = self._segments.get((segment, count, domains))
+        if remembered is not None and remembered[0] == state.version:
+            return remembered[1]
+        members = index.domains(NVLINK_DOMAIN)
+        fits = any(capacity(self.selector, [(node, found) for node, found in zip(nodes, state.keys_for(nodes))
+                                            if isinstance(found, NodeKey)], count) >= segment
+                   for nodes in (sorted(members.get(domain, ())) for domain in domains))
+        if len(self._segments) >= MAX_REMEMBERED_GROUPS:
+            self._segments.clear()
+        self._segments[(segment, count, domains)] = (state.version, fits)
+        return fits
+
     def _aged(self, key: str, now: float) -> bool:
-        """The group has waited past the age bound: where it would drain is worth predicting."""
-        seen = self._waiting.get(key)
-        return self.age_bound is not None and seen is not None and now - seen[0] >= self.age_bound
+        """The group has waited past the age bound, longest of the groups still retried: the one that drains, so
+        the one whose drain is worth predicting. A group not refused for RETRIED_SECONDS is forgotten on the way."""
+        if self.age_bound is None:
+            return False
+        first, last = self._first, self._last
+        while first:
+            oldest, since = next(iter(first.items()))
+            if oldest == key:  # being retried now
+                return now - since >= self.age_bound
+            if now - last.get(oldest, since) < RETRIED_SECONDS:
+                return False
+            del first[oldest]
+            last.pop(oldest, None)
+        return False
 
     def _soonest(self, span: str, domains: list[tuple[str, list[tuple[str, NodeKey]]]], members: int, count: int,
                  now: float, predict: bool) -> _NoRoom | None:

@@ -490,3 +490,17 @@ def test_segments_go_to_the_domain_they_fill_best_then_to_the_roomiest() -> None
     assert fewest_blocks({"a": 2, "b": 4}, 2) == [("a", 2)]  # a is left with nothing spare; b would keep 2
     assert fewest_blocks({"a": 2, "b": 4}, 5) == [("b", 4), ("a", 1)]
     assert fewest_blocks({"a": 2, "b": 4, "c": 0}, 7) is None
+
+
+def test_a_segment_no_nvlink_domain_of_the_candidates_can_hold_is_refused_not_waited_for() -> None:
+    service, kube = _cluster(ManualClock())
+    # 6 trays a domain hold 6 members of 4 GPUs: a segment of 8 never fits, however long the group waits.
+    pod = _pod(kube, "w0", 4, group="wide", size=8, **{"gpu-topology.io/group-segment": "8",
+                                                       "gpu-topology.io/group-span": SPINE,
+                                                       "gpu-topology.io/group-placement": "required"})
+    reason = "gpu-topology.io/group-segment: no NVLink domain of these nodes holds 8 pods of 4 GPUs"
+    assert service.filter(ExtenderArgs(pod, ALL, None)).unresolvable == {reason: ALL}
+    fits = _pod(kube, "v0", 4, group="fits", size=8, **{"gpu-topology.io/group-segment": "4",
+                                                        "gpu-topology.io/group-span": SPINE,
+                                                        "gpu-topology.io/group-placement": "required"})
+    assert len(service.filter(ExtenderArgs(fits, ALL, None)).passed) == 8
