@@ -39,7 +39,7 @@ import logging
 import math
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from extender.api.group_request import NVLINK_DOMAIN, GroupRequest
 from extender.api.pod_request import PodRequest
@@ -136,7 +136,7 @@ class GroupPlacement:
                 if group.required:
                     return _refuse(names, f"{state.keys.group_segment}: no NVLink domain of these nodes holds "
                                           f"{group.segment} pods of {request.count} GPUs", resolvable=False)
-                return None
+                pod = replace(pod, group=replace(group, segment=None))  # preferred: planned as if it set none
             found = self._plan_once(pod, key, size, now, names)
             if isinstance(found, Plan):
                 self.plans.install(found)

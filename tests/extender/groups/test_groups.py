@@ -504,3 +504,13 @@ def test_a_segment_no_nvlink_domain_of_the_candidates_can_hold_is_refused_not_wa
                                                         "gpu-topology.io/group-span": SPINE,
                                                         "gpu-topology.io/group-placement": "required"})
     assert len(service.filter(ExtenderArgs(fits, ALL, None)).passed) == 8
+
+
+def test_a_preferred_group_whose_segment_no_domain_holds_is_planned_as_if_it_set_none() -> None:
+    service, kube = _cluster(ManualClock())
+    members = [_pod(kube, f"w{i}", 4, group="wide", size=8, **{"gpu-topology.io/group-segment": "8",
+                                                                "gpu-topology.io/group-span": SPINE})
+               for i in range(8)]
+    assert len(service.filter(ExtenderArgs(members[0], ALL, None)).passed) == 8  # its plan's 8 nodes, not all 12
+    nodes = [_schedule(service, pod) for pod in members]
+    assert None not in nodes and len(set(nodes)) == 8  # planned whole across both domains, not refused
