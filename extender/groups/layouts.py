@@ -133,11 +133,11 @@ def drain_targets(selector: Selector, nodes: Sequence[tuple[str, NodeKey]], memb
         ranked = sorted(_healthy_sets(selector, key, count, disjoint=False),
                         key=lambda mask, free=key.free: -(mask & free).bit_count())
         at = 0.0 if frees_at is None else frees_at[name]
-        candidates.extend((0.0 if mask & key.free == mask else at, -(mask & key.free).bit_count(), name, mask)
+        candidates.extend((0.0 if mask & key.free == mask else at, (mask & key.free).bit_count(), name, mask)
                           for mask in _disjoint(ranked))
-    candidates.sort(key=lambda candidate: candidate[:3])
+    candidates.sort(key=lambda candidate: (candidate[0], -candidate[1], candidate[2]))
     chosen = candidates[:members]
-    return -sum(ready for _, ready, _, _ in chosen), [Slot(name, mask) for _, _, name, mask in chosen]
+    return sum(ready for _, ready, _, _ in chosen), [Slot(name, mask) for _, _, name, mask in chosen]
 
 
 def _healthy_sets(selector: Selector, key: NodeKey, count: int, disjoint: bool = True) -> list[int]:
