@@ -36,6 +36,7 @@ from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS
 from topology.annotations import DEFAULT_PREFIX, AnnotationKeys
 from topology.backoff import Backoff
 from topology.bounds import MAX_TOPOLOGY_WAIT_SECONDS
+from topology.collectives import COMM_SHARE, parse_comm_share
 
 log = logging.getLogger("gpu-topology-extender")
 DEMO_HEARTBEAT_SECONDS = 30.0
@@ -103,6 +104,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="a group that has waited this long for a domain drains the one predicted to free soonest, "
                             "the longest-waiting group first, one at a time; 0: never (default "
                             f"{GROUP_AGE_BOUND_SECONDS:g})")
+    serve.add_argument("--comm-share", type=_share, default=COMM_SHARE, metavar="SHARE",
+                       help="the share of a job's step time in all-reduce, 0 to 1, for pods that state no "
+                            "comm-share: a preferred group waits for one NVLink domain as long as a split would cost "
+                            f"it, and not at all at 0 (default {COMM_SHARE:g})")
     serve.add_argument("--api-timeout", type=float, default=1.2, metavar="SECONDS",
                        help="bound on each API call; bind makes one write (two calls after a conflict), which must "
                             "finish inside kube-scheduler's httpTimeout (3 s in scheduler-config/)")
@@ -126,6 +131,13 @@ def _parser() -> argparse.ArgumentParser:
                                             "demo server, and compare with count-only placement")
     demo.set_defaults(run=_demo)
     return parser
+
+
+def _share(text: str) -> float:
+    try:
+        return parse_comm_share(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _levels(text: str) -> tuple[str, ...]:
@@ -165,7 +177,8 @@ def _serve(args: argparse.Namespace) -> int:
     if not 0 <= args.group_age_bound <= MAX_TOPOLOGY_WAIT_SECONDS:
         raise ValueError(f"--group-age-bound must be 0 to {MAX_TOPOLOGY_WAIT_SECONDS:g} seconds, "
                          f"not {args.group_age_bound}")
-    groups = {"group_timeout": args.group_timeout, "group_age_bound": args.group_age_bound or None}
+    groups = {"group_timeout": args.group_timeout, "group_age_bound": args.group_age_bound or None,
+              "comm_share": args.comm_share}
     if not 0 < args.group_timeout <= MAX_TOPOLOGY_WAIT_SECONDS:
         raise ValueError(f"--group-timeout must be more than 0 and at most {MAX_TOPOLOGY_WAIT_SECONDS:g} seconds, "
                          f"not {args.group_timeout}")

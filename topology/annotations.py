@@ -40,6 +40,7 @@ class AnnotationKeys:
     placement = _Key("placement")
     min_bandwidth = _Key("min-bandwidth")
     topology_wait = _Key("topology-wait")  # seconds this pod waits for a full-bandwidth set (extender/verbs/wait.py)
+    comm_share = _Key("comm-share")  # share of its step time in all-reduce, 0 to 1 (topology/collectives.py)
     # On pods, written by the user: the job this pod is a member of, placed whole (DESIGN §10, extender/groups/).
     group = _Key("group")  # the group's name, in the pod's namespace
     group_size = _Key("group-size")  # members with GPUs, 1 to MAX_GROUP_SIZE

@@ -16,6 +16,7 @@ from typing import Any
 from extender.api.group_request import GroupRequest, parse_group
 from topology.annotations import AnnotationKeys
 from topology.bounds import MAX_ACTIVE_DEADLINE_SECONDS, MAX_TOPOLOGY_WAIT_SECONDS
+from topology.collectives import parse_comm_share
 from topology.levels import Interconnect
 from topology.select import Request
 from topology.containers import ContainerNeed, container_needs, device_request, parse_count
@@ -43,6 +44,7 @@ class PodRequest:
     wait_seconds: float | None = None  # its own topology wait (extender/verbs/wait.py); None: the extender's
     group: GroupRequest | None = None  # the job it is a member of, placed whole (extender/groups.py)
     deadline_seconds: int | None = None  # spec.activeDeadlineSeconds: the longest it runs once started
+    comm_share: float | None = None  # its stated share of step time in all-reduce; None: the extender's
 
     @property
     def requires_topology(self) -> bool:
@@ -77,11 +79,12 @@ def parse_pod(pod: Mapping[str, Any], keys: AnnotationKeys, resource: str = DEFA
     try:
         request, required = _constraints(annotations, keys, gpus)
         wait_seconds = _wait_seconds(annotations.get(keys.topology_wait), keys)
+        comm_share = _comm_share(annotations.get(keys.comm_share), keys)
         group = parse_group(metadata, spec, keys)
     except ValueError as error:
         return PodRequest(namespace, name, uid, gpus, None, True, str(error), containers)
     return PodRequest(namespace, name, uid, gpus, request, required, None, containers, wait_seconds, group,
-                      spec.get("activeDeadlineSeconds"))
+                      spec.get("activeDeadlineSeconds"), comm_share)
 
 
 def pod_shape_problem(pod: Mapping[str, Any]) -> str | None:
@@ -207,6 +210,16 @@ def _wait_seconds(raw: Any, keys: AnnotationKeys) -> float | None:
         raise ValueError(f"{keys.topology_wait}: {text[:40]!r} is not a whole number of seconds from 0 to "
                          f"{MAX_TOPOLOGY_WAIT_SECONDS:g}")
     return float(text)
+
+
+def _comm_share(raw: Any, keys: AnnotationKeys) -> float | None:
+    """The pod's own communication share (topology/collectives.py), which decides how long its group waits."""
+    if raw is None:
+        return None
+    try:
+        return parse_comm_share(str(raw).strip())
+    except ValueError as error:
+        raise ValueError(f"{keys.comm_share}: {error}") from None
 
 
 def _constraints(annotations: Mapping[str, Any], keys: AnnotationKeys, gpus: int) -> tuple[Request | None, bool]:

@@ -27,6 +27,7 @@ from extender.demo.mixed_pods import DemoPod
 from extender.demo.scheduler import Scheduler, fits_by_count, running_server
 from extender.verbs.service import ExtenderService
 from topology.annotations import AnnotationKeys
+from topology.collectives import ALLREDUCE
 from topology.fabric import CLIQUE_LABEL
 
 SPINE, LEAF = "network.topology.nvidia.com/spine", "network.topology.nvidia.com/leaf"
@@ -37,10 +38,9 @@ GPUS_PER_TRAY = 4
 STEPS = 12
 WIDTH = 116  # columns of the prose lines
 
-MNNVL_ALLREDUCE_GBPS = 811.0
-"""NCCL all_reduce bus bandwidth measured on 2 trays x 4 GB200 of one NVL72 rack over multi-node NVLink
-(lixueduan.com/posts/ai/13-gb200-mnnvl-nccl-test, nccl-tests)."""
-NETWORK_ALLREDUCE_GBPS = 85.0
+MNNVL_ALLREDUCE_GBPS = ALLREDUCE["gb200-node"].domain_gbps
+"""NCCL all_reduce bus bandwidth measured on 2 trays x 4 GB200 of one NVL72 rack over multi-node NVLink."""
+NETWORK_ALLREDUCE_GBPS = ALLREDUCE["gb200-node"].leaf_gbps
 """The same test on the same 8 GPUs over InfiniBand: what a group gets once a hop leaves its NVLink domain."""
 NVLINK_GBPS_PER_GPU = 1800.0
 """NVIDIA's rate of NVLink 5 per Blackwell GPU, to every GPU of the rack (GB200 NVL72: 1.8 TB/s)."""

@@ -9,11 +9,15 @@ domain where its bound members already are.
 A group no domain of its span can hold now waits, as a single pod waits for a full-bandwidth set
 (extender/verbs/wait.py): every node says why, and nothing of it binds. A group with `required` placement waits
 for as long as it takes. A preferred one (the default) waits as long as waiting finishes it sooner than a split
-(`group_wait`): its own `topology-wait` if it states one; else, where its members state activeDeadlineSeconds,
-SPLIT_COST times that; else for as long as a domain could hold it, since a split runs slower for its whole run
-and the replay measured that any split feeds itself at load (issue 29). Then it tries wider spans (a leaf, a
-spine) with its members in equal segments, each inside one NVLink domain, the largest that fit, and last places
-its members as single pods. A group no domain could hold even empty is refused at once if required, and goes to
+(`group_wait`): its own `topology-wait` if it states one. Else the wait follows from what a split would cost it,
+by its communication share c (its `comm-share`, else the extender's --comm-share; topology/collectives.py): a
+split across NVLink domains runs up to `split_slowdown(c)` times as long, so a group that states
+activeDeadlineSeconds waits `split_slowdown(c) - 1` times that (2.56 at c = 0.3: a wait that long still finishes
+no later), one that states none waits for as long as a domain could hold it, since a split runs slower for its
+whole run and the replay measured that any split feeds itself at load (issue 29), and one with c = 0 does not
+wait at all, as a split costs it nothing. Then it tries wider spans (a leaf, a spine) with its members in equal
+segments, each inside one NVLink domain, the largest that fit, and last, unless it declared a segment, places its
+members as single pods. A group no domain could hold even empty is refused at once if required, and goes to
 the wider spans at once if preferred.
 
 No group starves: with an age bound (--group-age-bound), the group waiting longest past it drains the domain
@@ -51,6 +55,7 @@ from extender.groups.plans import GroupPlans, Plan
 from extender.verbs.drains import Drains
 from extender.verbs.filter import FilterOutcome
 from extender.verbs.wait import WaitClock
+from topology.collectives import COMM_SHARE, split_slowdown
 from topology.select import Choice, Selector
 
 log = logging.getLogger(__name__)
@@ -60,10 +65,6 @@ PLAN_LIMIT = "too many group plans in force; the group waits for one to end"
 MAX_SCORE = 10
 NO_ROOM_SECONDS = 1.0
 MAX_REMEMBERED_GROUPS = 4096
-SPLIT_COST = 2.5
-"""A preferred group that states activeDeadlineSeconds waits this many times it for one domain before it splits.
-Split across NVL72 racks over InfiniBand it would run (1 - c) + c x 811 / 85 times as long, 3.56x at the replay's
-communication share c = 0.3 (loadtests/replay/runtime.py): a wait of up to 2.56 runs still finishes no later."""
 RETRIED_SECONDS = 600.0
 """A group refused within this long is still waiting: kube-scheduler retries an unschedulable pod at least every
 5 minutes (its flush of unschedulable pods), so one not seen for twice that was deleted or placed elsewhere."""
@@ -94,13 +95,14 @@ class _NoRoom:
 
 class GroupPlacement:
     def __init__(self, state: ClusterState, plans: GroupPlans, selector: Selector, wait: WaitClock,
-                 drains: Drains, age_bound: float | None = None) -> None:
+                 drains: Drains, age_bound: float | None = None, comm_share: float = COMM_SHARE) -> None:
         self.state = state
         self.plans = plans
         self.selector = selector
         self.wait = wait
         self.drains = drains
         self.age_bound = age_bound
+        self.split_cost = split_slowdown(comm_share) - 1  # for members that state no comm-share of their own
         self._no_room: OrderedDict[str, tuple[int, float, _NoRoom | None]] = OrderedDict()
         self._first: OrderedDict[str, float] = OrderedDict()  # waiting group -> its first refusal, oldest first
         self._last: dict[str, float] = {}  # waiting group -> its last refusal
@@ -136,7 +138,8 @@ class GroupPlacement:
                 if group.required:
                     return _refuse(names, f"{state.keys.group_segment}: no NVLink domain of these nodes holds "
                                           f"{group.segment} pods of {request.count} GPUs", resolvable=False)
-                pod = replace(pod, group=replace(group, segment=None))  # preferred: planned as if it set none
+                group = replace(group, segment=None)  # preferred: planned as if it set none
+                pod = replace(pod, group=group)
             found = self._plan_once(pod, key, size, now, names)
             if isinstance(found, Plan):
                 self.plans.install(found)
@@ -153,8 +156,8 @@ class GroupPlacement:
                 return _refuse(names, f"no {span_name(group.span)} can hold the group's pods of "
                                       f"{request.count} GPUs", resolvable=False)
             return None
-        if not (group.required or within):
-            return None
+        if not (group.required or within or group.segment is not None):
+            return None  # a declared segment is kept whole (Slurm's --segment is strict): never member by member
         reason = f"no {span_name(found.span)} with room for {found.members} pods of {request.count} GPUs"
         if self._age_drain(key, found, now):
             reason += f"; {AGE_DRAINING}"
@@ -164,10 +167,11 @@ class GroupPlacement:
         """How long a preferred group waits for one domain of its span before it splits (the module's docstring)."""
         if pod.wait_seconds is not None:
             return pod.wait_seconds
-        if self.wait.wait_seconds <= 0:
+        cost = self.split_cost if pod.comm_share is None else split_slowdown(pod.comm_share) - 1
+        if self.wait.wait_seconds <= 0 or cost <= 0:
             return 0.0
         if pod.deadline_seconds is not None:
-            return max(self.wait.wait_seconds, SPLIT_COST * pod.deadline_seconds)
+            return max(self.wait.wait_seconds, cost * pod.deadline_seconds)
         return math.inf
 
     def _age_drain(self, key: str, found: _NoRoom, now: float) -> bool:

@@ -49,6 +49,7 @@ from extender.verbs.metrics import Metrics
 from extender.verbs.preempt import preempt_nodes
 from extender.verbs.scoring import Offer, prioritize_nodes
 from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS, WAITING, WaitClock
+from topology.collectives import COMM_SHARE
 from topology.select import Selector
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class ExtenderService:
     def __init__(self, state: ClusterState, kube: KubeApi, selector: Selector | None = None, *,
                  leader: Leadership | None = None, pods: Relister | None = None,
                  topology_wait: float = TOPOLOGY_WAIT_SECONDS, group_timeout: float = GROUP_TIMEOUT_SECONDS,
-                 group_age_bound: float | None = GROUP_AGE_BOUND_SECONDS) -> None:
+                 group_age_bound: float | None = GROUP_AGE_BOUND_SECONDS, comm_share: float = COMM_SHARE) -> None:
         if (leader is None) != (pods is None):
             raise ValueError("leader election needs the pod reflector, to rebuild the ledger on each win")
         self.state = state
@@ -99,7 +100,8 @@ class ExtenderService:
         self.wait = WaitClock(topology_wait)
         self.drains = Drains(state)
         self.plans = GroupPlans(state, group_timeout)
-        self.groups = GroupPlacement(state, self.plans, self.selector, self.wait, self.drains, group_age_bound)
+        self.groups = GroupPlacement(state, self.plans, self.selector, self.wait, self.drains, group_age_bound,
+                                     comm_share)
         self.leader, self._pod_lists = leader, pods
         self._rebuild: tuple[int, int] | None = None  # (term, ticket of the pod list that rebuilds its ledger)
         if leader is not None:

@@ -43,7 +43,8 @@ from loadtests.replay.model import ClusterNode, Job
 from loadtests.replay.plots import write_group_plots, write_plots
 from loadtests.replay.policies import OURS, OURS_GROUPS_PREFERRED, group_policies, standard_policies
 from loadtests.replay.report import group_table, markdown_table
-from loadtests.replay.runtime import COMM_SHARE, RunTime
+from loadtests.replay.runtime import RunTime
+from topology.collectives import COMM_SHARE
 from loadtests.replay.slurm_like import limits_note
 from loadtests.replay.workloads import (TRACE_GPU_MIX, alibaba_trace, at_load, describe, inflation, parse_gpu_mix,
                                         read_csv, synthetic, unplaceable)
@@ -170,7 +171,8 @@ def _runs(args: argparse.Namespace, cluster: Sequence[ClusterNode], jobs: Sequen
     extender_log = logging.getLogger("extender")
     level = extender_log.level
     extender_log.setLevel(logging.ERROR)
-    policies = (group_policies if args.cluster == "nvl72" else standard_policies)(cluster, args.topology_wait)
+    policies = (group_policies(cluster, args.topology_wait, args.comm_share) if args.cluster == "nvl72"
+                else standard_policies(cluster, args.topology_wait))
     run_time = RunTime(cluster, args.comm_share)
     try:
         return [_run(cluster, jobs, policy, seed, run_time, quiet=args.json) for policy in policies]

@@ -40,7 +40,8 @@ from loadtests.replay.model import ClusterNode, Job
 from loadtests.replay.plots import write_group_plots, write_inflation_plot, write_plots
 from loadtests.replay.policies import group_policies, standard_policies
 from loadtests.replay.report import group_table, markdown_table, percent
-from loadtests.replay.spans import ALLREDUCE, SPINE_FACTOR, Spans
+from loadtests.replay.spans import SPINE_FACTOR, Spans
+from topology.collectives import ALLREDUCE
 from loadtests.replay.workloads import (TRACE_DURATION_MU, TRACE_DURATION_SIGMA, TRACE_GPU_MIX, alibaba_trace,
                                         at_load, describe, inflation, synthetic)
 
@@ -327,7 +328,7 @@ def render(bench: Bench, root: Path, times: bool = True) -> str:
         f"- The nvl72 runs replay {NVL72_JOBS:,} jobs of the multi-node mix with policies (1), (6) and (4) (its "
         "members asking required, then preferred placement) of `policies.group_policies`; their table is "
         "`report.group_table`, and the all-reduce figures behind the "
-        "modelled job time are `spans.ALLREDUCE` (" + "; ".join(
+        "modelled job time are `topology/collectives.py` ALLREDUCE (" + "; ".join(
             f"{platform}: {figures.domain_gbps:g} GB/s in one NVLink domain, {figures.leaf_gbps:g} within a leaf"
             for platform, figures in ALLREDUCE.items())
         + f"; across leaves x{SPINE_FACTOR:g}, an assumed 2:1 spine oversubscription).",

@@ -74,7 +74,7 @@ def replay_one(load: float, comm_share: float, seed: int, jobs: int) -> dict[str
     workload = group_workload(cluster, load, jobs, seed)
     run_time = RunTime(cluster, comm_share)
     found: dict[str, Figures] = {}
-    for policy in group_policies(cluster):
+    for policy in group_policies(cluster, comm_share=comm_share):
         run = replay(cluster, workload, policy, seed, run_seconds=run_time.seconds)
         merged = {**asdict(summarize(run, comm_share)), **asdict(summarize_jobs(run)),
                   **asdict(summarize_groups(run, comm_share))}

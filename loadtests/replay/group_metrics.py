@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from loadtests.replay.clusters import pool_capacity
 from loadtests.replay.engine import Outcome, Run, groups_of
 from loadtests.replay.metrics import job_firsts, job_starts, percentile, run_seconds
-from loadtests.replay.runtime import COMM_SHARE, RunTime, slowdown
+from loadtests.replay.runtime import RunTime
+from topology.collectives import COMM_SHARE, slowdown
 from loadtests.replay.spans import Span
 from topology.bounds import MAX_GROUP_SIZE
 

@@ -24,7 +24,8 @@ from itertools import combinations
 
 from loadtests.replay.boards import BoardKey, board, board_key
 from loadtests.replay.engine import Outcome, Run, groups_of
-from loadtests.replay.runtime import COMM_SHARE, best_ring_gbps, slowdown
+from loadtests.replay.runtime import best_ring_gbps
+from topology.collectives import COMM_SHARE, slowdown
 from topology.compiled import bits
 from topology.levels import Level
 from topology.select import ring_gbps

@@ -44,6 +44,7 @@ from loadtests.replay.kueue_tas import assign
 from loadtests.replay.model import LEAF_LABEL, SPINE_LABEL, TOPOLOGY_LEVELS, ClusterNode, Job
 from loadtests.replay.slurm_like import SlurmLikePolicy
 from loadtests.replay.spans import Span, Spans
+from topology.collectives import COMM_SHARE
 
 NAMESPACE = "default"
 EPOCH = 1_800_000_000.0
@@ -164,7 +165,7 @@ class ExtenderPolicy(_KubeSearch):
     def __init__(self, name: str, nodes: Sequence[ClusterNode], *, delivery: bool,
                  profile: Profile | None = None, topology_wait: float = TOPOLOGY_WAIT_SECONDS,
                  topology_levels: tuple[str, ...] = (), group_placement: str = "preferred",
-                 group_age_bound: float = GROUP_AGE_BOUND_SECONDS) -> None:
+                 group_age_bound: float = GROUP_AGE_BOUND_SECONDS, comm_share: float = COMM_SHARE) -> None:
         self.name = name
         self.group_placement = group_placement
         self.profile = profile or shipped_profile()
@@ -173,7 +174,7 @@ class ExtenderPolicy(_KubeSearch):
         self.state = ClusterState(clock=lambda: EPOCH + self.now, stale_after=math.inf, levels=topology_levels)
         self.cluster = demo_cluster(nodes, self.state, delivery=delivery)
         self.service = ExtenderService(self.state, self.cluster, topology_wait=topology_wait,
-                                       group_age_bound=group_age_bound or None)
+                                       group_age_bound=group_age_bound or None, comm_share=comm_share)
         self.spans = Spans(nodes)
         self.index = {name: {gpu.uuid: gpu.index for gpu in topology.gpus}
                       for name, topology in self.cluster.topologies.items()}
@@ -235,15 +236,16 @@ def standard_policies(nodes: Sequence[ClusterNode], topology_wait: float = TOPOL
             ExtenderPolicy(OURS, nodes, delivery=True, topology_wait=topology_wait))
 
 
-def group_policies(nodes: Sequence[ClusterNode], topology_wait: float = TOPOLOGY_WAIT_SECONDS
-                   ) -> tuple[StockPolicy | SlurmLikePolicy | ExtenderPolicy, ...]:
+def group_policies(nodes: Sequence[ClusterNode], topology_wait: float = TOPOLOGY_WAIT_SECONDS,
+                   comm_share: float = COMM_SHARE) -> tuple[StockPolicy | SlurmLikePolicy | ExtenderPolicy, ...]:
     """The policies for multi-node jobs on a labelled fleet, each fresh: (1), (6), (7), and (4), our extender with
     the fleet's topology levels and --topology-wait, once with members asking `required` placement (a group waits
     for a domain of its span) and once `preferred`, the extender's default (after the wait it takes a wider span,
-    then places members one by one)."""
+    then places members one by one). The extender is told the workload's communication share (its --comm-share),
+    as an operator who knows the fleet's jobs sets it."""
     return (StockPolicy("(1) quantity only", DEFAULT),
             KueueLikePolicy("(6) Kueue-like, best-fit block", nodes),
             SlurmLikePolicy("(7) Slurm-like, EASY backfill, topology/block", nodes),
             *(ExtenderPolicy(f"(4) ours, groups {placement}", nodes, delivery=True, topology_wait=topology_wait,
-                             topology_levels=TOPOLOGY_LEVELS, group_placement=placement)
+                             topology_levels=TOPOLOGY_LEVELS, group_placement=placement, comm_share=comm_share)
               for placement in ("required", "preferred")))

@@ -20,10 +20,9 @@ tray's own NVLink), towards the domain's as s grows. A group of 8 trays in 2 rac
 85 GB/s scattered tray by tray and 811 GB/s in one rack. The s = 1 point is measured; the scaling is the
 hierarchical algorithm's arithmetic, not a measurement.
 
-Why `c` defaults to 0.3: communication is 30 to 50% of an LLM training step, and measured slowdowns of spread
-placements are 1.5x to 2.35x (Gavel, V100, median 2.35x; Pollux, BERT, 1.5x to 2.2x); at 0.3 a group scattered
-over InfiniBand instead of one NVL72 domain (85 against 811 GB/s) runs 3.6x its duration. Pollux's simulator
-models step times by placement in the same way; Tiresias's and Gavel's ignore placement.
+The formula, the default `c` (0.3) and the bandwidth figures are topology/collectives.py's, which the extender
+reads too: at 0.3 a group scattered over InfiniBand instead of one NVL72 domain (85 against 811 GB/s) runs 3.6x its
+duration. Tiresias's and Gavel's simulators ignore placement.
 """
 
 from __future__ import annotations
@@ -36,12 +35,9 @@ from functools import cache
 from loadtests.replay.boards import BoardKey, board, board_key
 from loadtests.replay.engine import Placement
 from loadtests.replay.model import ClusterNode, Job
-from loadtests.replay.spans import ALLREDUCE, Span, Spans, allreduce_gbps
+from loadtests.replay.spans import Span, Spans, allreduce_gbps
+from topology.collectives import ALLREDUCE, COMM_SHARE, slowdown
 from topology.select import Choice, Request, Selector, ring_gbps
-
-COMM_SHARE = 0.3
-"""Default share of a job's time at its best placement spent in all-reduce (an assumption; set it)."""
-
 
 @cache
 def best_ring_gbps(key: BoardKey, gpus: int) -> float:
@@ -60,13 +56,6 @@ def segmented_gbps(platform: str, span: Span, segment: int) -> float:
         return network
     domain = ALLREDUCE[platform].domain_gbps
     return 1 / (1 / domain + (1 / network - 1 / domain) / segment)
-
-
-def slowdown(comm_share: float, best_gbps: float, got_gbps: float) -> float:
-    """(1 - c) + c * best / got; a placement with no bandwidth at all never finishes."""
-    if got_gbps <= 0:
-        return math.inf
-    return (1 - comm_share) + comm_share * best_gbps / got_gbps
 
 
 class RunTime:

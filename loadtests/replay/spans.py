@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from enum import IntEnum
 
 from loadtests.replay.clusters import installed_gpus
 from loadtests.replay.model import LEAF_LABEL, SPINE_LABEL, ClusterNode, Job
+from topology.collectives import ALLREDUCE
 from topology.fabric import CLIQUE_LABEL
 
 
@@ -36,29 +36,6 @@ SPAN_NAMES: Mapping[Span, str] = {Span.DOMAIN: "NVLink domain", Span.LEAF: "leaf
                                   Span.FLEET: "fleet"}
 
 
-@dataclass(frozen=True, slots=True)
-class Bandwidth:
-    """All-reduce bus bandwidth per GPU (nccl-tests busbw, GB/s) of a group inside one NVLink domain and across
-    domains within one leaf, with where each figure comes from."""
-
-    domain_gbps: float
-    leaf_gbps: float
-    source: str
-
-
-ALLREDUCE: Mapping[str, Bandwidth] = {
-    "gb200-node": Bandwidth(
-        811.0, 85.0,
-        "measured: nccl-tests all_reduce busbw of 2 nodes x 4 GB200, 811 GB/s over multi-node NVLink and 85 GB/s "
-        "over InfiniBand (lixueduan.com/posts/ai/13-gb200-mnnvl-nccl-test); NVIDIA states 1.8 TB/s per GPU in "
-        "the rack (docs.nvidia.com/datacenter/cloud-native/gpu-operator/latest/dra-cds.html) and each GPU has "
-        "one 400 Gb/s NIC (~50 GB/s) across racks"),
-    "dgx-h100": Bandwidth(
-        480.0, 440.0,
-        "measured: 8 H100 on one NVSwitch board reach 480 GB/s busbw with NVLink SHARP (NVIDIA GTC S62129, as "
-        "quoted in NVIDIA/nccl#1374); 2 nodes x 8 H100 over 8 x 400 Gb/s InfiniBand reach 440 GB/s "
-        "(coreweave/nccl-tests#92)"),
-}
 SPINE_FACTOR = 0.5
 """Across leaves a group gets this share of its in-leaf bandwidth: an assumed 2:1 oversubscription of the leaf
 uplinks to the spine (a leaf's uplinks carry half of what its nodes can send), as two-tier clusters are often

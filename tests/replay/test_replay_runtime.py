@@ -18,8 +18,8 @@ from loadtests.replay.kube_scores import DEFAULT
 from loadtests.replay.metrics import summarize
 from loadtests.replay.model import ClusterNode, Job
 from loadtests.replay.policies import StockPolicy
-from loadtests.replay.runtime import RunTime, best_ring_gbps, slowdown
-from loadtests.replay.spans import ALLREDUCE
+from loadtests.replay.runtime import RunTime, best_ring_gbps
+from topology.collectives import ALLREDUCE, slowdown
 from topology.compiled import compile_topology
 from topology.fabric import CLIQUE_LABEL
 from topology.platforms import PLATFORMS

@@ -188,3 +188,20 @@ def test_a_pods_active_deadline_is_read_as_kube_apiserver_admits_it(deadline: in
         spec["activeDeadlineSeconds"] = deadline
     pod = parse_pod({"metadata": {"name": "p", "namespace": "ml", "uid": "u"}, "spec": spec}, AnnotationKeys())
     assert (pod.problem, pod.deadline_seconds) == (None, parsed)
+
+
+@pytest.mark.parametrize(("value", "parsed", "problem"), [
+    (None, None, None), ("0", 0.0, None), (" 0.3 ", 0.3, None), ("0.05", 0.05, None), ("1", 1.0, None),
+    ("1.00", 1.0, None),
+    ("1.5", None, "gpu-topology.io/comm-share: '1.5' is not a share from 0 to 1 with at most two decimals"),
+    ("-0", None, "gpu-topology.io/comm-share: '-0' is not a share"), ("0.333", None, "'0.333' is not a share"),
+    ("30%", None, "'30%' is not a share"), ("nan", None, "'nan' is not a share"), ("1e-1", None, "'1e-1'"),
+    ("0." + "0" * 10_000, None, "is not a share")])
+def test_a_pods_communication_share_is_a_bounded_decimal_or_the_pod_is_refused_with_why(
+        value: str | None, parsed: float | None, problem: str | None) -> None:
+    annotations = {} if value is None else {"gpu-topology.io/comm-share": value}
+    pod = parse_pod({"metadata": {"name": "p", "namespace": "ml", "uid": "u", "annotations": annotations},
+                     "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}},
+                    AnnotationKeys())
+    assert pod.comm_share == parsed
+    assert (pod.problem is None) if problem is None else (problem in (pod.problem or ""))

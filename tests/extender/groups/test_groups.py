@@ -26,6 +26,7 @@ from extender.verbs.group_placement import DRAIN_HORIZON_SECONDS, ELSEWHERE
 from extender.verbs.service import ExtenderService
 from helpers.reported_nodes import ManualClock, reported_cluster
 from topology.annotations import AnnotationKeys
+from topology.collectives import split_slowdown
 
 SPINE, LEAF = "network.topology.nvidia.com/spine", "network.topology.nvidia.com/leaf"
 CLUSTER_UUID = "9c6f5af3-53bf-49b5-a436-b66766c413c3"
@@ -172,12 +173,56 @@ def test_a_preferred_group_waits_for_one_domain_unless_its_deadline_says_a_split
     service, kube = _cluster(clock, busy=busy)
     members = [_pod(kube, f"w{i}", 4, group="six", size=6, deadline=deadline) for i in range(6)]
     assert _schedule(service, members[0]) is None
-    clock.now += 601  # past the extender's 600 s, and past 2.5 x a 100 s deadline
+    clock.now += 601  # past the extender's 600 s, and past 2.56 x a 100 s deadline
     nodes = [_schedule(service, pod) for pod in members]
     if deadline is None:  # no run time stated: a split would run slower for its whole run, so it waits on
         assert nodes == [None] * 6
     else:
         assert sorted(Counter(_domain(node) for node in nodes if node).values()) == [3, 3]
+
+
+@pytest.mark.parametrize("stated, extender, waits", [("0", 0.3, False), (None, 0.0, False), ("0.3", 0.0, True),
+                                                     (None, 0.3, True), ("1", 0.3, True)])
+def test_a_preferred_group_without_a_deadline_splits_at_once_only_where_a_split_costs_it_nothing(
+        stated: str | None, extender: float, waits: bool) -> None:
+    busy = {name: (0,) for name in ["a00", "a01", "a02", "b00", "b01", "b02"]}  # 3 whole trays free in each domain
+    service, kube = _cluster(ManualClock(), busy=busy)
+    service.groups.split_cost = split_slowdown(extender) - 1  # as --comm-share sets it
+    share = {} if stated is None else {"gpu-topology.io/comm-share": stated}
+    nodes = [_schedule(service, _pod(kube, f"w{i}", 4, group="six", size=6, **share)) for i in range(6)]
+    if waits:
+        assert nodes == [None] * 6
+    else:
+        assert sorted(Counter(_domain(node) for node in nodes if node).values()) == [3, 3]
+
+
+def test_a_stated_deadline_waits_as_long_as_a_split_would_cost_it_at_its_communication_share() -> None:
+    clock = ManualClock()
+    busy = {name: (0,) for name in ["a00", "a01", "a02", "b00", "b01", "b02"]}
+    service, kube = _cluster(clock, busy=busy)
+    service.wait.wait_seconds = 1.0
+    members = [_pod(kube, f"w{i}", 4, group="six", size=6, deadline=1000, **{"gpu-topology.io/comm-share": "0.1"})
+               for i in range(6)]
+    wait = 1000 * (split_slowdown(0.1) - 1)  # 0.1 x (811 / 85 - 1) x 1000 s: about 854 s
+    assert 850 < wait < 860
+    assert _schedule(service, members[0]) is None
+    clock.now += wait - 5
+    assert _schedule(service, members[0]) is None
+    clock.now += 10
+    assert None not in [_schedule(service, pod) for pod in members]
+
+
+def test_a_preferred_group_that_declares_a_segment_never_goes_member_by_member() -> None:
+    busy = {name: (0,) for name in ["a00", "a01", "a02", "b00", "b01", "b02"]}  # 3 whole trays free in each domain
+    service, kube = _cluster(ManualClock(), busy=busy)
+    service.groups.split_cost = 0.0  # --comm-share 0: no wait for one domain
+    annotations = {"gpu-topology.io/group-segment": "2"}
+    first = _pod(kube, "w0", 4, group="pairs", size=8, **annotations)
+    outcome = service.filter(ExtenderArgs(first, ALL, None))
+    assert outcome.passed == []  # 3 + 3 trays hold no 4 segments of 2 that cover 8: it waits, kept in segments
+    assert outcome.unresolvable and not service.state.ledger.pods()
+    plain = _pod(kube, "v0", 4, group="loose", size=8)
+    assert service.filter(ExtenderArgs(plain, ALL, None)).passed  # without a segment: member by member
 
 
 def _bind_to(service: ExtenderService, pod: dict[str, Any], node: str) -> None:
