@@ -93,3 +93,22 @@ MAX_CLIQUE_ID = 2**32 - 1
 # Why a node has no NVLink domain (topology/fabric.py), as the agent writes it and the extender shows it: one
 # line, room for two domains side by side and a GPU or a label to blame.
 MAX_DOMAIN_PROBLEM_LENGTH = 256
+
+# DRA objects (resource.k8s.io/v1), as kube-apiserver v1.36 validates them (k8s.io/api/resource/v1/types.go):
+# devices in one ResourceSlice, attributes and capacities of one device, taints of one device, results of one
+# claim's allocation, entries of its reservedFor; names are a DNS label (device), a DNS subdomain of at most 63
+# (driver) and of at most 253 (pool, one node's name for NVIDIA's driver).
+MAX_SLICE_DEVICES = 128
+MAX_DEVICE_ATTRIBUTES = 32
+MAX_DEVICE_TAINTS = 16
+MAX_ALLOCATION_RESULTS = 32
+MAX_RESERVED_FOR = 256
+MAX_DEVICE_NAME_LENGTH = 63
+MAX_DRIVER_NAME_LENGTH = 63
+MAX_POOL_NAME_LENGTH = 253
+# Slices in one pool: NVIDIA's driver publishes one (one per GPU and one of counters with DynamicMIG); 1,024 is
+# far past any node. Slices the extender keeps in all: 16 a node on a 5,000-node cluster, with room.
+MAX_POOL_SLICES = 1024
+MAX_SLICES = 100_000
+# A DRA device attribute's string value (DeviceAttributeMaxValueLength).
+DEVICE_ATTRIBUTE_MAX_LENGTH = 64

@@ -1,0 +1,193 @@
+"""DRA objects (resource.k8s.io/v1) as the extender reads them: a ResourceSlice's GPUs, a ResourceClaim's allocation.
+
+Both come from whoever may write them, so each is checked against what kube-apiserver v1.36 admits
+(topology/bounds.py) before any of it is kept, and refused whole with the field to blame. Only what placement needs
+is read: a device's name, its `uuid` (NVIDIA publishes no index or minor since 2025, so devices join our topology
+on it), its `type` (gpu, mig, vfio; channel and daemon for ComputeDomains), a MIG device's `parentUUID`, and
+whether a taint keeps pods off it; a claim's results (driver, pool, device, admin access) and the pods it is
+reserved for.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from topology import bounds
+
+GPU_DRIVER = "gpu.nvidia.com"
+COMPUTE_DOMAIN_DRIVER = "compute-domain.nvidia.com"
+EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"
+"""The annotation kube-scheduler puts on the claim it makes for a pod's `nvidia.com/gpu: N` (KEP-5004)."""
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_KEEP_OFF = frozenset({"NoSchedule", "NoExecute"})  # a taint of effect None only informs
+_SHOWN = 60
+
+
+class DraError(ValueError):
+    """A DRA object outside what kube-apiserver admits, with the object and field to blame."""
+
+
+@dataclass(frozen=True, slots=True)
+class SliceDevice:
+    name: str
+    uuid: str | None
+    kind: str | None  # NVIDIA's `type` attribute: gpu, mig, vfio, channel, daemon
+    parent_uuid: str | None  # a MIG device's GPU
+    tainted: bool  # a NoSchedule or NoExecute taint: no new pod is given it unless the pod tolerates it
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceSlice:
+    name: str
+    driver: str
+    pool: str
+    generation: int
+    slice_count: int  # slices of the pool at this generation: the pool is complete once all are seen
+    node: str | None
+    devices: tuple[SliceDevice, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedDevice:
+    driver: str
+    pool: str
+    device: str
+    admin_access: bool  # monitoring access: it takes no device from anyone
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceClaim:
+    uid: str
+    key: str  # namespace/name
+    results: tuple[AllocatedDevice, ...]  # empty while unallocated
+    reserved_for: tuple[str, ...]  # UIDs of the pods (or other consumers) it is reserved for
+    extended: bool  # made by kube-scheduler for a KEP-5004 `nvidia.com/gpu: N` pod
+
+
+def parse_slice(obj: Any) -> ResourceSlice:
+    metadata, spec = _object(obj, "ResourceSlice")
+    name = _name(metadata.get("name"), "ResourceSlice", "metadata.name", bounds.MAX_POOL_NAME_LENGTH, _DNS_SUBDOMAIN)
+    where = f"ResourceSlice {name}"
+    driver = _name(spec.get("driver"), where, "spec.driver", bounds.MAX_DRIVER_NAME_LENGTH, _DNS_SUBDOMAIN)
+    pool = spec.get("pool")
+    if not isinstance(pool, dict):
+        raise DraError(f"{where}: spec.pool: expected an object")
+    pool_name = _text(pool.get("name"), where, "spec.pool.name", bounds.MAX_POOL_NAME_LENGTH)
+    generation = _count(pool.get("generation"), where, "spec.pool.generation", 0, bounds.MAX_GENERATION)
+    count = _count(pool.get("resourceSliceCount"), where, "spec.pool.resourceSliceCount", 1, bounds.MAX_POOL_SLICES)
+    node = spec.get("nodeName")
+    if node is not None:
+        node = _name(node, where, "spec.nodeName", bounds.MAX_POOL_NAME_LENGTH, _DNS_SUBDOMAIN)
+    devices = spec.get("devices") or []
+    if not isinstance(devices, list) or len(devices) > bounds.MAX_SLICE_DEVICES:
+        raise DraError(f"{where}: spec.devices: expected a list of at most {bounds.MAX_SLICE_DEVICES} devices")
+    parsed = tuple(_device(device, driver, f"{where}: spec.devices[{i}]") for i, device in enumerate(devices))
+    if len({device.name for device in parsed}) != len(parsed):
+        raise DraError(f"{where}: spec.devices: a device name appears twice")
+    return ResourceSlice(name, driver, pool_name, generation, count, node, parsed)
+
+
+def parse_claim(obj: Any) -> ResourceClaim:
+    metadata, _ = _object(obj, "ResourceClaim")
+    name = _text(metadata.get("name"), "ResourceClaim", "metadata.name", bounds.MAX_POOL_NAME_LENGTH)
+    namespace = _text(metadata.get("namespace"), "ResourceClaim", "metadata.namespace", 63)
+    where = f"ResourceClaim {namespace}/{name}"
+    uid = _text(metadata.get("uid"), where, "metadata.uid", 128)
+    annotations = metadata.get("annotations") or {}
+    extended = isinstance(annotations, dict) and annotations.get(EXTENDED_RESOURCE_CLAIM) == "true"
+    status = obj.get("status") or {}
+    if not isinstance(status, dict):
+        raise DraError(f"{where}: status: expected an object")
+    allocation = status.get("allocation") or {}
+    results = ((allocation.get("devices") or {}).get("results") or []) if isinstance(allocation, dict) else None
+    if not isinstance(results, list) or len(results) > bounds.MAX_ALLOCATION_RESULTS:
+        raise DraError(f"{where}: status.allocation.devices.results: expected a list of at most "
+                       f"{bounds.MAX_ALLOCATION_RESULTS}")
+    reserved = status.get("reservedFor") or []
+    if not isinstance(reserved, list) or len(reserved) > bounds.MAX_RESERVED_FOR:
+        raise DraError(f"{where}: status.reservedFor: expected a list of at most {bounds.MAX_RESERVED_FOR}")
+    return ResourceClaim(uid, f"{namespace}/{name}",
+                         tuple(_result(result, f"{where}: status.allocation.devices.results[{i}]")
+                               for i, result in enumerate(results)),
+                         tuple(_text((consumer or {}).get("uid") if isinstance(consumer, dict) else None,
+                                     where, f"status.reservedFor[{i}].uid", 128)
+                               for i, consumer in enumerate(reserved)),
+                         extended)
+
+
+def _device(device: Any, driver: str, where: str) -> SliceDevice:
+    if not isinstance(device, dict):
+        raise DraError(f"{where}: expected an object")
+    name = _name(device.get("name"), where, "name", bounds.MAX_DEVICE_NAME_LENGTH, _DNS_LABEL)
+    attributes = device.get("attributes") or {}
+    capacity = device.get("capacity") or {}
+    if (not isinstance(attributes, dict) or not isinstance(capacity, dict)
+            or len(attributes) + len(capacity) > bounds.MAX_DEVICE_ATTRIBUTES):
+        raise DraError(f"{where}: attributes and capacity: expected at most {bounds.MAX_DEVICE_ATTRIBUTES} in all")
+    taints = device.get("taints") or []
+    if not isinstance(taints, list) or len(taints) > bounds.MAX_DEVICE_TAINTS:
+        raise DraError(f"{where}: taints: expected a list of at most {bounds.MAX_DEVICE_TAINTS}")
+    uuid = _string_attribute(attributes, driver, "uuid", where)
+    if uuid is not None and not bounds.valid_id(uuid):
+        raise DraError(f"{where}: attribute uuid {uuid[:_SHOWN]!r} is no GPU UUID")
+    parent = _string_attribute(attributes, driver, "parentUUID", where)
+    if parent is not None and not bounds.valid_id(parent):
+        raise DraError(f"{where}: attribute parentUUID {parent[:_SHOWN]!r} is no GPU UUID")
+    tainted = any(isinstance(taint, dict) and taint.get("effect") in _KEEP_OFF for taint in taints)
+    return SliceDevice(name, uuid, _string_attribute(attributes, driver, "type", where), parent, tainted)
+
+
+def _string_attribute(attributes: Mapping[str, Any], driver: str, name: str, where: str) -> str | None:
+    """An attribute is named bare (in the driver's domain) or qualified by it; both spell the same one."""
+    value = attributes.get(name, attributes.get(f"{driver}/{name}"))
+    if value is None:
+        return None
+    text = value.get("string") if isinstance(value, dict) else None
+    if not isinstance(text, str) or len(text) > bounds.DEVICE_ATTRIBUTE_MAX_LENGTH:
+        raise DraError(f"{where}: attribute {name}: expected a string of at most "
+                       f"{bounds.DEVICE_ATTRIBUTE_MAX_LENGTH} characters")
+    return text
+
+
+def _result(result: Any, where: str) -> AllocatedDevice:
+    if not isinstance(result, dict):
+        raise DraError(f"{where}: expected an object")
+    return AllocatedDevice(
+        _name(result.get("driver"), where, "driver", bounds.MAX_DRIVER_NAME_LENGTH, _DNS_SUBDOMAIN),
+        _text(result.get("pool"), where, "pool", bounds.MAX_POOL_NAME_LENGTH),
+        _name(result.get("device"), where, "device", bounds.MAX_DEVICE_NAME_LENGTH, _DNS_LABEL),
+        result.get("adminAccess") is True)
+
+
+def _object(obj: Any, kind: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    if not isinstance(obj, dict):
+        raise DraError(f"{kind}: expected an object")
+    metadata, spec = obj.get("metadata"), obj.get("spec") or {}
+    if not isinstance(metadata, dict) or not isinstance(spec, dict):
+        raise DraError(f"{kind}: metadata and spec must be objects")
+    return metadata, spec
+
+
+def _text(value: Any, where: str, field: str, limit: int) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= limit:
+        shown = repr(value[:_SHOWN]) if isinstance(value, str) else type(value).__name__
+        raise DraError(f"{where}: {field}: expected 1 to {limit} characters, not {shown}")
+    return value
+
+
+def _name(value: Any, where: str, field: str, limit: int, pattern: re.Pattern[str]) -> str:
+    text = _text(value, where, field, limit)
+    if not pattern.fullmatch(text):
+        raise DraError(f"{where}: {field}: {text[:_SHOWN]!r} is not a DNS name")
+    return text
+
+
+def _count(value: Any, where: str, field: str, low: int, high: int) -> int:
+    if type(value) is not int or not low <= value <= high:
+        raise DraError(f"{where}: {field}: expected a whole number from {low} to {high}")
+    return value

@@ -1,0 +1,221 @@
+"""GPUs as DRA publishes and allocates them: which nodes are DRA nodes, and which of their GPUs are taken.
+
+On a node whose GPUs a DRA driver publishes, `node.status.allocatable` has no `nvidia.com/gpu` and a pod's GPUs
+are the devices of its ResourceClaims (`status.allocation.devices.results[]`), which the extender must read to
+count right. Kept as kube-scheduler's allocator keeps them (its pools and allocated-devices trackers):
+
+- A pool is the newest generation of the slices of one (driver, pool name), used only once complete (as many
+  slices of that generation as each says the pool has). An incomplete pool gives the node no GPU.
+- Every allocated result of a GPU driver takes its device, whatever `reservedFor` says; a result with admin access
+  takes none. A share of a device (consumable capacity) takes it whole for us, and a MIG result makes the GPU
+  under it unusable as a whole GPU. A device with a
+  NoSchedule or NoExecute taint is unusable too (a pod may tolerate it; the extender does not promise it).
+- Devices join the node's topology by their `uuid`: a GPU of the topology that no device of the pool names cannot
+  be allocated there, so it is taken as well.
+
+Not thread-safe: the cluster state calls it under its ledger lock. Work per event is one slice or one claim.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from enum import Enum
+from typing import Any
+
+from extender.api.dra import COMPUTE_DOMAIN_DRIVER, GPU_DRIVER, DraError, ResourceClaim, ResourceSlice, SliceDevice
+from extender.api.dra import parse_claim, parse_slice
+from topology import bounds
+
+log = logging.getLogger(__name__)
+
+PoolId = tuple[str, str]  # (driver, pool name)
+
+
+class NodeClass(Enum):
+    DEVICE_PLUGIN = "device-plugin"  # GPUs from the device plugin: the node's allocatable counts them
+    DRA_GPU = "dra-gpu"  # GPUs from a DRA driver: claims count them
+    COMPUTE_DOMAIN_ONLY = "compute-domain-only"  # GPUs from the device plugin, IMEX channels from DRA (GB200)
+
+
+class DraInventory:
+    def __init__(self, gpu_drivers: Iterable[str] = (GPU_DRIVER,),
+                 on_node: Callable[[str], None] = lambda node: None) -> None:
+        """`on_node` is told of each node whose DRA GPUs changed (published, allocated or freed)."""
+        self.gpu_drivers = frozenset(gpu_drivers)
+        self._on_node = on_node
+        self._slices: dict[str, ResourceSlice] = {}
+        self._pools: dict[PoolId, set[str]] = {}  # -> its slices' names
+        self._devices: dict[PoolId, dict[str, SliceDevice] | None] = {}  # the complete pool's devices, else None
+        self._node_of: dict[PoolId, str] = {}
+        self._pools_of: dict[str, set[PoolId]] = {}  # node -> its pools, of every driver
+        self._claims: dict[str, ResourceClaim] = {}  # only claims with a result of a GPU driver
+        self._taken: dict[tuple[str, str, str], set[str]] = {}  # (driver, pool, device) -> claim uids
+        self.refused: dict[str, str] = {}  # object -> why it was refused, for the log and the metric
+
+    # -- watches ---------------------------------------------------------------------------------------
+
+    def apply_slice(self, kind: str, obj: Any) -> None:
+        name = _metadata(obj, "name")
+        if kind == "DELETED":
+            self._drop_slice(name)
+            return
+        try:
+            parsed = parse_slice(obj)
+        except DraError as error:
+            self._refuse(f"ResourceSlice {name[:63]}", str(error))
+            self._drop_slice(name)
+            return
+        if parsed.driver not in self.gpu_drivers and parsed.driver != COMPUTE_DOMAIN_DRIVER:
+            return
+        if parsed.name not in self._slices and len(self._slices) >= bounds.MAX_SLICES:
+            self._refuse(f"ResourceSlice {parsed.name}", f"more than {bounds.MAX_SLICES} slices are kept")
+            return
+        self.refused.pop(f"ResourceSlice {parsed.name}", None)
+        self._drop_slice(parsed.name)
+        self._slices[parsed.name] = parsed
+        pool = (parsed.driver, parsed.pool)
+        self._pools.setdefault(pool, set()).add(parsed.name)
+        self._settle(pool)
+
+    def replace_slices(self, items: list[dict[str, Any]]) -> None:
+        for name in list(self._slices):
+            self._drop_slice(name)
+        for item in items:
+            self.apply_slice("ADDED", item)
+
+    def apply_claim(self, kind: str, obj: Any) -> None:
+        uid = _metadata(obj, "uid")
+        if kind == "DELETED":
+            self._drop_claim(uid)
+            return
+        try:
+            parsed = parse_claim(obj)
+        except DraError as error:
+            # Refused, its devices stay as they were: dropping them would hand GPUs in use to another pod.
+            self._refuse(f"ResourceClaim {uid[:63]}", str(error))
+            return
+        self.refused.pop(f"ResourceClaim {uid[:63]}", None)
+        self._drop_claim(parsed.uid)
+        results = [result for result in parsed.results if result.driver in self.gpu_drivers and not result.admin_access]
+        if not results:
+            return
+        self._claims[parsed.uid] = parsed
+        for result in results:
+            self._taken.setdefault((result.driver, result.pool, result.device), set()).add(parsed.uid)
+        self._tell({self._node_of.get((result.driver, result.pool), result.pool) for result in results})
+
+    def replace_claims(self, items: list[dict[str, Any]]) -> None:
+        for uid in list(self._claims):
+            self._drop_claim(uid)
+        for item in items:
+            self.apply_claim("ADDED", item)
+
+    # -- reads -----------------------------------------------------------------------------------------
+
+    def node_class(self, node: str) -> NodeClass:
+        drivers = {driver for driver, _ in self._pools_of.get(node, ())}
+        if drivers & self.gpu_drivers:
+            return NodeClass.DRA_GPU
+        if COMPUTE_DOMAIN_DRIVER in drivers:
+            return NodeClass.COMPUTE_DOMAIN_ONLY
+        return NodeClass.DEVICE_PLUGIN
+
+    def taken(self, node: str, gpu_ids: Iterable[str]) -> frozenset[str] | None:
+        """Of a DRA node's GPUs (by UUID), those no pod may be given now; None for a node DRA gives no GPU."""
+        pools = [pool for pool in self._pools_of.get(node, ()) if pool[0] in self.gpu_drivers]
+        if not pools:
+            return None
+        usable: set[str] = set()
+        blocked: set[str] = set()
+        for pool in pools:
+            devices = self._devices.get(pool)
+            for name, device in (devices or {}).items():
+                whole = device.kind in (None, "gpu")
+                held = bool(self._taken.get((pool[0], pool[1], name)))
+                if whole and device.uuid is not None and not device.tainted and not held:
+                    usable.add(device.uuid)
+                elif device.uuid is not None and (held or device.tainted):
+                    blocked.add(device.uuid)
+                if not whole and held and device.parent_uuid is not None:
+                    blocked.add(device.parent_uuid)
+        return frozenset(gpu for gpu in gpu_ids if gpu not in usable or gpu in blocked)
+
+    def claims_of(self, pod_uid: str) -> list[ResourceClaim]:
+        return [claim for claim in self._claims.values() if pod_uid in claim.reserved_for]
+
+    def unknown_devices(self) -> int:
+        """Allocated GPU devices that no complete pool publishes: a claim naming a device no slice has."""
+        return sum(1 for (driver, pool, device), uids in self._taken.items()
+                   if uids and device not in (self._devices.get((driver, pool)) or {}))
+
+    # -- bookkeeping -----------------------------------------------------------------------------------
+
+    def _settle(self, pool: PoolId) -> None:
+        """The pool's newest generation, if complete: its devices and its node."""
+        names = self._pools.get(pool, set())
+        slices = [self._slices[name] for name in names]
+        previous = self._node_of.pop(pool, None)
+        if previous is not None:
+            self._pools_of.get(previous, set()).discard(pool)
+        if not slices:
+            self._pools.pop(pool, None)
+            self._devices.pop(pool, None)
+            self._tell({previous} - {None})
+            return
+        newest = max(piece.generation for piece in slices)
+        current = [piece for piece in slices if piece.generation == newest]
+        nodes = {piece.node for piece in current}
+        node = nodes.pop() if len(nodes) == 1 else None
+        complete = len(current) == current[0].slice_count and all(p.slice_count == len(current) for p in current)
+        devices: dict[str, SliceDevice] = {}
+        for piece in current if complete and node is not None else ():
+            for device in piece.devices:
+                if device.name in devices:
+                    complete = False  # one device in two slices: the pool is not one kube-scheduler would use
+                devices[device.name] = device
+        self._devices[pool] = devices if complete else None
+        if node is not None:
+            self._node_of[pool] = node
+            self._pools_of.setdefault(node, set()).add(pool)
+        self._tell({previous, node} - {None})
+
+    def _drop_slice(self, name: str) -> None:
+        found = self._slices.pop(name, None)
+        if found is None:
+            return
+        pool = (found.driver, found.pool)
+        self._pools.get(pool, set()).discard(name)
+        self._settle(pool)
+
+    def _drop_claim(self, uid: str) -> None:
+        claim = self._claims.pop(uid, None)
+        if claim is None:
+            return
+        nodes: set[str] = set()
+        for result in claim.results:
+            key = (result.driver, result.pool, result.device)
+            holders = self._taken.get(key)
+            if holders is not None:
+                holders.discard(uid)
+                if not holders:
+                    del self._taken[key]
+                nodes.add(self._node_of.get((result.driver, result.pool), result.pool))
+        self._tell(nodes)
+
+    def _tell(self, nodes: set[str]) -> None:
+        for node in nodes:
+            self._on_node(node)
+
+    def _refuse(self, what: str, why: str) -> None:
+        if self.refused.get(what) != why:
+            log.warning("%s", why)
+        if what in self.refused or len(self.refused) < bounds.MAX_SLICES:
+            self.refused[what] = why
+
+
+def _metadata(obj: Any, field: str) -> str:
+    """A field of an object's metadata, as far as it can be read: a DELETED event may carry a malformed object."""
+    metadata = obj.get("metadata") if isinstance(obj, dict) else None
+    value = metadata.get(field) if isinstance(metadata, dict) else None
+    return value[:bounds.MAX_POOL_NAME_LENGTH] if isinstance(value, str) else ""

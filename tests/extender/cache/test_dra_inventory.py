@@ -1,0 +1,96 @@
+"""GPUs as DRA publishes and allocates them (extender/cache/dra_inventory.py), counted as kube-scheduler counts them."""
+
+from __future__ import annotations
+
+from extender.cache.dra_inventory import DraInventory, NodeClass
+from extender.demo.cluster import with_uuids
+from helpers.dra_objects import allocated_claim, channel_slice, gpu_device, gpu_slice, mig_device
+from topology.platforms import PLATFORMS
+
+NODE = "a6000-0"
+UUIDS = [gpu.uuid or "" for gpu in with_uuids(NODE, PLATFORMS["rtx-a6000-pairs"].topology()).gpus]
+
+
+def _inventory() -> tuple[DraInventory, list[str]]:
+    told: list[str] = []
+    inventory = DraInventory(on_node=told.append)
+    inventory.apply_slice("ADDED", gpu_slice(NODE, UUIDS, seed=5))
+    return inventory, told
+
+
+def test_nodes_are_classed_by_what_dra_publishes_for_them() -> None:
+    inventory, _ = _inventory()
+    inventory.apply_slice("ADDED", channel_slice("gb200-0"))
+    assert inventory.node_class(NODE) is NodeClass.DRA_GPU
+    assert inventory.node_class("gb200-0") is NodeClass.COMPUTE_DOMAIN_ONLY
+    assert inventory.node_class("h100-0") is NodeClass.DEVICE_PLUGIN
+    assert inventory.taken("gb200-0", UUIDS) is None and inventory.taken("h100-0", UUIDS) is None
+
+
+def test_every_allocated_device_is_taken_whatever_reserved_for_says_and_freed_with_its_claim() -> None:
+    inventory, told = _inventory()
+    assert inventory.taken(NODE, UUIDS) == frozenset()
+    told.clear()
+    inventory.apply_claim("ADDED", allocated_claim("c1", NODE, ["gpu-0", "gpu-5"], pods=["p1"]))
+    inventory.apply_claim("ADDED", allocated_claim("c2", NODE, ["gpu-7"]))  # allocated, reserved for nobody
+    assert inventory.taken(NODE, UUIDS) == {UUIDS[0], UUIDS[5], UUIDS[7]}
+    assert told == [NODE, NODE]
+    assert [claim.uid for claim in inventory.claims_of("p1")] == ["c1"]
+    inventory.apply_claim("DELETED", allocated_claim("c1", NODE, ["gpu-0", "gpu-5"], pods=["p1"]))
+    assert inventory.taken(NODE, UUIDS) == {UUIDS[7]}
+
+
+def test_admin_access_takes_nothing_and_another_drivers_devices_are_not_gpus() -> None:
+    inventory, _ = _inventory()
+    inventory.apply_claim("ADDED", allocated_claim("mon", NODE, ["gpu-1"], admin=True))
+    inventory.apply_claim("ADDED", allocated_claim("nic", NODE, ["gpu-2"], driver="dra.net"))
+    assert inventory.taken(NODE, UUIDS) == frozenset()
+
+
+def test_a_mig_result_makes_its_gpu_unusable_whole_and_a_tainted_or_unpublished_gpu_is_taken() -> None:
+    devices = [gpu_device(i, UUIDS[i]) for i in range(6)] + [mig_device(6, UUIDS[6], "MIG-" + UUIDS[6][4:])]
+    devices[2]["taints"] = [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]
+    inventory = DraInventory()
+    inventory.apply_slice("ADDED", gpu_slice(NODE, (), devices=devices))
+    assert inventory.taken(NODE, UUIDS) == {UUIDS[2], UUIDS[6], UUIDS[7]}  # GPU 7 is in no device: DRA cannot give it
+    inventory.apply_claim("ADDED", allocated_claim("m", NODE, ["gpu-6-mig-1g10gb-19-0"]))
+    assert inventory.taken(NODE, UUIDS) == {UUIDS[2], UUIDS[6], UUIDS[7]}
+
+
+def test_only_the_newest_complete_generation_of_a_pool_counts() -> None:
+    inventory, _ = _inventory()
+    # The driver republishes in two slices: until both are seen, the node has no GPU to give.
+    inventory.apply_slice("ADDED", gpu_slice(NODE, (), generation=2, count=2, index=1,
+                                             devices=[gpu_device(i, UUIDS[i]) for i in range(4)]))
+    assert inventory.taken(NODE, UUIDS) == frozenset(UUIDS)
+    inventory.apply_slice("ADDED", gpu_slice(NODE, (), generation=2, count=2, index=2,
+                                             devices=[gpu_device(i, UUIDS[i]) for i in range(4, 8)]))
+    assert inventory.taken(NODE, UUIDS) == frozenset()
+    inventory.apply_slice("DELETED", gpu_slice(NODE, UUIDS, seed=5))  # the old generation goes: nothing changes
+    assert inventory.taken(NODE, UUIDS) == frozenset()
+    inventory.apply_slice("DELETED", gpu_slice(NODE, (), generation=2, count=2, index=2, devices=[]))
+    assert inventory.taken(NODE, UUIDS) == frozenset(UUIDS)
+
+
+def test_hostile_objects_are_refused_with_why_and_a_refused_claim_keeps_its_devices_taken() -> None:
+    inventory, _ = _inventory()
+    inventory.apply_claim("ADDED", allocated_claim("c1", NODE, ["gpu-3"], pods=["p1"]))
+    broken = allocated_claim("c1", NODE, ["gpu-3"], pods=["p1"])
+    broken["status"]["allocation"]["devices"]["results"] *= 40
+    inventory.apply_claim("MODIFIED", broken)
+    assert "results: expected a list of at most 32" in inventory.refused["ResourceClaim c1"]
+    assert inventory.taken(NODE, UUIDS) == {UUIDS[3]}  # never handed to another pod on a bad update
+    huge = gpu_slice("other", UUIDS)
+    huge["spec"]["devices"] = huge["spec"]["devices"] * 125_000
+    inventory.apply_slice("ADDED", huge)
+    assert "at most 128 devices" in inventory.refused["ResourceSlice other-gpu.nvidia.com-0"]
+    assert inventory.node_class("other") is NodeClass.DEVICE_PLUGIN
+
+
+def test_a_claim_naming_a_device_no_slice_has_is_counted_and_takes_effect_when_the_slice_comes() -> None:
+    inventory = DraInventory()
+    inventory.apply_claim("ADDED", allocated_claim("early", NODE, ["gpu-4", "gpu-99"]))
+    assert inventory.unknown_devices() == 2
+    inventory.apply_slice("ADDED", gpu_slice(NODE, UUIDS))
+    assert inventory.unknown_devices() == 1  # gpu-99 names nothing
+    assert inventory.taken(NODE, UUIDS) == {UUIDS[4]}
