@@ -12,6 +12,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from extender.api.dra import GPU_DRIVER, valid_driver
 from extender.api.group_request import KINDS
 from extender.api.pod_request import DEFAULT_GPU_RESOURCE
 from extender.cache.cluster_state import ClusterState
@@ -78,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
                             "(repeatable; kube-scheduler's in scheduler-config/ is kube-scheduler); others get 403")
     serve.add_argument("--annotation-prefix", default=DEFAULT_PREFIX)
     serve.add_argument("--gpu-resource", default=DEFAULT_GPU_RESOURCE)
+    serve.add_argument("--dra-drivers", type=_drivers, default=(GPU_DRIVER,), metavar="NAMES",
+                       help="DRA drivers whose ResourceSlices publish GPUs, comma-separated; their claims' devices "
+                            f"are the GPUs taken on those nodes; empty: DRA is not watched (default {GPU_DRIVER})")
     serve.add_argument("--stale-after", type=float, default=120.0, metavar="SECONDS",
                        help="treat a node whose GPU state is older than this as unknown")
     serve.add_argument("--seal-key-file", metavar="FILE",
@@ -133,6 +137,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _drivers(text: str) -> tuple[str, ...]:
+    """--dra-drivers: DNS subdomains of at most 63 characters, as kube-apiserver admits a driver's name."""
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    for name in names:
+        if not valid_driver(name):
+            raise argparse.ArgumentTypeError(f"{name[:63]!r} is not a DRA driver name (a DNS subdomain)")
+    return names
+
+
 def _share(text: str) -> float:
     try:
         return parse_comm_share(text)
@@ -183,7 +196,8 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--group-timeout must be more than 0 and at most {MAX_TOPOLOGY_WAIT_SECONDS:g} seconds, "
                          f"not {args.group_timeout}")
     state = ClusterState(AnnotationKeys(args.annotation_prefix), args.gpu_resource, args.stale_after, seal=seal,
-                         bind_outcome_seconds=args.bind_outcome_seconds, levels=args.topology_levels)
+                         bind_outcome_seconds=args.bind_outcome_seconds, levels=args.topology_levels,
+                         gpu_drivers=args.dra_drivers)
     elector: LeaderElector | None = None
     label: LeaderLabel | None = None
     if args.demo:
@@ -201,6 +215,12 @@ def _serve(args: argparse.Namespace) -> int:
                                   topology_wait=args.topology_wait, **groups)
         nodes.start()
         pods.start()
+        if args.dra_drivers:
+            state.watch_dra()
+            Reflector(kube.list_resource_slices, kube.watch_resource_slices, state.slices,
+                      name="resourceslices.resource.k8s.io").start()
+            Reflector(kube.list_resource_claims, kube.watch_resource_claims, state.claims,
+                      name="resourceclaims.resource.k8s.io").start()
         for kind in KINDS:  # a cluster without the CRD or the alpha API answers 404: ask every 5 minutes at most
             Reflector(lambda kind=kind: kube.list_pod_groups(kind),
                       lambda version, timeout, kind=kind: kube.watch_pod_groups(kind, version, timeout),

@@ -5,12 +5,12 @@ The prefix is configurable so that two installations can share a cluster; every 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from topology import bounds
 
 DEFAULT_PREFIX = "gpu-topology.io"
 
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class _Key:
@@ -29,7 +29,7 @@ class AnnotationKeys:
 
     def __post_init__(self) -> None:
         prefix = self.prefix
-        if len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix):
+        if len(prefix) > 253 or not bounds.DNS_SUBDOMAIN.fullmatch(prefix):
             raise ValueError(f"annotation prefix {prefix!r} is not a DNS subdomain such as {DEFAULT_PREFIX}")
 
     # On nodes, written by the reporter.

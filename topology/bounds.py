@@ -75,6 +75,10 @@ MAX_TOPOLOGY_WAIT_SECONDS = 86_400
 MAX_ACTIVE_DEADLINE_SECONDS = 2**31 - 1
 
 
+# A DNS subdomain (RFC 1123) as Kubernetes checks names: an annotation prefix, a DRA driver, a node.
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
 def valid_id(value: str) -> bool:
     return ID_PATTERN.fullmatch(value) is not None
 

@@ -23,7 +23,7 @@ EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"
 """The annotation kube-scheduler puts on the claim it makes for a pod's `nvidia.com/gpu: N` (KEP-5004)."""
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_DNS_SUBDOMAIN = bounds.DNS_SUBDOMAIN
 _KEEP_OFF = frozenset({"NoSchedule", "NoExecute"})  # a taint of effect None only informs
 _SHOWN = 60
 
@@ -67,6 +67,10 @@ class ResourceClaim:
     results: tuple[AllocatedDevice, ...]  # empty while unallocated
     reserved_for: tuple[str, ...]  # UIDs of the pods (or other consumers) it is reserved for
     extended: bool  # made by kube-scheduler for a KEP-5004 `nvidia.com/gpu: N` pod
+
+
+def valid_driver(name: str) -> bool:
+    return len(name) <= bounds.MAX_DRIVER_NAME_LENGTH and bounds.DNS_SUBDOMAIN.fullmatch(name) is not None
 
 
 def parse_slice(obj: Any) -> ResourceSlice:

@@ -130,14 +130,15 @@ class AssignmentBook:
             return [entry for entry in self._uncertain.values() if entry.expires is not None and entry.expires <= now]
 
     def taken(self, view: NodeView) -> int:
-        """The node's GPUs in use, as a mask: what the kubelet reported (less what ended since the report), and
-        every entry the report does not show yet, a pod's reservation or a plan's open slot alike."""
+        """The node's GPUs in use, as a mask: what the kubelet reported (less what ended since the report), what
+        DRA claims hold (kept apart: a claim is read live, not as of the report), and every entry neither shows
+        yet, a pod's reservation or a plan's open slot alike."""
         assert view.compiled is not None
         with self.lock:
-            taken = view.mask(view.reported_used - self.released_since(view.name, view.observed))
+            taken = view.mask(view.reported_used - self.released_since(view.name, view.observed)) | view.dra_taken
             for entry in sorted(self.entries(view.name), key=lambda entry: entry.at):
-                if entry.confirmed or covered(view, entry):
-                    continue
+                if entry.confirmed or covered(view, entry) or entry.pod_uid in view.dra_pods:
+                    continue  # the kubelet's report, or the pod's DRA claims, count its GPUs
                 reserved = view.mask(entry.gpus)
                 # GPUs the kubelet has given to another pod meanwhile (a plugin that ignores us): this pod will
                 # get as many others, so count it as many more, the lowest free ones, as the stock plugin picks.

@@ -17,9 +17,11 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from extender.api._names import lookup
+from extender.api.dra import GPU_DRIVER
 from extender.api.pod_request import DEFAULT_GPU_RESOURCE, PodRequest, parse_pod
 from extender.cache.assignments import Assignment, Phase
 from extender.cache.domains import DomainIndex
+from extender.cache.dra_inventory import DraInventory
 from extender.cache.ledger import BIND_OUTCOME_SECONDS, Ledger, NoClaims, SlotClaims
 from extender.cache.node_view import REFUSED, Key, NodeKey, NodeView, SharedKey
 from extender.cache.seal import Seal
@@ -68,7 +70,8 @@ class _NoPlans(NoClaims):
 class ClusterState:
     def __init__(self, keys: AnnotationKeys | None = None, resource: str = DEFAULT_GPU_RESOURCE,
                  stale_after: float = 120.0, clock: Callable[[], float] = time.time, seal: Seal | None = None,
-                 bind_outcome_seconds: float = BIND_OUTCOME_SECONDS, levels: Sequence[str] = ()) -> None:
+                 bind_outcome_seconds: float = BIND_OUTCOME_SECONDS, levels: Sequence[str] = (),
+                 gpu_drivers: Sequence[str] = (GPU_DRIVER,)) -> None:
         self.keys = keys or AnnotationKeys()
         self.resource = resource
         self.stale_after = stale_after
@@ -91,8 +94,14 @@ class ClusterState:
         self._stale: tuple[float, frozenset[str]] = (float("-inf"), frozenset())  # (when checked, stale names)
         self._pods: dict[str, PodRecord] = {}
         self._synced: set[str] = set()
+        self._needed = {"nodes", "pods"}  # what must be listed before the state answers (`ready`)
         self.nodes = _Sink(self, "nodes", self._replace_nodes, self._apply_node)
         self.pods = _Sink(self, "pods", self._replace_pods, self._apply_pod)
+        self.dra = DraInventory(gpu_drivers, on_node=self._dra_changed)
+        self.slices = _Sink(self, "resourceslices", self._locked(self.dra.replace_slices),
+                            self._locked(self.dra.apply_slice))
+        self.claims = _Sink(self, "resourceclaims", self._locked(self.dra.replace_claims),
+                            self._locked(self.dra.apply_claim))
 
     @property
     def clock(self) -> Callable[[], float]:
@@ -107,7 +116,11 @@ class ClusterState:
 
     @property
     def ready(self) -> bool:
-        return {"nodes", "pods"} <= self._synced
+        return self._needed <= self._synced
+
+    def watch_dra(self) -> None:
+        """DRA objects are watched: until both are listed, what DRA nodes have free is unknown."""
+        self._needed |= {"resourceslices", "resourceclaims"}
 
     def view(self, name: str) -> NodeView | None:
         return self._views.get(name)
@@ -206,12 +219,35 @@ class ClusterState:
                 self._restale(name, stale=False)
                 return name
             labels = metadata.get("labels") if isinstance(metadata.get("labels"), dict) else {}
-            view = self._decode_node(name, metadata.get("annotations") or {}, labels)
+            view = self._with_dra(self._decode_node(name, metadata.get("annotations") or {}, labels))
             self.store(view)
             self.domains.update(name, view.domain.name, labels, doubt=view.domain.problem is not None)
             self._restale(name, stale=view.compiled is not None and self.is_stale(view, self.clock()))
             self.ledger.reported(view)
         return name
+
+    def _locked(self, change: Callable[..., None]) -> Callable[..., None]:
+        def under_lock(*args: Any) -> None:
+            with self.ledger.lock:
+                change(*args)
+        return under_lock
+
+    def _with_dra(self, view: NodeView) -> NodeView:
+        """The view with what DRA allocates on the node (extender/cache/dra_inventory.py) taken from it."""
+        taken = self.dra.taken(view.name, view.ids) if view.compiled is not None else None
+        if taken is None:
+            return view if not (view.dra_taken or view.dra_pods) else replace(view, dra_taken=0, dra_pods=frozenset())
+        return replace(view, dra_taken=view.mask(taken), dra_pods=self.dra.pods_on(view.name))
+
+    def _dra_changed(self, node: str) -> None:
+        """A DRA pool or claim of the node changed (called under the ledger lock)."""
+        view = self._views.get(node)
+        if view is None:
+            return
+        current = self._with_dra(view)
+        if (current.dra_taken, current.dra_pods) != (view.dra_taken, view.dra_pods):
+            self.store(current)
+            self.ledger.refresh(node)
 
     def store(self, view: NodeView) -> None:
         """Hold the node's view and its key (the ledger stores a new free mask here)."""

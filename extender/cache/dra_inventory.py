@@ -51,6 +51,7 @@ class DraInventory:
         self._pools_of: dict[str, set[PoolId]] = {}  # node -> its pools, of every driver
         self._claims: dict[str, ResourceClaim] = {}  # only claims with a result of a GPU driver
         self._taken: dict[tuple[str, str, str], set[str]] = {}  # (driver, pool, device) -> claim uids
+        self._claims_in: dict[PoolId, set[str]] = {}  # pool -> uids of the claims with a result in it
         self.refused: dict[str, str] = {}  # object -> why it was refused, for the log and the metric
 
     # -- watches ---------------------------------------------------------------------------------------
@@ -103,6 +104,7 @@ class DraInventory:
         self._claims[parsed.uid] = parsed
         for result in results:
             self._taken.setdefault((result.driver, result.pool, result.device), set()).add(parsed.uid)
+            self._claims_in.setdefault((result.driver, result.pool), set()).add(parsed.uid)
         self._tell({self._node_of.get((result.driver, result.pool), result.pool) for result in results})
 
     def replace_claims(self, items: list[dict[str, Any]]) -> None:
@@ -141,8 +143,10 @@ class DraInventory:
                     blocked.add(device.parent_uuid)
         return frozenset(gpu for gpu in gpu_ids if gpu not in usable or gpu in blocked)
 
-    def claims_of(self, pod_uid: str) -> list[ResourceClaim]:
-        return [claim for claim in self._claims.values() if pod_uid in claim.reserved_for]
+    def pods_on(self, node: str) -> frozenset[str]:
+        """UIDs of the pods that the GPU claims allocated on the node are reserved for."""
+        return frozenset(pod for pool in self._pools_of.get(node, ()) for uid in self._claims_in.get(pool, ())
+                         for pod in self._claims[uid].reserved_for)
 
     def unknown_devices(self) -> int:
         """Allocated GPU devices that no complete pool publishes: a claim naming a device no slice has."""
@@ -200,7 +204,12 @@ class DraInventory:
                 holders.discard(uid)
                 if not holders:
                     del self._taken[key]
-                nodes.add(self._node_of.get((result.driver, result.pool), result.pool))
+                pool = (result.driver, result.pool)
+                claims = self._claims_in.get(pool, set())
+                claims.discard(uid)
+                if not claims:
+                    self._claims_in.pop(pool, None)
+                nodes.add(self._node_of.get(pool, result.pool))
         self._tell(nodes)
 
     def _tell(self, nodes: set[str]) -> None:

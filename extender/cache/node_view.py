@@ -31,6 +31,8 @@ class NodeView:
     sharing: Sharing = Sharing.NONE  # from GFD's labels and the agent's observation (topology/sharing.py)
     reported_domain: Domain | None = None  # the NVLink domain in the agent's topology annotation
     domain: Domain = Domain(None, None)  # that and GFD's nvidia.com/gpu.clique label, reconciled
+    dra_taken: int = 0  # mask of GPUs DRA gives no pod now: allocated by a claim, unpublished, MIG, tainted
+    dra_pods: frozenset[str] = frozenset()  # UIDs of the pods DRA claims on this node are reserved for
 
     @property
     def size(self) -> int:

@@ -251,6 +251,7 @@ class KubernetesApi:
         self._core = k8s.CoreV1Api(api_client)
         self._coordination = k8s.CoordinationV1Api(api_client)
         self._custom = k8s.CustomObjectsApi(api_client)
+        self._resource = k8s.ResourceV1Api(api_client)
         self.timeout = timeout
         self.list_timeout = list_timeout
         self.instance = instance or os.environ.get("POD_NAME") or socket.gethostname()
@@ -351,6 +352,20 @@ class KubernetesApi:
         return self._watch(f"watch {kind.plural}.{kind.group}", self._custom.list_cluster_custom_object,
                            resource_version, timeout_seconds, group=kind.group, version=kind.version,
                            plural=kind.plural)
+
+    def list_resource_slices(self) -> tuple[list[dict], str]:
+        return self._list("list resourceslices", self._resource.list_resource_slice)
+
+    def watch_resource_slices(self, resource_version: str, timeout_seconds: int) -> WatchStream:
+        return self._watch("watch resourceslices", self._resource.list_resource_slice, resource_version,
+                           timeout_seconds)
+
+    def list_resource_claims(self) -> tuple[list[dict], str]:
+        return self._list("list resourceclaims", self._resource.list_resource_claim_for_all_namespaces)
+
+    def watch_resource_claims(self, resource_version: str, timeout_seconds: int) -> WatchStream:
+        return self._watch("watch resourceclaims", self._resource.list_resource_claim_for_all_namespaces,
+                           resource_version, timeout_seconds)
 
     # -- writes ------------------------------------------------------------------------------------------
 

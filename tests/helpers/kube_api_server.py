@@ -10,6 +10,7 @@ serves (core/v1 only):
     POST  /api/v1/namespaces/{ns}/pods/{name}/binding, /api/v1/namespaces/{ns}/bindings
     POST  /api/v1/namespaces/{ns}/events
     GET, PUT, DELETE /apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}; POST .../leases
+    GET   /apis/resource.k8s.io/v1/resourceslices, .../resourceclaims    list, or watch=true (DRA's objects)
 
 Semantics kept from the real server: one resourceVersion counter for everything (like etcd's revision);
 lists carry it in `metadata.resourceVersion`; a watch from version N streams every change after N as
@@ -47,8 +48,12 @@ import orjson
 import pytest
 
 NODES, PODS, LEASES = "nodes", "pods", "leases"
-_KINDS = {NODES: "Node", PODS: "Pod", LEASES: "Lease"}
+SLICES, CLAIMS = "resourceslices", "resourceclaims"
+_KINDS = {NODES: "Node", PODS: "Pod", LEASES: "Lease", SLICES: "ResourceSlice", CLAIMS: "ResourceClaim"}
 COORDINATION = "coordination.k8s.io/v1"
+RESOURCE = "resource.k8s.io/v1"
+_API_VERSIONS = {SLICES: RESOURCE, CLAIMS: RESOURCE}  # the rest are "v1"
+_NAMESPACED = (PODS, LEASES, CLAIMS)
 # The fields the real API server lets a fieldSelector name (a typo is a 400 there, and here).
 _SELECTABLE = {
     NODES: {"metadata.name", "spec.unschedulable"},
@@ -62,6 +67,9 @@ _SELECTABLE = {
         "status.phase",
         "status.nominatedNodeName",
     },
+    # The fields kube-apiserver's resource strategies expose (pkg/registry/resource/*/strategy.go).
+    SLICES: {"metadata.name", "spec.nodeName", "spec.driver"},
+    CLAIMS: {"metadata.name", "metadata.namespace"},
     # The fields kube-apiserver's event field selector takes (pkg/registry/core/event/strategy.go), but source.
     "events": {
         "involvedObject.kind",
@@ -280,7 +288,7 @@ class FakeKubeApiServer:
     def __init__(self, *, retain: int = 10_000, port: int = 0, first_resource_version: int = 1000) -> None:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
-        self._objects: dict[str, dict[tuple[str, str], dict]] = {NODES: {}, PODS: {}, LEASES: {}}
+        self._objects: dict[str, dict[tuple[str, str], dict]] = {resource: {} for resource in _KINDS}
         self._log: list[_Change] = []
         self._retain = retain
         self._rv = first_resource_version
@@ -385,6 +393,15 @@ current-context: test
     def pod(self, namespace: str, name: str) -> dict:
         return self._get(PODS, (namespace, name))
 
+    def put_dra(self, resource: str, obj: dict) -> dict:
+        """Create or replace a ResourceSlice (SLICES) or ResourceClaim (CLAIMS), as a driver or kube-scheduler."""
+        with self._lock:
+            exists = self._key(resource, copy.deepcopy(obj)) in self._objects[resource]
+            return self._put(resource, obj, create=not exists)
+
+    def delete_dra(self, resource: str, namespace: str, name: str) -> dict:
+        return self._delete(resource, (namespace, name))
+
     def pods_on(self, node: str) -> list[dict]:
         """The pods bound to `node`, as the kubelet's pod source follows them (in-process, no HTTP)."""
         with self._lock:
@@ -398,7 +415,7 @@ current-context: test
 
     def _key(self, resource: str, obj: dict) -> tuple[str, str]:
         meta = obj["metadata"]
-        return (meta.setdefault("namespace", "default") if resource in (PODS, LEASES) else "", meta["name"])
+        return (meta.setdefault("namespace", "default") if resource in _NAMESPACED else "", meta["name"])
 
     def _get(self, resource: str, key: tuple[str, str]) -> dict:
         with self._lock:
@@ -422,7 +439,7 @@ current-context: test
             else:
                 meta["uid"] = old["metadata"]["uid"]
                 meta["creationTimestamp"] = old["metadata"]["creationTimestamp"]
-            obj["kind"], obj["apiVersion"] = _KINDS[resource], "v1"
+            obj["kind"], obj["apiVersion"] = _KINDS[resource], _API_VERSIONS.get(resource, "v1")
             return self._commit(resource, "ADDED" if old is None else "MODIFIED", obj, old)
 
     def _delete(self, resource: str, key: tuple[str, str]) -> dict:
@@ -463,7 +480,8 @@ current-context: test
         object had changed."""
         with self._lock:
             self._rv += 1
-            obj = {"kind": _KINDS[resource], "apiVersion": "v1", "metadata": {"resourceVersion": str(self._rv)}}
+            obj = {"kind": _KINDS[resource], "apiVersion": _API_VERSIONS.get(resource, "v1"),
+                   "metadata": {"resourceVersion": str(self._rv)}}
             self._append(_Change(self._rv, resource, "BOOKMARK", obj, None))
             return str(self._rv)
 
@@ -554,7 +572,7 @@ current-context: test
                     items.append(item)
             return {
                 "kind": f"{_KINDS[resource]}List",
-                "apiVersion": "v1",
+                "apiVersion": _API_VERSIONS.get(resource, "v1"),
                 "metadata": {"resourceVersion": str(self._rv)},
                 "items": items,
             }
@@ -862,6 +880,11 @@ class _Handler(BaseHTTPRequestHandler):
         if parts[:3] == ["apis", *COORDINATION.split("/")]:
             self._route_lease(method, parts[3:], body)
             return
+        if parts[:3] == ["apis", *RESOURCE.split("/")]:
+            if method != "GET" or len(parts) != 4 or parts[3] not in (SLICES, CLAIMS):
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            self._list_or_watch(parts[3], None, query, watch)
+            return
         if parts[:2] != ["api", "v1"]:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         rest = parts[2:]
@@ -870,13 +893,7 @@ class _Handler(BaseHTTPRequestHandler):
             namespace, rest = rest[1], rest[2:]
         match (method, rest, namespace):
             case ("GET", [resource], _) if resource in (NODES, PODS) and (namespace is None or resource == PODS):
-                selector = _Selector.parse(query.get("fieldSelector", ""), resource)
-                if watch:
-                    seconds = int(query.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
-                    spec = _Watch(resource, namespace, selector, _truthy(query.get("allowWatchBookmarks")))
-                    self._stream(spec, query.get("resourceVersion", ""), seconds)
-                else:
-                    self._send(200, api.list(resource, namespace, selector))
+                self._list_or_watch(resource, namespace, query, watch)
             case ("GET", ["nodes", name], None):
                 self._send(200, api.node(name))
             case ("GET", ["pods", name], str()):
@@ -899,6 +916,15 @@ class _Handler(BaseHTTPRequestHandler):
                 )
             case _:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+    def _list_or_watch(self, resource: str, namespace: str | None, query: dict, watch: bool) -> None:
+        selector = _Selector.parse(query.get("fieldSelector", ""), resource)
+        if watch:
+            seconds = int(query.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
+            spec = _Watch(resource, namespace, selector, _truthy(query.get("allowWatchBookmarks")))
+            self._stream(spec, query.get("resourceVersion", ""), seconds)
+        else:
+            self._send(200, self.api.list(resource, namespace, selector))
 
     def _route_lease(self, method: str, rest: list[str], body: Any) -> None:
         api = self.api

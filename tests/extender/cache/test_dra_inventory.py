@@ -35,7 +35,7 @@ def test_every_allocated_device_is_taken_whatever_reserved_for_says_and_freed_wi
     inventory.apply_claim("ADDED", allocated_claim("c2", NODE, ["gpu-7"]))  # allocated, reserved for nobody
     assert inventory.taken(NODE, UUIDS) == {UUIDS[0], UUIDS[5], UUIDS[7]}
     assert told == [NODE, NODE]
-    assert [claim.uid for claim in inventory.claims_of("p1")] == ["c1"]
+    assert inventory.pods_on(NODE) == {"p1"} and inventory.pods_on("other") == frozenset()
     inventory.apply_claim("DELETED", allocated_claim("c1", NODE, ["gpu-0", "gpu-5"], pods=["p1"]))
     assert inventory.taken(NODE, UUIDS) == {UUIDS[7]}
 

@@ -1,0 +1,69 @@
+"""A DRA node's free GPUs in the cluster state: what its claims hold is taken, counted once beside the ledger."""
+
+from __future__ import annotations
+
+from extender.cache.assignments import Assignment, Phase
+from extender.cache.cluster_state import ClusterState
+from extender.demo.cluster import with_uuids
+from helpers.dra_objects import allocated_claim, channel_slice, gpu_slice
+from helpers.reported_nodes import ManualClock, reported_cluster
+from topology.platforms import PLATFORMS
+
+DRA, PLUGIN = "a6000-dra", "a6000-dp"
+
+
+def _uuids(node: str) -> list[str]:
+    return [gpu.uuid or "" for gpu in with_uuids(node, PLATFORMS["rtx-a6000-pairs"].topology()).gpus]
+
+
+def _state() -> tuple[ClusterState, ManualClock]:
+    clock = ManualClock()
+    state = reported_cluster({DRA: ("rtx-a6000-pairs", ()), PLUGIN: ("rtx-a6000-pairs", ())}, clock=clock)
+    state.slices.replace([gpu_slice(DRA, _uuids(DRA), seed=11), channel_slice(PLUGIN)])
+    state.claims.replace([])
+    return state, clock
+
+
+def _free(state: ClusterState, node: str) -> list[int]:
+    view = state.view(node)
+    assert view is not None
+    return [i for i in range(view.size) if view.free >> i & 1]
+
+
+def test_the_gpus_a_claim_holds_are_not_free_and_come_back_when_it_goes() -> None:
+    state, _ = _state()
+    assert _free(state, DRA) == list(range(8))
+    claim = allocated_claim("c1", DRA, ["gpu-0", "gpu-5"], pods=["p1"])
+    state.claims.apply("ADDED", claim)
+    assert _free(state, DRA) == [1, 2, 3, 4, 6, 7]
+    assert _free(state, PLUGIN) == list(range(8))  # same device names, another pool: nothing taken there
+    state.claims.apply("DELETED", claim)
+    assert _free(state, DRA) == list(range(8))
+
+
+def test_a_pod_bound_with_a_claim_is_counted_once_by_its_claim_and_a_reservation_until_then() -> None:
+    state, clock = _state()
+    uuids = _uuids(DRA)
+    state.ledger.reserve("p1", "ml/p1", DRA, frozenset(uuids[0:2]))  # our bind's choice: the NVLink pair 0-1
+    assert _free(state, DRA) == list(range(2, 8))
+    # kube-scheduler's allocator gave the pod GPUs 0 and 5: the claim is the truth, the reservation counts no more.
+    state.claims.apply("ADDED", allocated_claim("c1", DRA, ["gpu-0", "gpu-5"], pods=["p1"]))
+    assert _free(state, DRA) == [1, 2, 3, 4, 6, 7]
+    # A plan's open slot on the node is nobody's claim: it still counts.
+    state.ledger.hold("slot", "ml/group", DRA, frozenset(uuids[6:8]), clock())
+    assert _free(state, DRA) == [1, 2, 3, 4]
+    assert state.ledger.get("slot") == Assignment("slot", "ml/group", DRA, frozenset(uuids[6:8]), clock(),
+                                                  Phase.PLANNED)
+
+
+def test_a_pool_not_yet_complete_gives_the_node_no_gpu_and_a_node_report_keeps_what_dra_takes() -> None:
+    state, _ = _state()
+    state.slices.apply("MODIFIED", gpu_slice(DRA, _uuids(DRA), generation=2, count=2))
+    assert _free(state, DRA) == []
+    state.slices.apply("MODIFIED", gpu_slice(DRA, _uuids(DRA), generation=3))
+    state.claims.apply("ADDED", allocated_claim("c1", DRA, ["gpu-3"]))
+    view = state.view(DRA)
+    assert view is not None
+    state.nodes.apply("MODIFIED", {"metadata": {"name": DRA, "annotations": {
+        state.keys.topology: view.raw_topology}}})  # the node changes (a heartbeat, a label): DRA's part stays
+    assert _free(state, DRA) == [0, 1, 2, 4, 5, 6, 7]
