@@ -12,7 +12,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from extender.api.dra import GPU_DRIVER, valid_driver
+from extender.api.dra import GPU_CLASS, GPU_DRIVER, valid_driver
 from extender.api.group_request import KINDS
 from extender.api.pod_request import DEFAULT_GPU_RESOURCE
 from extender.cache.cluster_state import ClusterState
@@ -82,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--dra-drivers", type=_drivers, default=(GPU_DRIVER,), metavar="NAMES",
                        help="DRA drivers whose ResourceSlices publish GPUs, comma-separated; their claims' devices "
                             f"are the GPUs taken on those nodes; empty: DRA is not watched (default {GPU_DRIVER})")
+    serve.add_argument("--dra-gpu-classes", type=_drivers, default=(GPU_CLASS,), metavar="NAMES",
+                       help="DeviceClasses whose requests are for whole GPUs, comma-separated: a claim's requests of "
+                            f"them count as the pod's GPUs (default {GPU_CLASS})")
     serve.add_argument("--stale-after", type=float, default=120.0, metavar="SECONDS",
                        help="treat a node whose GPU state is older than this as unknown")
     serve.add_argument("--seal-key-file", metavar="FILE",
@@ -138,11 +141,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _drivers(text: str) -> tuple[str, ...]:
-    """--dra-drivers: DNS subdomains of at most 63 characters, as kube-apiserver admits a driver's name."""
+    """--dra-drivers and --dra-gpu-classes: DNS subdomains of at most 63 characters, as kube-apiserver admits a
+    driver's name (a DeviceClass's may be longer; NVIDIA's are not)."""
     names = tuple(part.strip() for part in text.split(",") if part.strip())
     for name in names:
         if not valid_driver(name):
-            raise argparse.ArgumentTypeError(f"{name[:63]!r} is not a DRA driver name (a DNS subdomain)")
+            raise argparse.ArgumentTypeError(f"{name[:63]!r} is not a DNS subdomain of at most 63 characters")
     return names
 
 
@@ -197,7 +201,7 @@ def _serve(args: argparse.Namespace) -> int:
                          f"not {args.group_timeout}")
     state = ClusterState(AnnotationKeys(args.annotation_prefix), args.gpu_resource, args.stale_after, seal=seal,
                          bind_outcome_seconds=args.bind_outcome_seconds, levels=args.topology_levels,
-                         gpu_drivers=args.dra_drivers)
+                         gpu_drivers=args.dra_drivers, gpu_classes=args.dra_gpu_classes)
     elector: LeaderElector | None = None
     label: LeaderLabel | None = None
     if args.demo:

@@ -106,6 +106,8 @@ MAX_SLICE_DEVICES = 128
 MAX_DEVICE_ATTRIBUTES = 32
 MAX_DEVICE_TAINTS = 16
 MAX_ALLOCATION_RESULTS = 32
+MAX_FIRST_AVAILABLE = 8
+MAX_DEVICE_COUNT = 2**31 - 1  # a request's count is an int64 there; no pool holds more than this
 MAX_RESERVED_FOR = 256
 MAX_DEVICE_NAME_LENGTH = 63
 MAX_DRIVER_NAME_LENGTH = 63
@@ -114,5 +116,9 @@ MAX_POOL_NAME_LENGTH = 253
 # far past any node. Slices the extender keeps in all: 16 a node on a 5,000-node cluster, with room.
 MAX_POOL_SLICES = 1024
 MAX_SLICES = 100_000
+# Claims a pod names (spec.resourceClaims, which only etcd's object size bounds), and claims the extender keeps:
+# a claim or two per GPU pod, on a 5,000-node cluster with 110 pods a node.
+MAX_POD_CLAIMS = 128
+MAX_CLAIMS = 1_100_000
 # A DRA device attribute's string value (DeviceAttributeMaxValueLength).
 DEVICE_ATTRIBUTE_MAX_LENGTH = 64

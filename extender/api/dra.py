@@ -18,6 +18,7 @@ from typing import Any
 from topology import bounds
 
 GPU_DRIVER = "gpu.nvidia.com"
+GPU_CLASS = "gpu.nvidia.com"  # the DeviceClass NVIDIA's chart installs for whole GPUs
 COMPUTE_DOMAIN_DRIVER = "compute-domain.nvidia.com"
 EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"
 """The annotation kube-scheduler puts on the claim it makes for a pod's `nvidia.com/gpu: N` (KEP-5004)."""
@@ -30,6 +31,10 @@ _SHOWN = 60
 
 class DraError(ValueError):
     """A DRA object outside what kube-apiserver admits, with the object and field to blame."""
+
+
+class ClaimUnseen(ValueError):
+    """A claim a pod names that the extender's watch has not delivered yet: a moment's lag, not a fault."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +66,47 @@ class AllocatedDevice:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceRequest:
+    """One request of a claim: its device class and count (0 for allocation mode All), or, for `firstAvailable`,
+    each alternative in the order the allocator tries them."""
+
+    name: str
+    alternatives: tuple[tuple[str, int], ...]
+    admin_access: bool
+
+
+@dataclass(frozen=True, slots=True)
 class ResourceClaim:
     uid: str
     key: str  # namespace/name
+    requests: tuple[DeviceRequest, ...]
     results: tuple[AllocatedDevice, ...]  # empty while unallocated
     reserved_for: tuple[str, ...]  # UIDs of the pods (or other consumers) it is reserved for
     extended: bool  # made by kube-scheduler for a KEP-5004 `nvidia.com/gpu: N` pod
+
+
+def pod_claims(spec: Mapping[str, Any], status: Any) -> tuple[str, ...]:
+    """The names of the ResourceClaims a pod uses: those it names, and those made from its templates, which the
+    resourceclaim controller names in status.resourceClaimStatuses (ClaimUnseen while it has not)."""
+    claims = spec.get("resourceClaims") or []
+    if not isinstance(claims, list) or len(claims) > bounds.MAX_POD_CLAIMS:
+        raise ValueError(f"spec.resourceClaims: expected a list of at most {bounds.MAX_POD_CLAIMS}")
+    statuses = (status or {}).get("resourceClaimStatuses") or [] if isinstance(status, dict) else []
+    made = {entry.get("name"): entry.get("resourceClaimName") for entry in statuses[:bounds.MAX_POD_CLAIMS]
+            if isinstance(entry, dict)} if isinstance(statuses, list) else {}
+    names = []
+    for i, claim in enumerate(claims):
+        if not isinstance(claim, dict):
+            raise ValueError(f"spec.resourceClaims[{i}]: expected an object")
+        name = claim.get("resourceClaimName")
+        if name is None and claim.get("resourceClaimTemplateName") is not None:
+            if claim.get("name") not in made:
+                raise ClaimUnseen(f"spec.resourceClaims[{i}]: its claim is not made from its template yet")
+            name = made[claim.get("name")]
+            if name is None:
+                continue  # the controller found no claim needed
+        names.append(_text(name, "Pod", f"spec.resourceClaims[{i}]", bounds.MAX_POOL_NAME_LENGTH))
+    return tuple(names)
 
 
 def valid_driver(name: str) -> bool:
@@ -97,7 +137,7 @@ def parse_slice(obj: Any) -> ResourceSlice:
 
 
 def parse_claim(obj: Any) -> ResourceClaim:
-    metadata, _ = _object(obj, "ResourceClaim")
+    metadata, spec = _object(obj, "ResourceClaim")
     name = _text(metadata.get("name"), "ResourceClaim", "metadata.name", bounds.MAX_POOL_NAME_LENGTH)
     namespace = _text(metadata.get("namespace"), "ResourceClaim", "metadata.namespace", 63)
     where = f"ResourceClaim {namespace}/{name}"
@@ -115,7 +155,13 @@ def parse_claim(obj: Any) -> ResourceClaim:
     reserved = status.get("reservedFor") or []
     if not isinstance(reserved, list) or len(reserved) > bounds.MAX_RESERVED_FOR:
         raise DraError(f"{where}: status.reservedFor: expected a list of at most {bounds.MAX_RESERVED_FOR}")
+    devices = spec.get("devices") or {}
+    requests = devices.get("requests") or [] if isinstance(devices, dict) else None
+    if not isinstance(requests, list) or len(requests) > bounds.MAX_ALLOCATION_RESULTS:
+        raise DraError(f"{where}: spec.devices.requests: expected a list of at most {bounds.MAX_ALLOCATION_RESULTS}")
     return ResourceClaim(uid, f"{namespace}/{name}",
+                         tuple(_request(request, f"{where}: spec.devices.requests[{i}]")
+                               for i, request in enumerate(requests)),
                          tuple(_result(result, f"{where}: status.allocation.devices.results[{i}]")
                                for i, result in enumerate(results)),
                          tuple(_text((consumer or {}).get("uid") if isinstance(consumer, dict) else None,
@@ -156,6 +202,36 @@ def _string_attribute(attributes: Mapping[str, Any], driver: str, name: str, whe
         raise DraError(f"{where}: attribute {name}: expected a string of at most "
                        f"{bounds.DEVICE_ATTRIBUTE_MAX_LENGTH} characters")
     return text
+
+
+def _request(request: Any, where: str) -> DeviceRequest:
+    if not isinstance(request, dict):
+        raise DraError(f"{where}: expected an object")
+    name = _name(request.get("name"), where, "name", bounds.MAX_DEVICE_NAME_LENGTH, _DNS_LABEL)
+    exactly, first = request.get("exactly"), request.get("firstAvailable")
+    if (exactly is None) == (first is None):
+        raise DraError(f"{where}: exactly one of exactly and firstAvailable must be set")
+    if exactly is not None:
+        return DeviceRequest(name, (_alternative(exactly, f"{where}.exactly"),),
+                             isinstance(exactly, dict) and exactly.get("adminAccess") is True)
+    if not isinstance(first, list) or not 0 < len(first) <= bounds.MAX_FIRST_AVAILABLE:
+        raise DraError(f"{where}: firstAvailable: expected 1 to {bounds.MAX_FIRST_AVAILABLE} alternatives")
+    return DeviceRequest(name, tuple(_alternative(sub, f"{where}.firstAvailable[{i}]") for i, sub in enumerate(first)),
+                         False)
+
+
+def _alternative(request: Any, where: str) -> tuple[str, int]:
+    """(device class, count), the count 0 for allocation mode All."""
+    if not isinstance(request, dict):
+        raise DraError(f"{where}: expected an object")
+    device_class = _name(request.get("deviceClassName"), where, "deviceClassName", bounds.MAX_POOL_NAME_LENGTH,
+                         _DNS_SUBDOMAIN)
+    mode = request.get("allocationMode") or "ExactCount"
+    if mode == "All":
+        return device_class, 0
+    if mode != "ExactCount":
+        raise DraError(f"{where}: allocationMode: expected ExactCount or All")
+    return device_class, _count(request.get("count", 1), where, "count", 1, bounds.MAX_DEVICE_COUNT)
 
 
 def _result(result: Any, where: str) -> AllocatedDevice:

@@ -9,10 +9,11 @@ has the wrong shape (which the API server never stores, so only a forged request
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from extender.api.dra import ClaimUnseen, pod_claims
 from extender.api.group_request import GroupRequest, parse_group
 from topology.annotations import AnnotationKeys
 from topology.bounds import MAX_ACTIVE_DEADLINE_SECONDS, MAX_TOPOLOGY_WAIT_SECONDS
@@ -45,6 +46,7 @@ class PodRequest:
     group: GroupRequest | None = None  # the job it is a member of, placed whole (extender/groups.py)
     deadline_seconds: int | None = None  # spec.activeDeadlineSeconds: the longest it runs once started
     comm_share: float | None = None  # its stated share of step time in all-reduce; None: the extender's
+    transient: bool = False  # its problem passes by itself (a claim the watch has not delivered yet)
 
     @property
     def requires_topology(self) -> bool:
@@ -61,7 +63,16 @@ class PodRequest:
         return None if self.group is None or self.request is None else self.group.key(self.namespace)
 
 
-def parse_pod(pod: Mapping[str, Any], keys: AnnotationKeys, resource: str = DEFAULT_GPU_RESOURCE) -> PodRequest:
+class ClaimCounter(Protocol):
+    """What a pod's DRA claims ask for (extender/cache/dra_inventory.py)."""
+
+    def requested_gpus(self, namespace: str, names: Iterable[str]) -> int: ...
+
+
+def parse_pod(pod: Mapping[str, Any], keys: AnnotationKeys, resource: str = DEFAULT_GPU_RESOURCE,
+              claims: ClaimCounter | None = None) -> PodRequest:
+    """`claims` counts the GPUs of the pod's ResourceClaims beside its `resource` requests; without it, only those
+    requests count."""
     shape = pod_shape_problem(pod)
     metadata = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
     namespace = _text(metadata.get("namespace"), MAX_NAMESPACE_CHARS) or "default"
@@ -75,6 +86,12 @@ def parse_pod(pod: Mapping[str, Any], keys: AnnotationKeys, resource: str = DEFA
         gpus = effective_gpu_request(spec, resource)
     except ValueError as error:
         return PodRequest(namespace, name, uid, 0, None, True, f"{resource}: {error}")
+    if claims is not None:
+        try:
+            gpus += claims.requested_gpus(namespace, pod_claims(spec, pod.get("status")))
+        except ValueError as error:
+            return PodRequest(namespace, name, uid, gpus, None, True, str(error), containers,
+                              transient=isinstance(error, ClaimUnseen))
     annotations = metadata.get("annotations") or {}
     try:
         request, required = _constraints(annotations, keys, gpus)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from extender.api._names import lookup
-from extender.api.dra import GPU_DRIVER
+from extender.api.dra import GPU_CLASS, GPU_DRIVER
 from extender.api.pod_request import DEFAULT_GPU_RESOURCE, PodRequest, parse_pod
 from extender.cache.assignments import Assignment, Phase
 from extender.cache.domains import DomainIndex
@@ -71,7 +71,7 @@ class ClusterState:
     def __init__(self, keys: AnnotationKeys | None = None, resource: str = DEFAULT_GPU_RESOURCE,
                  stale_after: float = 120.0, clock: Callable[[], float] = time.time, seal: Seal | None = None,
                  bind_outcome_seconds: float = BIND_OUTCOME_SECONDS, levels: Sequence[str] = (),
-                 gpu_drivers: Sequence[str] = (GPU_DRIVER,)) -> None:
+                 gpu_drivers: Sequence[str] = (GPU_DRIVER,), gpu_classes: Sequence[str] = (GPU_CLASS,)) -> None:
         self.keys = keys or AnnotationKeys()
         self.resource = resource
         self.stale_after = stale_after
@@ -97,7 +97,7 @@ class ClusterState:
         self._needed = {"nodes", "pods"}  # what must be listed before the state answers (`ready`)
         self.nodes = _Sink(self, "nodes", self._replace_nodes, self._apply_node)
         self.pods = _Sink(self, "pods", self._replace_pods, self._apply_pod)
-        self.dra = DraInventory(gpu_drivers, on_node=self._dra_changed)
+        self.dra = DraInventory(gpu_drivers, gpu_classes, on_node=self._dra_changed)
         self.slices = _Sink(self, "resourceslices", self._locked(self.dra.replace_slices),
                             self._locked(self.dra.apply_slice))
         self.claims = _Sink(self, "resourceclaims", self._locked(self.dra.replace_claims),
@@ -368,7 +368,7 @@ class ClusterState:
         if kind == "DELETED" or phase in FINISHED_PHASES or (metadata.get("deletionTimestamp") and not node):
             self._forget_pod(uid)
             return
-        request = parse_pod(pod, self.keys, self.resource)
+        request = parse_pod(pod, self.keys, self.resource, self.dra)
         if request.gpus == 0:
             return
         previous = self._pods.get(uid)

@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable
 from enum import Enum
 from typing import Any
 
-from extender.api.dra import COMPUTE_DOMAIN_DRIVER, GPU_DRIVER, DraError, ResourceClaim, ResourceSlice, SliceDevice
-from extender.api.dra import parse_claim, parse_slice
+from extender.api.dra import (COMPUTE_DOMAIN_DRIVER, GPU_CLASS, GPU_DRIVER, ClaimUnseen, DraError, ResourceClaim,
+                              ResourceSlice, SliceDevice, parse_claim, parse_slice)
 from topology import bounds
 
 log = logging.getLogger(__name__)
@@ -39,10 +39,12 @@ class NodeClass(Enum):
 
 
 class DraInventory:
-    def __init__(self, gpu_drivers: Iterable[str] = (GPU_DRIVER,),
+    def __init__(self, gpu_drivers: Iterable[str] = (GPU_DRIVER,), gpu_classes: Iterable[str] = (GPU_CLASS,),
                  on_node: Callable[[str], None] = lambda node: None) -> None:
-        """`on_node` is told of each node whose DRA GPUs changed (published, allocated or freed)."""
+        """`gpu_classes` the DeviceClasses whose requests are for whole GPUs; `on_node` is told of each node whose
+        DRA GPUs changed (published, allocated or freed)."""
         self.gpu_drivers = frozenset(gpu_drivers)
+        self.gpu_classes = frozenset(gpu_classes)
         self._on_node = on_node
         self._slices: dict[str, ResourceSlice] = {}
         self._pools: dict[PoolId, set[str]] = {}  # -> its slices' names
@@ -52,6 +54,7 @@ class DraInventory:
         self._claims: dict[str, ResourceClaim] = {}  # only claims with a result of a GPU driver
         self._taken: dict[tuple[str, str, str], set[str]] = {}  # (driver, pool, device) -> claim uids
         self._claims_in: dict[PoolId, set[str]] = {}  # pool -> uids of the claims with a result in it
+        self._requested: dict[str, tuple[str, int]] = {}  # every claim's namespace/name -> (uid, GPUs it asks)
         self.refused: dict[str, str] = {}  # object -> why it was refused, for the log and the metric
 
     # -- watches ---------------------------------------------------------------------------------------
@@ -89,6 +92,9 @@ class DraInventory:
         uid = _metadata(obj, "uid")
         if kind == "DELETED":
             self._drop_claim(uid)
+            key = f"{_metadata(obj, 'namespace')}/{_metadata(obj, 'name')}"
+            if self._requested.get(key, ("",))[0] == uid:
+                del self._requested[key]
             return
         try:
             parsed = parse_claim(obj)
@@ -97,6 +103,10 @@ class DraInventory:
             self._refuse(f"ResourceClaim {uid[:63]}", str(error))
             return
         self.refused.pop(f"ResourceClaim {uid[:63]}", None)
+        if parsed.key not in self._requested and len(self._requested) >= bounds.MAX_CLAIMS:
+            self._refuse(f"ResourceClaim {uid[:63]}", f"more than {bounds.MAX_CLAIMS} claims are kept")
+            return
+        self._requested[parsed.key] = (parsed.uid, self._gpus_asked(parsed))
         self._drop_claim(parsed.uid)
         results = [result for result in parsed.results if result.driver in self.gpu_drivers and not result.admin_access]
         if not results:
@@ -110,6 +120,7 @@ class DraInventory:
     def replace_claims(self, items: list[dict[str, Any]]) -> None:
         for uid in list(self._claims):
             self._drop_claim(uid)
+        self._requested.clear()
         for item in items:
             self.apply_claim("ADDED", item)
 
@@ -143,6 +154,18 @@ class DraInventory:
                     blocked.add(device.parent_uuid)
         return frozenset(gpu for gpu in gpu_ids if gpu not in usable or gpu in blocked)
 
+    def requested_gpus(self, namespace: str, names: Iterable[str]) -> int:
+        """The whole GPUs a pod's claims ask for: each request's first alternative (the one the allocator tries
+        first) of a GPU class. A request for all of a class's devices (allocation mode All) counts none: its size
+        is the node's, and kube-scheduler's DRA plugin places it. ClaimUnseen for a claim not delivered yet."""
+        total = 0
+        for name in names:
+            found = self._requested.get(f"{namespace}/{name}")
+            if found is None:
+                raise ClaimUnseen(f"ResourceClaim {namespace}/{name[:63]} is not seen yet")
+            total += found[1]
+        return total
+
     def pods_on(self, node: str) -> frozenset[str]:
         """UIDs of the pods that the GPU claims allocated on the node are reserved for."""
         return frozenset(pod for pool in self._pools_of.get(node, ()) for uid in self._claims_in.get(pool, ())
@@ -154,6 +177,10 @@ class DraInventory:
                    if uids and device not in (self._devices.get((driver, pool)) or {}))
 
     # -- bookkeeping -----------------------------------------------------------------------------------
+
+    def _gpus_asked(self, claim: ResourceClaim) -> int:
+        return sum(request.alternatives[0][1] for request in claim.requests
+                   if request.alternatives[0][0] in self.gpu_classes and not request.admin_access)
 
     def _settle(self, pool: PoolId) -> None:
         """The pool's newest generation, if complete: its devices and its node."""

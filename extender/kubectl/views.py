@@ -259,7 +259,7 @@ def node_detail(snap: Snapshot, selector: Selector, name: str) -> NodeDetail:
 
 
 def pod_report(snap: Snapshot, selector: Selector, pod: Mapping[str, Any]) -> PodReport:
-    request = parse_pod(pod, snap.state.keys, snap.state.resource)
+    request = parse_pod(pod, snap.state.keys, snap.state.resource, snap.state.dra)
     events = tuple(_event_line(event) for event in snap.events)
     failed = next((event.message for event in reversed(events) if event.reason == "FailedScheduling"), None)
     node = (pod.get("spec") or {}).get("nodeName")
@@ -432,7 +432,7 @@ def _group(snap: Snapshot, request: PodRequest) -> Group | None:
         return None
     members = []
     for pod in snap.pods:
-        other = parse_pod(pod, snap.state.keys, snap.state.resource)
+        other = parse_pod(pod, snap.state.keys, snap.state.resource, snap.state.dra)
         if other.group is not None and other.group.key(other.namespace) == group.key(request.namespace):
             members.append(Member(other.key, (pod.get("spec") or {}).get("nodeName")))
     return Group(group.name, group.source.value, group.size, group.span, group.required,

@@ -153,7 +153,7 @@ def _read_pod(state: ClusterState, kube: KubeApi | None, args: BindingArgs) -> P
         if str((raw.get("metadata") or {}).get("uid") or "") != args.pod_uid:
             raise BindError(f"pod {args.pod_namespace}/{args.pod_name} is not the one being bound "
                             f"(UID {args.pod_uid}): it was deleted or recreated")
-        pod = parse_pod(raw, state.keys, state.resource)
+        pod = parse_pod(raw, state.keys, state.resource, state.dra)
     if pod.problem is not None:
         raise BindError(f"pod {pod.key}: {pod.problem}")
     if pod.request is None or not pod.containers:

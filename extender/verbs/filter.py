@@ -65,6 +65,8 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
     are not free to it. Without `compute`, only remembered verdicts and those quick to work out (memo.ON_LOOP) are
     used: memo.Unknown if one more is missing."""
     if pod.problem is not None:
+        if pod.transient:
+            return FilterOutcome([], {pod.problem: list(names)}, {})
         return FilterOutcome([], {}, {pod.problem: list(names)})
     if pod.request is None:
         return FilterOutcome(list(names), {}, {})

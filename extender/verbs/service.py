@@ -304,7 +304,9 @@ class ExtenderService:
             found = self._pods.get(uid)
             if found is not None and found[0] == version and uid:
                 return found[1]
-        parsed = parse_pod(pod, self.state.keys, self.state.resource)
+        parsed = parse_pod(pod, self.state.keys, self.state.resource, self.state.dra)
+        if parsed.transient:
+            return parsed  # asked again next time: the claim will have come
         if uid:
             with self._pods_lock:
                 self._pods[uid] = (version, parsed)

@@ -69,7 +69,7 @@ def allocated_claim(uid: str, node: str, devices: Sequence[str], pods: Sequence[
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": f"claim-{uid}", "namespace": "ml", "uid": uid, "annotations": annotations},
             "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
-                "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": len(devices)}}]}},
+                "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": len(devices) or 1}}]}},
             "status": {"allocation": {"devices": {"results": results}, "nodeSelector": {"nodeSelectorTerms": [
                 {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
                 "reservedFor": [{"resource": "pods", "name": f"pod-{pod}", "uid": pod} for pod in pods]}}

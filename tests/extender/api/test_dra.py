@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from extender.api.dra import DraError, parse_claim, parse_slice
+from extender.api.dra import ClaimUnseen, DraError, parse_claim, parse_slice, pod_claims
 from extender.demo.cluster import with_uuids
 from helpers.dra_objects import allocated_claim, gpu_device, gpu_slice, mig_device
 from topology.platforms import PLATFORMS
@@ -92,3 +92,51 @@ def test_a_claim_outside_what_kube_apiserver_admits_is_refused(mutate: Any, reas
     with pytest.raises(DraError) as raised:
         parse_claim(raw)
     assert reason in str(raised.value)
+
+
+def _claim_with(requests: list[dict[str, Any]]) -> dict[str, Any]:
+    raw = allocated_claim("c1", "a6000-0", [])
+    raw["spec"]["devices"]["requests"] = requests
+    return raw
+
+
+def test_a_claims_requests_read_as_each_alternatives_class_and_count() -> None:
+    claim = parse_claim(_claim_with([
+        {"name": "pair", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}},
+        {"name": "one", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
+        {"name": "every", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All"}},
+        {"name": "watch", "exactly": {"deviceClassName": "gpu.nvidia.com", "adminAccess": True}},
+        {"name": "either", "firstAvailable": [{"name": "big", "deviceClassName": "gpu.nvidia.com", "count": 4},
+                                              {"name": "small", "deviceClassName": "mig.nvidia.com"}]}]))
+    assert [(r.name, r.alternatives, r.admin_access) for r in claim.requests] == [
+        ("pair", (("gpu.nvidia.com", 2),), False), ("one", (("gpu.nvidia.com", 1),), False),
+        ("every", (("gpu.nvidia.com", 0),), False), ("watch", (("gpu.nvidia.com", 1),), True),
+        ("either", (("gpu.nvidia.com", 4), ("mig.nvidia.com", 1)), False)]
+
+
+@pytest.mark.parametrize(("request_", "reason"), [
+    ({"name": "r"}, "exactly one of exactly and firstAvailable"),
+    ({"name": "r", "exactly": {"deviceClassName": "gpu.nvidia.com"}, "firstAvailable": []}, "exactly one of"),
+    ({"name": "r", "firstAvailable": [{"deviceClassName": "c"}] * 9}, "firstAvailable: expected 1 to 8"),
+    ({"name": "r", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "Some"}}, "allocationMode"),
+    ({"name": "r", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 0}}, "count: expected a whole number"),
+    ({"name": "r", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2**63}}, "count: expected a whole"),
+    ({"name": "r", "exactly": {"deviceClassName": 7}}, "deviceClassName: expected 1 to 253 characters"),
+])
+def test_a_request_outside_what_kube_apiserver_admits_is_refused(request_: dict[str, Any], reason: str) -> None:
+    with pytest.raises(DraError) as raised:
+        parse_claim(_claim_with([request_]))
+    assert reason in str(raised.value)
+
+
+def test_a_pods_claims_are_the_ones_it_names_and_those_made_from_its_templates() -> None:
+    spec = {"resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "two-gpus"},
+                               {"name": "shared", "resourceClaimName": "team-claim"},
+                               {"name": "none", "resourceClaimTemplateName": "maybe"}]}
+    status = {"resourceClaimStatuses": [{"name": "gpus", "resourceClaimName": "train-0-gpus-x7k2p"},
+                                        {"name": "none"}]}
+    assert pod_claims(spec, status) == ("train-0-gpus-x7k2p", "team-claim")
+    with pytest.raises(ClaimUnseen, match="not made from its template yet"):
+        pod_claims(spec, {})
+    with pytest.raises(ValueError, match="at most 128"):
+        pod_claims({"resourceClaims": [{"name": "x", "resourceClaimName": "y"}] * 129}, {})

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from extender.api.dra import ClaimUnseen
 from extender.cache.dra_inventory import DraInventory, NodeClass
 from extender.demo.cluster import with_uuids
 from helpers.dra_objects import allocated_claim, channel_slice, gpu_device, gpu_slice, mig_device
@@ -94,3 +97,31 @@ def test_a_claim_naming_a_device_no_slice_has_is_counted_and_takes_effect_when_t
     inventory.apply_slice("ADDED", gpu_slice(NODE, UUIDS))
     assert inventory.unknown_devices() == 1  # gpu-99 names nothing
     assert inventory.taken(NODE, UUIDS) == {UUIDS[4]}
+
+
+def _pending(uid: str, requests: list[dict[str, object]]) -> dict[str, object]:
+    claim = allocated_claim(uid, NODE, [])
+    claim["spec"]["devices"]["requests"] = requests
+    del claim["status"]
+    return claim
+
+
+def test_a_pods_claims_ask_the_gpus_of_their_first_alternatives_of_a_gpu_class() -> None:
+    inventory = DraInventory()
+    inventory.apply_claim("ADDED", _pending("a", [
+        {"name": "pair", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}},
+        {"name": "nic", "exactly": {"deviceClassName": "rdma.example.com", "count": 2}},
+        {"name": "all", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All"}},
+        {"name": "watch", "exactly": {"deviceClassName": "gpu.nvidia.com", "adminAccess": True}}]))
+    inventory.apply_claim("ADDED", _pending("b", [{"name": "either", "firstAvailable": [
+        {"name": "four", "deviceClassName": "gpu.nvidia.com", "count": 4},
+        {"name": "two", "deviceClassName": "gpu.nvidia.com", "count": 2}]}]))
+    assert inventory.requested_gpus("ml", ["claim-a"]) == 2
+    assert inventory.requested_gpus("ml", ["claim-a", "claim-b"]) == 6
+    with pytest.raises(ClaimUnseen, match="ResourceClaim ml/claim-c is not seen yet"):
+        inventory.requested_gpus("ml", ["claim-a", "claim-c"])
+    with pytest.raises(ClaimUnseen):
+        inventory.requested_gpus("other", ["claim-a"])
+    inventory.apply_claim("DELETED", _pending("b", []))
+    with pytest.raises(ClaimUnseen):
+        inventory.requested_gpus("ml", ["claim-b"])

@@ -1,0 +1,65 @@
+"""A pod that asks for GPUs through DRA claims reaches filter and prioritize with its count: its claims' requests
+of a GPU class, read from the claims the extender watches (extender/cache/dra_inventory.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from extender.api.wire import ExtenderArgs
+from extender.cache.cluster_state import ClusterState
+from extender.demo.cluster import DemoCluster, with_uuids
+from extender.verbs.service import ExtenderService
+from helpers.dra_objects import allocated_claim, gpu_slice
+from helpers.reported_nodes import reported_cluster
+from topology.platforms import PLATFORMS
+
+NODES = ["a6000-0", "a6000-1"]
+
+
+def _service() -> ExtenderService:
+    state = reported_cluster({name: ("rtx-a6000-pairs", ()) for name in NODES})
+    for name in NODES:
+        uuids = [gpu.uuid or "" for gpu in with_uuids(name, PLATFORMS["rtx-a6000-pairs"].topology()).gpus]
+        state.slices.apply("ADDED", gpu_slice(name, uuids, seed=7))
+    return ExtenderService(state, DemoCluster(ClusterState(), []))
+
+
+def _claim_pod(version: str = "1", made: bool = True) -> dict[str, Any]:
+    return {"metadata": {"name": "train", "namespace": "ml", "uid": "p1", "resourceVersion": version},
+            "spec": {"containers": [{"name": "c", "resources": {"claims": [{"name": "gpus"}]}}],
+                     "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "two-gpus"}]},
+            "status": {"resourceClaimStatuses": [{"name": "gpus", "resourceClaimName": "train-gpus-x7k2p"}]
+                       if made else []}}
+
+
+def _template_claim() -> dict[str, Any]:
+    claim = allocated_claim("c1", NODES[0], [], pods=[])
+    claim["metadata"]["name"] = "train-gpus-x7k2p"
+    claim["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
+    del claim["status"]
+    return claim
+
+
+def test_a_claim_pod_is_placed_by_its_claims_gpus_once_its_claim_is_seen() -> None:
+    service = _service()
+    # Busy GPUs 1 and 3 of node 0 through another pod's claim: no NVLink pair is left free there.
+    service.state.claims.apply("ADDED", allocated_claim("busy", NODES[0], ["gpu-1", "gpu-3", "gpu-5", "gpu-7"]))
+    early = service.filter(ExtenderArgs(_claim_pod(), NODES, None))
+    assert early.passed == [] and early.unresolvable == {}
+    assert early.failed == {"ResourceClaim ml/train-gpus-x7k2p is not seen yet": NODES}  # resolvable: a lag
+    service.state.claims.apply("ADDED", _template_claim())
+    pod = service.pod_request(_claim_pod())
+    assert (pod.gpus, pod.problem) == (2, None)
+    outcome = service.filter(ExtenderArgs(_claim_pod(), NODES, None))
+    assert outcome.passed == [NODES[1]]  # within its topology wait, only a node with a free NVLink pair passes
+    assert list(outcome.failed.values()) == [[NODES[0]]]
+    names, scores = service.prioritize(ExtenderArgs(_claim_pod(), NODES, None))
+    by_node = dict(zip(names, scores))
+    assert by_node[NODES[1]] > by_node[NODES[0]]  # a free NVLink pair only on node 1
+
+
+def test_a_template_claim_not_made_yet_waits_without_a_warning() -> None:
+    service = _service()
+    outcome = service.filter(ExtenderArgs(_claim_pod(made=False), NODES, None))
+    assert list(outcome.failed) == ["spec.resourceClaims[0]: its claim is not made from its template yet"]
+    assert not service._warned
