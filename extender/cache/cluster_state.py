@@ -85,7 +85,7 @@ class ClusterState:
         self._keys: dict[str, Key] = {}
         self._held: dict[str, int] = {}  # node -> GPUs held back from every pod but the drain's own
         self._seen_keys: dict[str, Key] = {}  # _keys with the held-back GPUs taken out: what other pods see
-        self._interned: dict[tuple[CompiledTopology, int, int, bool], NodeKey] = {}
+        self._interned: dict[tuple[CompiledTopology, int, int, bool, tuple[int, ...] | None], NodeKey] = {}
         self._interned_boards: set[CompiledTopology] = set()
         self._boards_limit = MAX_DEAD_BOARDS
         self.key_epoch = 0  # bumped when keys are forgotten: memos of answers per key must be emptied
@@ -236,8 +236,10 @@ class ClusterState:
         """The view with what DRA allocates on the node (extender/cache/dra_inventory.py) taken from it."""
         taken = self.dra.taken(view.name, view.ids) if view.compiled is not None else None
         if taken is None:
-            return view if not (view.dra_taken or view.dra_pods) else replace(view, dra_taken=0, dra_pods=frozenset())
-        return replace(view, dra_taken=view.mask(taken), dra_pods=self.dra.pods_on(view.name))
+            return replace(view, dra_taken=0, dra_pods=frozenset(), dra_order=None) if (
+                view.dra_taken or view.dra_pods or view.dra_order is not None) else view
+        order = tuple(view.index_of[gpu] for gpu in self.dra.order(view.name) if gpu in view.index_of)
+        return replace(view, dra_taken=view.mask(taken), dra_pods=self.dra.pods_on(view.name), dra_order=order)
 
     def _dra_changed(self, node: str) -> None:
         """A DRA pool or claim of the node changed (called under the ledger lock)."""
@@ -245,7 +247,8 @@ class ClusterState:
         if view is None:
             return
         current = self._with_dra(view)
-        if (current.dra_taken, current.dra_pods) != (view.dra_taken, view.dra_pods):
+        if (current.dra_taken, current.dra_pods, current.dra_order) != (view.dra_taken, view.dra_pods,
+                                                                          view.dra_order):
             self.store(current)
             self.ledger.refresh(node)
 
@@ -262,7 +265,7 @@ class ClusterState:
             self._observed.pop(view.name, None)
         else:
             self._keys[view.name] = self._intern(view.compiled, view.free, view.unhealthy,
-                                                 view.name in self.domains.whole)
+                                                 view.name in self.domains.whole, view.dra_order)
             self._observed[view.name] = float("-inf") if view.observed is None else view.observed
         self._seen_keys[view.name] = self._held_key(view.name)
         self.domains.set_busy(view.name, view.compiled is not None and view.free != view.compiled.full_mask)
@@ -271,7 +274,8 @@ class ClusterState:
         """The node's domain became whole, or stopped being whole: its key says so."""
         key = self._keys.get(name)
         if isinstance(key, NodeKey):
-            self._keys[name] = self._intern(key.compiled, key.free, key.unhealthy, name in self.domains.whole)
+            self._keys[name] = self._intern(key.compiled, key.free, key.unhealthy, name in self.domains.whole,
+                                            key.order)
             self._seen_keys[name] = self._held_key(name)
 
     def key_without(self, key: NodeKey, gpus: int) -> NodeKey:
@@ -280,10 +284,11 @@ class ClusterState:
         if not key.free & gpus:
             return key
         with self.ledger.lock:
-            return self._intern(key.compiled, key.free & ~gpus, key.unhealthy, key.whole)
+            return self._intern(key.compiled, key.free & ~gpus, key.unhealthy, key.whole, key.order)
 
-    def _intern(self, compiled: CompiledTopology, free: int, unhealthy: int, whole: bool = False) -> NodeKey:
-        value = (compiled, free, unhealthy, whole)
+    def _intern(self, compiled: CompiledTopology, free: int, unhealthy: int, whole: bool = False,
+                order: tuple[int, ...] | None = None) -> NodeKey:
+        value = (compiled, free, unhealthy, whole, order)
         key = self._interned.get(value)
         if key is not None:
             return key
@@ -292,7 +297,7 @@ class ClusterState:
             if len(self._interned) > _MAX_INTERNED or len(self._interned_boards) > self._boards_limit:
                 self._forget_dead_keys()
                 self._interned_boards.add(compiled)
-        key = self._interned[value] = NodeKey(compiled, free, unhealthy, whole)
+        key = self._interned[value] = NodeKey(compiled, free, unhealthy, whole, order)
         return key
 
     def _forget_dead_keys(self) -> None:

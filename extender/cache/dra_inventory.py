@@ -48,7 +48,8 @@ class DraInventory:
         self._on_node = on_node
         self._slices: dict[str, ResourceSlice] = {}
         self._pools: dict[PoolId, set[str]] = {}  # -> its slices' names
-        self._devices: dict[PoolId, dict[str, SliceDevice] | None] = {}  # the complete pool's devices, else None
+        # The complete pool's devices, in the order the allocator tries them (slices by name, then as listed), else None
+        self._devices: dict[PoolId, dict[str, SliceDevice] | None] = {}
         self._node_of: dict[PoolId, str] = {}
         self._pools_of: dict[str, set[PoolId]] = {}  # node -> its pools, of every driver
         self._claims: dict[str, ResourceClaim] = {}  # only claims with a result of a GPU driver
@@ -166,6 +167,15 @@ class DraInventory:
             total += found[1]
         return total
 
+    def order(self, node: str) -> tuple[str, ...]:
+        """The UUIDs of the node's whole GPUs in the order kube-scheduler's allocator tries them: pools by (driver,
+        pool name), slices by name, devices as listed (its incubating allocator, research/dra.md §3.2)."""
+        found: list[str] = []
+        for pool in sorted(pool for pool in self._pools_of.get(node, ()) if pool[0] in self.gpu_drivers):
+            found += [device.uuid for device in (self._devices.get(pool) or {}).values()
+                      if device.kind in (None, "gpu") and device.uuid is not None]
+        return tuple(found)
+
     def pods_on(self, node: str) -> frozenset[str]:
         """UIDs of the pods that the GPU claims allocated on the node are reserved for."""
         return frozenset(pod for pool in self._pools_of.get(node, ()) for uid in self._claims_in.get(pool, ())
@@ -200,7 +210,7 @@ class DraInventory:
         node = nodes.pop() if len(nodes) == 1 else None
         complete = len(current) == current[0].slice_count and all(p.slice_count == len(current) for p in current)
         devices: dict[str, SliceDevice] = {}
-        for piece in current if complete and node is not None else ():
+        for piece in sorted(current, key=lambda piece: piece.name) if complete and node is not None else ():
             for device in piece.devices:
                 if device.name in devices:
                     complete = False  # one device in two slices: the pool is not one kube-scheduler would use

@@ -33,6 +33,7 @@ class NodeView:
     domain: Domain = Domain(None, None)  # that and GFD's nvidia.com/gpu.clique label, reconciled
     dra_taken: int = 0  # mask of GPUs DRA gives no pod now: allocated by a claim, unpublished, MIG, tainted
     dra_pods: frozenset[str] = frozenset()  # UIDs of the pods DRA claims on this node are reserved for
+    dra_order: tuple[int, ...] | None = None  # its GPUs in the order DRA's allocator tries them; None: not DRA's
 
     @property
     def size(self) -> int:
@@ -47,8 +48,8 @@ class NodeView:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class NodeKey:
-    """What a node's verdict and score depend on: its board, free mask and unhealthy mask, and whether its
-    domain is whole (extender/verbs/scoring/domains.py).
+    """What a node's verdict and score depend on: its board, free mask and unhealthy mask, whether its
+    domain is whole (extender/verbs/scoring/domains.py), and on a DRA node the order its GPUs are given in.
 
     Nodes with equal keys get equal answers, so a request over 5,000 nodes decides once per distinct key.
     Keys are interned (one object per distinct value), so hashing one is hashing a pointer.
@@ -58,6 +59,23 @@ class NodeKey:
     free: int
     unhealthy: int
     whole: bool = False  # its NVLink domain (else innermost block) has every GPU free
+    order: tuple[int, ...] | None = None  # a DRA node's GPUs in its slice's order: the allocator's first-fit
+
+    def deliverable(self, count: int) -> int:
+        """The free GPUs a pod of `count` GPUs can be given here: any free one where the extender picks the set
+        (the node agent delivers it), but only the first `count` free in slice order where kube-scheduler's DRA
+        allocator picks: it is first-fit over the devices as the driver lists them, and for a request of whole
+        GPUs with no constraint its first fit is those (research/dra.md §3.2)."""
+        if self.order is None:
+            return self.free
+        mask = 0
+        for gpu in self.order:
+            if self.free >> gpu & 1:
+                mask |= 1 << gpu
+                count -= 1
+                if count == 0:
+                    break
+        return mask
 
 
 @dataclass(frozen=True, slots=True)

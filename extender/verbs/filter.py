@@ -98,7 +98,9 @@ def _verdict(selector: Selector, pod: PodRequest, waiting: bool, key: Key | None
     if isinstance(key, SharedKey):
         # Placed as kube-scheduler alone would place it, unless the pod requires what shared devices cannot give.
         return (no_guarantee(key.sharing), False) if pod.requires_topology else None
-    return node_verdict(selector, pod, key.compiled, key.free, key.unhealthy, waiting)
+    assert pod.request is not None
+    # On a DRA node only the set its allocator will pick counts (NodeKey.deliverable).
+    return node_verdict(selector, pod, key.compiled, key.deliverable(pod.request.count), key.unhealthy, waiting)
 
 
 def node_verdict(selector: Selector, pod: PodRequest, compiled: CompiledTopology, free: int,

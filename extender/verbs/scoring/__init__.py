@@ -78,11 +78,13 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
 
 
 def _offer(selector: Selector, request: Request, key: NodeKey) -> Offer | None:
+    """What the node gives: on a DRA node, the set its allocator will pick (NodeKey.deliverable)."""
+    given = key.deliverable(request.count)
     if request.constrained:
-        constrained = selector.select(key.compiled, key.free, request)
+        constrained = selector.select(key.compiled, given, request)
         if isinstance(constrained, Choice):
             return _offered(selector, key, request.count, constrained, True)
-    plain = selector.select(key.compiled, key.free, Request(request.count))
+    plain = selector.select(key.compiled, given, Request(request.count))
     return _offered(selector, key, request.count, plain, not request.constrained) if isinstance(plain, Choice) else None
 
 

@@ -125,3 +125,14 @@ def test_a_pods_claims_ask_the_gpus_of_their_first_alternatives_of_a_gpu_class()
     inventory.apply_claim("DELETED", _pending("b", []))
     with pytest.raises(ClaimUnseen):
         inventory.requested_gpus("ml", ["claim-b"])
+
+
+def test_the_order_is_the_allocators_slices_by_name_then_devices_as_listed_whole_gpus_only() -> None:
+    inventory = DraInventory()
+    second = [gpu_device(i, UUIDS[i]) for i in (6, 4)] + [mig_device(5, UUIDS[5], "MIG-" + UUIDS[5][4:])]
+    inventory.apply_slice("ADDED", gpu_slice(NODE, (), seed=None, count=2, index=2, devices=second))
+    inventory.apply_slice("ADDED", gpu_slice(NODE, (), seed=None, count=2, index=1,
+                                             devices=[gpu_device(i, UUIDS[i]) for i in (3, 0)]))
+    assert inventory.order(NODE) == (UUIDS[3], UUIDS[0], UUIDS[6], UUIDS[4])
+    inventory.apply_slice("ADDED", gpu_slice(NODE, UUIDS[:2], seed=None, generation=2))  # one slice again
+    assert inventory.order(NODE) == (UUIDS[0], UUIDS[1])  # the older generation's slices are not the pool's

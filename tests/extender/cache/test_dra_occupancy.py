@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from extender.cache.assignments import Assignment, Phase
 from extender.cache.cluster_state import ClusterState
+from extender.cache.node_view import NodeKey
 from extender.demo.cluster import with_uuids
 from helpers.dra_objects import allocated_claim, channel_slice, gpu_slice
 from helpers.reported_nodes import ManualClock, reported_cluster
@@ -67,3 +68,17 @@ def test_a_pool_not_yet_complete_gives_the_node_no_gpu_and_a_node_report_keeps_w
     state.nodes.apply("MODIFIED", {"metadata": {"name": DRA, "annotations": {
         state.keys.topology: view.raw_topology}}})  # the node changes (a heartbeat, a label): DRA's part stays
     assert _free(state, DRA) == [0, 1, 2, 4, 5, 6, 7]
+
+
+def test_a_dra_nodes_key_gives_the_first_free_gpus_in_slice_order() -> None:
+    state, _ = _state()
+    key = state.keys_for([DRA, PLUGIN])
+    dra, plugin = key
+    assert isinstance(dra, NodeKey) and isinstance(plugin, NodeKey)
+    order = [int(device["name"].split("-")[1]) for device in gpu_slice(DRA, _uuids(DRA), seed=11)["spec"]["devices"]]
+    assert dra.order == tuple(order) and plugin.order is None
+    assert dra.deliverable(3) == sum(1 << gpu for gpu in order[:3])
+    assert plugin.deliverable(3) == plugin.free
+    state.claims.apply("ADDED", allocated_claim("c1", DRA, [f"gpu-{order[0]}"]))
+    dra = state.keys_for([DRA])[0]
+    assert isinstance(dra, NodeKey) and dra.deliverable(2) == (1 << order[1]) | (1 << order[2])

@@ -9,7 +9,7 @@ from extender.api.wire import ExtenderArgs
 from extender.cache.cluster_state import ClusterState
 from extender.demo.cluster import DemoCluster, with_uuids
 from extender.verbs.service import ExtenderService
-from helpers.dra_objects import allocated_claim, gpu_slice
+from helpers.dra_objects import allocated_claim, gpu_device, gpu_slice
 from helpers.reported_nodes import reported_cluster
 from topology.platforms import PLATFORMS
 
@@ -63,3 +63,20 @@ def test_a_template_claim_not_made_yet_waits_without_a_warning() -> None:
     outcome = service.filter(ExtenderArgs(_claim_pod(made=False), NODES, None))
     assert list(outcome.failed) == ["spec.resourceClaims[0]: its claim is not made from its template yet"]
     assert not service._warned
+
+
+def test_a_dra_node_is_judged_by_the_set_its_allocator_will_pick_not_by_its_best_free_set() -> None:
+    state = reported_cluster({name: ("rtx-a6000-pairs", ()) for name in NODES})
+    for name, order in zip(NODES, [(0, 5, 1, 2, 3, 4, 6, 7), (4, 5, 0, 1, 2, 3, 6, 7)]):
+        uuids = [gpu.uuid or "" for gpu in with_uuids(name, PLATFORMS["rtx-a6000-pairs"].topology()).gpus]
+        devices = [gpu_device(i, uuids[i]) for i in order]
+        state.slices.apply("ADDED", gpu_slice(name, (), seed=None, devices=devices))
+    service = ExtenderService(state, DemoCluster(ClusterState(), []))
+    service.state.claims.apply("ADDED", _template_claim())
+    # Both nodes have all four NVLink pairs free; kube-scheduler's first fit gives GPUs 0 and 5 (PCIe, across
+    # sockets) on node 0, and the pair 4-5 on node 1.
+    outcome = service.filter(ExtenderArgs(_claim_pod(), NODES, None))
+    assert outcome.passed == [NODES[1]]
+    names, scores = service.prioritize(ExtenderArgs(_claim_pod(), NODES, None))
+    by_node = dict(zip(names, scores))
+    assert by_node[NODES[1]] > by_node[NODES[0]]
