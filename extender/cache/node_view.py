@@ -66,16 +66,19 @@ class NodeKey:
         (the node agent delivers it), but only the first `count` free in slice order where kube-scheduler's DRA
         allocator picks: it is first-fit over the devices as the driver lists them, and for a request of whole
         GPUs with no constraint its first fit is those (research/dra.md §3.2)."""
-        if self.order is None:
-            return self.free
-        mask = 0
-        for gpu in self.order:
-            if self.free >> gpu & 1:
-                mask |= 1 << gpu
-                count -= 1
-                if count == 0:
-                    break
-        return mask
+        return self.free if self.order is None else first_fit(self.free, self.order, count)
+
+
+def first_fit(free: int, order: tuple[int, ...], count: int) -> int:
+    """The first `count` GPUs of `free` in `order`, as a mask (fewer if fewer are free)."""
+    mask = 0
+    for gpu in order:
+        if count <= 0:
+            break
+        if free >> gpu & 1:
+            mask |= 1 << gpu
+            count -= 1
+    return mask
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from extender.api.pod_request import PodRequest, parse_pod
 from extender.api.wire import BindingArgs
 from extender.cache.assignments import Assignment, Phase
 from extender.cache.cluster_state import ClusterState
-from extender.cache.node_view import NodeView
+from extender.cache.node_view import NodeView, first_fit
 from extender.groups.plans import GroupPlans
 from extender.kube.client import Conflict, KubeApi, KubeError
 from extender.verbs.filter import STALE
@@ -156,8 +156,8 @@ def _read_pod(state: ClusterState, kube: KubeApi | None, args: BindingArgs) -> P
         pod = parse_pod(raw, state.keys, state.resource, state.dra)
     if pod.problem is not None:
         raise BindError(f"pod {pod.key}: {pod.problem}")
-    if pod.request is None or not pod.containers:
-        raise BindError(f"pod {pod.key} requests no {state.resource} in any container")
+    if pod.request is None:
+        raise BindError(f"pod {pod.key} requests no {state.resource} in any container and no GPU by a claim")
     return pod
 
 
@@ -184,6 +184,11 @@ def _reserve(state: ClusterState, plans: GroupPlans, selector: Selector, pod: Po
             raise BindError(f"node {args.node}: {view.problem if view else 'no GPU topology reported'}")
         if state.is_stale(view, state.clock()):
             raise BindError(f"node {args.node}: {STALE}")
+        if view.dra_order is not None:
+            return _dra_reservation(state, selector, pod, args, view, held)
+        if not pod.containers:
+            raise BindError(f"node {args.node} has no {state.resource} of the device plugin; pod {pod.key}'s "
+                            "GPUs are asked by claims, which only a DRA node serves")
         planned = _planned(state, plans, pod, args, held)
         if planned is not None:
             return _reservation(state, plans, selector, pod, args, planned[0], planned[1])
@@ -238,6 +243,18 @@ def _reservation(state: ClusterState, plans: GroupPlans, selector: Selector, pod
     return Reservation(assignment, ids, annotations, ring)
 
 
+def _dra_reservation(state: ClusterState, selector: Selector, pod: PodRequest, args: BindingArgs, view: NodeView,
+                     held: int) -> Reservation:
+    """On a DRA node kube-scheduler's allocator has chosen the GPUs and written them to the pod's claims before
+    this bind (its PreBind): the Binding carries no GPU of ours, and the ledger holds the set its first fit gives
+    until the claims are seen, which then count the pod (extender/cache/dra_inventory.py)."""
+    assert view.dra_order is not None
+    chosen = first_fit(view.free & ~held, view.dra_order, pod.gpus)
+    ids = view.gpu_ids(chosen)
+    assignment = state.ledger.reserve(args.pod_uid, pod.key, args.node, frozenset(ids))
+    return Reservation(assignment, ids, {}, _ring_of(selector, view, chosen) if chosen.bit_count() > 1 else None)
+
+
 def _ring_of(selector: Selector, view: NodeView, gpus: int) -> float | None:
     assert view.compiled is not None
     choice = selector.select(view.compiled, gpus, Request(gpus.bit_count()))
@@ -255,7 +272,7 @@ def _ours_committed(state: ClusterState, kube: KubeApi, args: BindingArgs, reser
         return False
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     key = state.keys.containers
-    if _bound_here(pod, args) and annotations.get(key) == reservation.annotations[key]:
+    if _bound_here(pod, args) and annotations.get(key) == reservation.annotations.get(key):
         state.ledger.bound(reservation.assignment)
         return True
     state.ledger.release(args.pod_uid, freed=False)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from extender.api.wire import ExtenderArgs
+from extender.api.wire import BindingArgs, ExtenderArgs
 from extender.cache.cluster_state import ClusterState
+from extender.cache.node_view import NodeKey
 from extender.demo.cluster import DemoCluster, with_uuids
 from extender.verbs.service import ExtenderService
 from helpers.dra_objects import allocated_claim, gpu_device, gpu_slice
@@ -80,3 +81,45 @@ def test_a_dra_node_is_judged_by_the_set_its_allocator_will_pick_not_by_its_best
     names, scores = service.prioritize(ExtenderArgs(_claim_pod(), NODES, None))
     by_node = dict(zip(names, scores))
     assert by_node[NODES[1]] > by_node[NODES[0]]
+
+
+class _Binder:
+    """Records each Binding and shows the pod bound to the watch, as the API server does."""
+
+    def __init__(self, state: ClusterState, pod: dict[str, Any]) -> None:
+        self.state, self.pod, self.bindings = state, pod, []
+
+    def bind_soon(self, *args: Any) -> None:
+        return None
+
+    def bind(self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]) -> None:
+        self.bindings.append((node, dict(annotations)))
+        self.pod["spec"]["nodeName"] = node
+        self.state.pods.apply("MODIFIED", self.pod)
+
+    def emit_event(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+def test_bind_on_a_dra_node_posts_no_gpu_of_ours_and_holds_the_first_fit_until_the_claim_counts_it() -> None:
+    service = _service()
+    pod = _claim_pod()
+    binder = _Binder(service.state, pod)
+    service.kube = binder  # type: ignore[assignment]
+    service.state.claims.apply("ADDED", _template_claim())
+    service.state.pods.apply("ADDED", pod)
+    key = service.state.keys_for([NODES[1]])[0]
+    assert isinstance(key, NodeKey) and key.order is not None
+    first_two = list(key.order[:2])
+    assert service.bind(BindingArgs("train", "ml", "p1", NODES[1])) == ""
+    assert binder.bindings == [(NODES[1], {})]  # kube-scheduler's allocator chose the GPUs at its PreBind
+    view = service.state.view(NODES[1])
+    assert view is not None
+    held = service.state.ledger.get("p1")
+    assert held is not None and held.gpus == {view.ids[gpu] for gpu in first_two}
+    # The claim, allocated as predicted and reserved for the pod, is seen: it counts the pod, once.
+    allocated = _template_claim()
+    allocated["status"] = allocated_claim("c1", NODES[1], [f"gpu-{gpu}" for gpu in first_two], pods=["p1"])["status"]
+    service.state.claims.apply("MODIFIED", allocated)
+    view = service.state.view(NODES[1])
+    assert view is not None and view.free.bit_count() == 6
