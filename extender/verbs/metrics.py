@@ -9,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from extender.cache.cluster_state import ClusterState
+from extender.cache.dra_inventory import NodeClass
 from extender.verbs.drains import Drains
 from topology.sharing import Sharing
 
@@ -65,6 +66,7 @@ class Metrics:
         leader.set_function(lambda: 1 if leading() else 0)
         self.registry.register(_RefusedNodes(state))
         self.registry.register(_SharedNodes(state))
+        self.registry.register(_DraNodes(state))
 
 
 class _RefusedNodes(Collector):
@@ -79,6 +81,40 @@ class _RefusedNodes(Collector):
         for reason, count in self._state.refused_counts().items():
             family.add_metric([reason], count)
         yield family
+
+
+class _DraNodes(Collector):
+    """Nodes by where their GPUs come from (extender/cache/dra_inventory.py), the GPUs DRA nodes have free as the
+    extender counts them, and the DRA objects it refused or could not place, read at each scrape."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        inventory = self._state.dra
+        views = list(self._state.views().values())
+        counts = dict.fromkeys(NodeClass, 0)
+        free = 0
+        for view in views:
+            found = inventory.node_class(view.name)
+            counts[found] += 1
+            if found is NodeClass.DRA_GPU:
+                free += view.free.bit_count()
+        family = GaugeMetricFamily("gpu_topology_extender_nodes_by_class",
+                                   "GPU nodes by who hands out their GPUs: the device plugin, a DRA driver, or the "
+                                   "device plugin beside a ComputeDomain driver", labels=["class"])
+        for node_class, count in counts.items():
+            family.add_metric([node_class.value], count)
+        yield family
+        yield GaugeMetricFamily("gpu_topology_extender_dra_free_gpus",
+                                "Free GPUs of the DRA nodes, as their ResourceClaims and the ledger leave them",
+                                value=free)
+        yield GaugeMetricFamily("gpu_topology_extender_dra_refused_objects",
+                                "ResourceSlices and ResourceClaims refused as outside what kube-apiserver admits",
+                                value=len(inventory.refused))
+        yield GaugeMetricFamily("gpu_topology_extender_dra_unknown_devices",
+                                "Devices allocated by a claim that no complete ResourceSlice pool publishes",
+                                value=inventory.unknown_devices())
 
 
 class _SharedNodes(Collector):

@@ -98,6 +98,7 @@ class ClusterSpec:
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
     runtime_config: tuple[str, ...] = ()
     namespace: str = NAMESPACE
+    dra_nodes: frozenset[str] = frozenset()  # GPUs published by a DRA driver: no nvidia.com/gpu in allocatable
 
 
 DEFAULT_SPEC = ClusterSpec(NODES)
@@ -481,13 +482,15 @@ def rfc3339(moment: datetime | None = None) -> str:
 
 def gpu_node(name: str, platform: str, topology: Topology, *, keys: AnnotationKeys = AnnotationKeys(),
              resource: str = DEFAULT_GPU_RESOURCE, now: datetime | None = None,
-             labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+             labels: Mapping[str, str] | None = None, dra: bool = False) -> dict[str, Any]:
     """A v1 Node as a GPU node's kubelet, device plugin, GPU feature discovery and our reporter leave it;
-    `labels` adds what GFD or Topograph would (the NVLink clique, the network levels)."""
+    `labels` adds what GFD or Topograph would (the NVLink clique, the network levels). A `dra` node's GPUs are
+    published by a DRA driver, not counted in its allocatable (KEP-5004)."""
     now = now or datetime.now(timezone.utc)
     gpus = str(topology.size)
     model = topology.gpus[0].model
-    resources = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-storage": "1Ti", resource: gpus}
+    resources = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-storage": "1Ti",
+                 **({} if dra else {resource: gpus})}
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -637,6 +640,14 @@ class Kube:
     def delete_pod(self, name: str, namespace: str = NAMESPACE) -> None:
         """Gone at once: the pods here have a zero grace period, and there is no kubelet to wait for."""
         self._call(self.core.delete_namespaced_pod, name, namespace)
+
+    def create_cluster_object(self, group: str, version: str, plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Any cluster-scoped object by its REST path, such as DRA's DeviceClasses and ResourceSlices."""
+        return self._retrying(self.objects.create_cluster_custom_object, group, version, plural, dict(body))
+
+    def list_objects(self, group: str, version: str, plural: str) -> list[dict[str, Any]]:
+        """Every object of a kind, in all namespaces (a namespaced kind's REST path without a namespace)."""
+        return self._call(self.objects.list_cluster_custom_object, group, version, plural)["items"]
 
     def create_pod_group(self, pod_group: Mapping[str, Any]) -> dict[str, Any]:
         return self._retrying(self.objects.create_namespaced_custom_object, *POD_GROUP_API,
@@ -860,12 +871,12 @@ def start_scheduler(binary: Path, workdir: Path, config_path: Path, kubeconfig: 
 
 def create_gpu_nodes(kube: Kube, topologies: Mapping[str, Topology], nodes: Mapping[str, str],
                      keys: AnnotationKeys = AnnotationKeys(),
-                     labels: Mapping[str, Mapping[str, str]] | None = None) -> None:
+                     labels: Mapping[str, Mapping[str, str]] | None = None, dra: frozenset[str] = frozenset()) -> None:
     """Create each node, set its status through the status subresource (there is no kubelet to do it), and
     drop the not-ready taint the TaintNodesByCondition admission plugin puts on every new node (no node
     lifecycle controller runs to lift it)."""
     for name, platform in nodes.items():
-        node = gpu_node(name, platform, topologies[name], keys=keys, labels=(labels or {}).get(name))
+        node = gpu_node(name, platform, topologies[name], keys=keys, labels=(labels or {}).get(name), dra=name in dra)
         kube.create_node(node)
         kube.patch_node_status(name, {"status": node["status"]})
         kube.patch_node(name, {"spec": {"taints": None}})
@@ -874,8 +885,8 @@ def create_gpu_nodes(kube: Kube, topologies: Mapping[str, Topology], nodes: Mapp
         for name in nodes:
             current = kube.get_node(name)
             allocatable = (current.get("status") or {}).get("allocatable") or {}
-            if (current.get("spec") or {}).get("taints") or allocatable.get(DEFAULT_GPU_RESOURCE) != str(
-                    topologies[name].size):
+            if (current.get("spec") or {}).get("taints") or allocatable.get(DEFAULT_GPU_RESOURCE) != (
+                    None if name in dra else str(topologies[name].size)):
                 return False
         return True
 
@@ -941,7 +952,7 @@ def start_cluster(binaries: KubeBinaries, workdir: Path, stack: ExitStack,
     kube.create_namespace(spec.namespace)
     kube.create_service_account(spec.namespace)
     topologies = node_topologies(spec.nodes)
-    create_gpu_nodes(kube, topologies, spec.nodes, labels=spec.labels)
+    create_gpu_nodes(kube, topologies, spec.nodes, labels=spec.labels, dra=spec.dra_nodes)
     reporter = FakeReporter(kube, topologies).start()
     stack.callback(reporter.stop)
 

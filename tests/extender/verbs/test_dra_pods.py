@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from extender.api.dra import GPU_DRIVER
 from extender.api.wire import BindingArgs, ExtenderArgs
 from extender.cache.cluster_state import ClusterState
 from extender.cache.node_view import NodeKey
@@ -123,3 +124,15 @@ def test_bind_on_a_dra_node_posts_no_gpu_of_ours_and_holds_the_first_fit_until_t
     service.state.claims.apply("MODIFIED", allocated)
     view = service.state.view(NODES[1])
     assert view is not None and view.free.bit_count() == 6
+
+
+def test_the_metrics_class_nodes_and_count_what_dra_nodes_have_free() -> None:
+    service = _service()
+    service.state.slices.apply("ADDED", {"metadata": {"name": "broken"}, "spec": {"driver": GPU_DRIVER}})
+    service.state.claims.apply("ADDED", allocated_claim("busy", NODES[0], ["gpu-1", "gpu-3", "gpu-99"]))
+    registry = service.metrics.registry
+    assert registry.get_sample_value("gpu_topology_extender_nodes_by_class", {"class": "dra-gpu"}) == 2
+    assert registry.get_sample_value("gpu_topology_extender_nodes_by_class", {"class": "device-plugin"}) == 0
+    assert registry.get_sample_value("gpu_topology_extender_dra_free_gpus") == 16 - 2
+    assert registry.get_sample_value("gpu_topology_extender_dra_refused_objects") == 1
+    assert registry.get_sample_value("gpu_topology_extender_dra_unknown_devices") == 1
