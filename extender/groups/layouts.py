@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from extender.cache.node_view import NodeKey
+from extender.cache.node_view import NodeKey, first_fit
 from topology.full_sets import full_choice, full_set_masks
 from topology.select import Selector, mask_of
 
@@ -47,6 +47,8 @@ def node_sets(selector: Selector, key: NodeKey, count: int) -> tuple[int, ...]:
     (keys are interned, and few free masks recur), at most 65,536 answers. One GPU has no ring: any free GPU
     is a set of one."""
     found = _sets.get((key, count))
+    if found is None and key.order is not None:
+        found = _first_fits(selector, key, count)
     if found is None and count == 1:
         found = tuple(1 << gpu for gpu in range(key.compiled.size) if key.free >> gpu & 1)
     if found is None:
@@ -64,6 +66,22 @@ def node_sets(selector: Selector, key: NodeKey, count: int) -> tuple[int, ...]:
         _sets.clear()
     _sets[(key, count)] = found
     return found
+
+
+def _first_fits(selector: Selector, key: NodeKey, count: int) -> tuple[int, ...]:
+    """On a DRA node the allocator gives members placed one after another its successive first fits: the sets
+    are those, as long as each is full-bandwidth (NodeKey.deliverable)."""
+    assert key.order is not None
+    healthy = key.compiled.full_mask & ~key.unhealthy
+    sets: list[int] = []
+    rest = key.free
+    while True:
+        chunk = first_fit(rest, key.order, count)
+        if chunk.bit_count() < count or (count > 1 and full_choice(selector, key.compiled, chunk, healthy,
+                                                                   count) is None):
+            return tuple(sets)
+        sets.append(chunk)
+        rest &= ~chunk
 
 
 def layout(selector: Selector, domain: str, nodes: Iterable[tuple[str, NodeKey]], members: int, count: int,

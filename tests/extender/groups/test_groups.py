@@ -19,14 +19,18 @@ from extender.api.pod_request import parse_pod
 from extender.api.wire import BindingArgs, ExtenderArgs
 from extender.cache.cluster_state import ClusterState
 from extender.cache.ledger import Phase
+from extender.cache.node_view import NodeKey, first_fit
+from extender.demo.cluster import with_uuids
 from extender.cache.seal import Seal
 from extender.groups.layouts import fewest_blocks
 from extender.groups.sizes import GroupSizes
 from extender.verbs.group_placement import DRAIN_HORIZON_SECONDS, ELSEWHERE
 from extender.verbs.service import ExtenderService
+from helpers.dra_objects import gpu_slice
 from helpers.reported_nodes import ManualClock, reported_cluster
 from topology.annotations import AnnotationKeys
 from topology.collectives import split_slowdown
+from topology.platforms import PLATFORMS
 
 SPINE, LEAF = "network.topology.nvidia.com/spine", "network.topology.nvidia.com/leaf"
 CLUSTER_UUID = "9c6f5af3-53bf-49b5-a436-b66766c413c3"
@@ -559,3 +563,24 @@ def test_a_preferred_group_whose_segment_no_domain_holds_is_planned_as_if_it_set
     assert len(service.filter(ExtenderArgs(members[0], ALL, None)).passed) == 8  # its plan's 8 nodes, not all 12
     nodes = [_schedule(service, pod) for pod in members]
     assert None not in nodes and len(set(nodes)) == 8  # planned whole across both domains, not refused
+
+
+def test_a_group_on_dra_trays_is_planned_on_the_first_fits_and_binds_no_gpu_of_ours() -> None:
+    service, kube = _cluster(ManualClock())
+    for name in ALL:
+        uuids = [gpu.uuid or "" for gpu in with_uuids(name, PLATFORMS["gb200-node"].topology()).gpus]
+        service.state.slices.apply("ADDED", gpu_slice(name, uuids, seed=len(name) + int(name[1:])))
+    members = [_pod(kube, f"w{i}", 2, group="halves", size=4) for i in range(4)]
+    nodes = [_schedule(service, pod) for pod in members]
+    assert None not in nodes and len({_domain(node) for node in nodes if node}) == 1
+    for pod, node in zip(members, nodes):
+        assert node is not None and "gpu-topology.io/gpus" not in pod["metadata"]["annotations"]
+        key = service.state.keys_for([node])[0]
+        assert isinstance(key, NodeKey) and key.order is not None
+        held = service.state.ledger.get(pod["metadata"]["uid"])
+        view = service.state.view(node)
+        assert held is not None and view is not None
+        # What kube-scheduler's allocator gives in turn on the node: the next first fit in slice order.
+        assert view.mask(held.gpus) in {first_fit(view.compiled.full_mask, key.order, 2),
+                                        first_fit(view.compiled.full_mask & ~first_fit(view.compiled.full_mask,
+                                                                                        key.order, 2), key.order, 2)}
