@@ -176,6 +176,19 @@ class DraInventory:
                       if device.kind in (None, "gpu") and device.uuid is not None]
         return tuple(found)
 
+    def held_by(self, pod_uid: str, node: str) -> frozenset[str]:
+        """The UUIDs of the whole GPUs that the claims reserved for the pod hold on the node."""
+        held: set[str] = set()
+        for pool in self._pools_of.get(node, ()):
+            devices = self._devices.get(pool) or {}
+            for uid in self._claims_in.get(pool, ()):
+                claim = self._claims[uid]
+                if pod_uid in claim.reserved_for:
+                    held.update(devices[result.device].uuid or "" for result in claim.results
+                                if (result.driver, result.pool) == pool and result.device in devices)
+        held.discard("")
+        return frozenset(held)
+
     def pods_on(self, node: str) -> frozenset[str]:
         """UIDs of the pods that the GPU claims allocated on the node are reserved for."""
         return frozenset(pod for pool in self._pools_of.get(node, ()) for uid in self._claims_in.get(pool, ())

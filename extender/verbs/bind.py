@@ -188,10 +188,12 @@ def _reserve(state: ClusterState, plans: GroupPlans, selector: Selector, pod: Po
         if not (dra or pod.containers):
             raise BindError(f"node {args.node} has no {state.resource} of the device plugin; pod {pod.key}'s "
                             "GPUs are asked by claims, which only a DRA node serves")
-        planned = _planned(state, plans, pod, args, held, pod.gpus if dra else device_count(pod.containers))
+        # On a DRA node the pod's own claims were allocated at kube-scheduler's PreBind: those GPUs are its own.
+        own = view.mask(state.dra.held_by(args.pod_uid, args.node)) if dra else 0
+        planned = _planned(state, plans, pod, args, held, pod.gpus if dra else device_count(pod.containers), own)
         if dra:
             assert view.dra_order is not None
-            chosen = planned[1] if planned else first_fit(view.free & ~held, view.dra_order, pod.gpus)
+            chosen = own or (planned[1] if planned else first_fit(view.free & ~held, view.dra_order, pod.gpus))
             return _dra_reservation(state, selector, pod, args, view, chosen)
         if planned is not None:
             return _reservation(state, plans, selector, pod, args, planned[0], planned[1])
@@ -206,7 +208,7 @@ def _reserve(state: ClusterState, plans: GroupPlans, selector: Selector, pod: Po
 
 
 def _planned(state: ClusterState, plans: GroupPlans, pod: PodRequest, args: BindingArgs, held: int,
-             count: int) -> tuple[NodeView, int] | None:
+             count: int, own: int = 0) -> tuple[NodeView, int] | None:
     """The GPUs the pod's group plan keeps for it on this node (claimed now), or None when no plan is in force.
 
     Called under the ledger lock. The claim turns the slot's PLANNED entry into room for this pod's own
@@ -219,7 +221,7 @@ def _planned(state: ClusterState, plans: GroupPlans, pod: PodRequest, args: Bind
         raise BindError(f"node {args.node} has no place in the plan of pod {pod.key}'s group")
     view = state.view(args.node)
     assert view is not None
-    if slot.gpus & ~(view.free & ~held) or count != slot.gpus.bit_count():
+    if slot.gpus & ~((view.free | own) & ~held) or count != slot.gpus.bit_count():
         plans.drop(group)
         raise BindError(f"node {args.node}: the GPUs planned for pod {pod.key}'s group are no longer free; "
                         "its members are planned again")
@@ -249,9 +251,9 @@ def _reservation(state: ClusterState, plans: GroupPlans, selector: Selector, pod
 def _dra_reservation(state: ClusterState, selector: Selector, pod: PodRequest, args: BindingArgs, view: NodeView,
                      chosen: int) -> Reservation:
     """On a DRA node kube-scheduler's allocator has chosen the GPUs and written them to the pod's claims before
-    this bind (its PreBind): the Binding carries no GPU of ours, and the ledger holds `chosen`, the set its first
-    fit gives (a group's plan foresaw it the same way), until the claims are seen, which then count the pod
-    (extender/cache/dra_inventory.py)."""
+    this bind (its PreBind): the Binding carries no GPU of ours, and the ledger holds `chosen`: the claims' GPUs
+    when they are seen already, else the set its first fit gives (a group's plan foresaw it the same way), until
+    the claims count the pod (extender/cache/dra_inventory.py)."""
     ids = view.gpu_ids(chosen)
     assignment = state.ledger.reserve(args.pod_uid, pod.key, args.node, frozenset(ids))
     return Reservation(assignment, ids, {}, _ring_of(selector, view, chosen) if chosen.bit_count() > 1 else None)

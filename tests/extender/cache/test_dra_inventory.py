@@ -136,3 +136,11 @@ def test_the_order_is_the_allocators_slices_by_name_then_devices_as_listed_whole
     assert inventory.order(NODE) == (UUIDS[3], UUIDS[0], UUIDS[6], UUIDS[4])
     inventory.apply_slice("ADDED", gpu_slice(NODE, UUIDS[:2], seed=None, generation=2))  # one slice again
     assert inventory.order(NODE) == (UUIDS[0], UUIDS[1])  # the older generation's slices are not the pool's
+
+
+def test_the_gpus_a_pods_claims_hold_on_a_node_are_its_own() -> None:
+    inventory, _ = _inventory()
+    inventory.apply_claim("ADDED", allocated_claim("c1", NODE, ["gpu-2", "gpu-6"], pods=["p1"]))
+    inventory.apply_claim("ADDED", allocated_claim("c2", NODE, ["gpu-4"], pods=["p2"]))
+    assert inventory.held_by("p1", NODE) == {UUIDS[2], UUIDS[6]}
+    assert inventory.held_by("p1", "other") == frozenset() and inventory.held_by("p3", NODE) == frozenset()

@@ -19,14 +19,14 @@ from extender.api.pod_request import parse_pod
 from extender.api.wire import BindingArgs, ExtenderArgs
 from extender.cache.cluster_state import ClusterState
 from extender.cache.ledger import Phase
-from extender.cache.node_view import NodeKey, first_fit
+from extender.cache.node_view import first_fit
 from extender.demo.cluster import with_uuids
 from extender.cache.seal import Seal
 from extender.groups.layouts import fewest_blocks
 from extender.groups.sizes import GroupSizes
 from extender.verbs.group_placement import DRAIN_HORIZON_SECONDS, ELSEWHERE
 from extender.verbs.service import ExtenderService
-from helpers.dra_objects import gpu_slice
+from helpers.dra_objects import allocated_claim, gpu_slice
 from helpers.reported_nodes import ManualClock, reported_cluster
 from topology.annotations import AnnotationKeys
 from topology.collectives import split_slowdown
@@ -566,21 +566,33 @@ def test_a_preferred_group_whose_segment_no_domain_holds_is_planned_as_if_it_set
 
 
 def test_a_group_on_dra_trays_is_planned_on_the_first_fits_and_binds_no_gpu_of_ours() -> None:
+    """Each member as kube-scheduler runs it on DRA nodes: filter, prioritize, then its DRA plugin's PreBind
+    allocates the claim (first fit in slice order) before the extender's bind sees the pod."""
     service, kube = _cluster(ManualClock())
     for name in ALL:
         uuids = [gpu.uuid or "" for gpu in with_uuids(name, PLATFORMS["gb200-node"].topology()).gpus]
         service.state.slices.apply("ADDED", gpu_slice(name, uuids, seed=len(name) + int(name[1:])))
     members = [_pod(kube, f"w{i}", 2, group="halves", size=4) for i in range(4)]
-    nodes = [_schedule(service, pod) for pod in members]
-    assert None not in nodes and len({_domain(node) for node in nodes if node}) == 1
-    for pod, node in zip(members, nodes):
-        assert node is not None and "gpu-topology.io/gpus" not in pod["metadata"]["annotations"]
-        key = service.state.keys_for([node])[0]
-        assert isinstance(key, NodeKey) and key.order is not None
-        held = service.state.ledger.get(pod["metadata"]["uid"])
+    for index, pod in enumerate(members):
+        outcome = service.filter(ExtenderArgs(pod, list(ALL), None))
+        names, scores = service.prioritize(ExtenderArgs(pod, outcome.passed, None))
+        node = max(zip(scores, names))[1]
         view = service.state.view(node)
-        assert held is not None and view is not None
-        # What kube-scheduler's allocator gives in turn on the node: the next first fit in slice order.
-        assert view.mask(held.gpus) in {first_fit(view.compiled.full_mask, key.order, 2),
-                                        first_fit(view.compiled.full_mask & ~first_fit(view.compiled.full_mask,
-                                                                                        key.order, 2), key.order, 2)}
+        assert view is not None and view.compiled is not None and view.dra_order is not None
+        # What kube-scheduler's allocator gives: the first fit among the devices no claim holds (it knows
+        # nothing of the extender's plans).
+        given = first_fit(view.compiled.full_mask & ~view.dra_taken, view.dra_order, 2)
+        planned = {view.mask(entry.gpus) for entry in service.state.ledger.entries(node)
+                   if entry.phase is Phase.PLANNED}
+        assert given in planned  # the plan foresaw the allocator's pick
+        claim = allocated_claim(f"c{index}", node, [f"gpu-{gpu}" for gpu in range(4) if given >> gpu & 1],
+                                pods=[pod["metadata"]["uid"]])
+        service.state.claims.apply("ADDED", claim)  # kube-scheduler's PreBind
+        meta = pod["metadata"]
+        assert not service.bind(BindingArgs(meta["name"], meta["namespace"], meta["uid"], node))
+        assert "gpu-topology.io/gpus" not in meta["annotations"]
+        held = service.state.ledger.get(meta["uid"])
+        view = service.state.view(node)
+        assert held is not None and view is not None and view.mask(held.gpus) == given
+    nodes = {service.state.ledger.get(pod["metadata"]["uid"]).node for pod in members}  # type: ignore[union-attr]
+    assert len({_domain(node) for node in nodes}) == 1
