@@ -53,8 +53,8 @@ def group_table(summaries: Sequence[tuple[Summary, GroupSummary]]) -> str:
         "groups one empty domain (leaf) of their pool could hold. GPU utilization held counts a member from its "
         "own placement, running a job from its start (a group's last placement). Modelled group job time: "
         f"durations with a communication share of {share:.0%} scaled by the all-reduce bandwidth of the "
-        "narrowest span each group could have had over the span it got (`spans.ALLREDUCE`), summed, over their "
-        "durations summed.")
+        "narrowest span each group could have had over the span it got (`topology/collectives.py` ALLREDUCE), "
+        "summed, over their durations summed.")
 
 
 def percent(value: float) -> str:
