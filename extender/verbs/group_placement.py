@@ -16,8 +16,9 @@ activeDeadlineSeconds waits `split_slowdown(c) - 1` times that (2.56 at c = 0.3:
 no later), one that states none waits for as long as a domain could hold it, since a split runs slower for its
 whole run and the replay measured that any split feeds itself at load (issue 29), and one with c = 0 does not
 wait at all, as a split costs it nothing. Then it tries wider spans (a leaf, a spine) with its members in equal
-segments, each inside one NVLink domain, the largest that fit, and last, unless it declared a segment, places its
-members as single pods. A group no domain could hold even empty is refused at once if required, and goes to
+segments, each inside one NVLink domain, the largest that fit, and last places its members as single pods, unless
+it declared a segment and a split costs it anything (c > 0): Slurm's `--segment` is strict, and a segment is kept
+whole for as long as it takes. A group no domain could hold even empty is refused at once if required, and goes to
 the wider spans at once if preferred.
 
 No group starves: with an age bound (--group-age-bound), the group waiting longest past it drains the domain
@@ -156,8 +157,8 @@ class GroupPlacement:
                 return _refuse(names, f"no {span_name(group.span)} can hold the group's pods of "
                                       f"{request.count} GPUs", resolvable=False)
             return None
-        if not (group.required or within or group.segment is not None):
-            return None  # a declared segment is kept whole (Slurm's --segment is strict): never member by member
+        if not (group.required or within or (group.segment is not None and self.split_cost_of(pod) > 0)):
+            return None  # a declared segment is kept whole while a split costs the group anything
         reason = f"no {span_name(found.span)} with room for {found.members} pods of {request.count} GPUs"
         if self._age_drain(key, found, now):
             reason += f"; {AGE_DRAINING}"
@@ -167,12 +168,16 @@ class GroupPlacement:
         """How long a preferred group waits for one domain of its span before it splits (the module's docstring)."""
         if pod.wait_seconds is not None:
             return pod.wait_seconds
-        cost = self.split_cost if pod.comm_share is None else split_slowdown(pod.comm_share) - 1
+        cost = self.split_cost_of(pod)
         if self.wait.wait_seconds <= 0 or cost <= 0:
             return 0.0
         if pod.deadline_seconds is not None:
             return max(self.wait.wait_seconds, cost * pod.deadline_seconds)
         return math.inf
+
+    def split_cost_of(self, pod: PodRequest) -> float:
+        """How much longer than in one NVLink domain the group may run split: split_slowdown(c) - 1."""
+        return self.split_cost if pod.comm_share is None else split_slowdown(pod.comm_share) - 1
 
     def _age_drain(self, key: str, found: _NoRoom, now: float) -> bool:
         """Whether the group drains now: it has waited past the age bound, longest of the groups still retried, and

@@ -132,11 +132,12 @@ def test_a_csv_declares_segments_that_divide_the_job(tmp_path: Path) -> None:
 def test_declared_segments_stay_whole_under_slurm_and_our_extender(tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """Gangs of 24 trays, more than a rack's 18, in segments of 12: our extender (gpu-topology.io/group-segment)
-    and Slurm keep every segment in one rack; count-only placement does not."""
+    and Slurm keep every segment in one rack; count-only placement does not. (At --comm-share 0 our preferred
+    policy may break them: a split costs its job nothing.)"""
     path = tmp_path / "segments.csv"
     path.write_text("submit_time_s,duration_s,num_gpus,num_pods,segment_pods,gpu_model\n" + "".join(
         f"{600 * i},{900 + 120 * i},4,24,12,GB200\n" for i in range(6)), encoding="utf-8")
-    assert main(["--cluster", "nvl72", "--workload", str(path), "--json", "--comm-share", "0"]) == 0
+    assert main(["--cluster", "nvl72", "--workload", str(path), "--json", "--comm-share", "0.3"]) == 0
     policies = json.loads(capsys.readouterr().out)["policies"]
     for name in ("(7) Slurm-like, EASY backfill, topology/block", "(4) ours, groups required",
                  "(4) ours, groups preferred"):

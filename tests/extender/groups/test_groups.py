@@ -216,16 +216,23 @@ def test_a_stated_deadline_waits_as_long_as_a_split_would_cost_it_at_its_communi
     assert None not in [_schedule(service, pod) for pod in members]
 
 
-def test_a_preferred_group_that_declares_a_segment_never_goes_member_by_member() -> None:
+@pytest.mark.parametrize("share, kept", [("0.3", True), ("0", False)])
+def test_a_preferred_group_keeps_a_declared_segment_whole_while_a_split_costs_it_anything(share: str,
+                                                                                           kept: bool) -> None:
+    clock = ManualClock()
     busy = {name: (0,) for name in ["a00", "a01", "a02", "b00", "b01", "b02"]}  # 3 whole trays free in each domain
-    service, kube = _cluster(ManualClock(), busy=busy)
-    service.groups.split_cost = 0.0  # --comm-share 0: no wait for one domain
-    annotations = {"gpu-topology.io/group-segment": "2"}
-    first = _pod(kube, "w0", 4, group="pairs", size=8, **annotations)
+    service, kube = _cluster(clock, busy=busy)
+    annotations = {"gpu-topology.io/group-segment": "2", "gpu-topology.io/comm-share": share}
+    first = _pod(kube, "w0", 4, group="pairs", size=8, deadline=100, **annotations)
+    service.filter(ExtenderArgs(first, ALL, None))
+    clock.now += 601  # past its wait: 600 s, the extender's, beyond 2.56 x its 100 s deadline at 0.3
     outcome = service.filter(ExtenderArgs(first, ALL, None))
-    assert outcome.passed == []  # 3 + 3 trays hold no 4 segments of 2 that cover 8: it waits, kept in segments
-    assert outcome.unresolvable and not service.state.ledger.pods()
-    plain = _pod(kube, "v0", 4, group="loose", size=8)
+    # 3 + 3 whole trays hold no 4 segments of 2 that cover 8: kept, it waits; at c = 0, member by member.
+    assert (outcome.passed == []) is kept
+    assert not service.state.ledger.pods()  # nothing held either way: member by member, each pod is placed alone
+    plain = _pod(kube, "v0", 4, group="loose", size=8, deadline=100, **{"gpu-topology.io/comm-share": "0.3"})
+    service.filter(ExtenderArgs(plain, ALL, None))
+    clock.now += 601
     assert service.filter(ExtenderArgs(plain, ALL, None)).passed  # without a segment: member by member
 
 
