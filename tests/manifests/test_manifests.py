@@ -763,7 +763,9 @@ def test_extender_rbac_is_exactly_least_privilege() -> None:
     role = obj("ClusterRole", "gpu-topology-extender")
     # What extender/kube/client.py calls: list_node (list and watch), list_pod_for_all_namespaces (list and watch),
     # read_namespaced_pod (get), create_namespaced_pod_binding, create_namespaced_event, and PodGroups of both kinds
-    # (list_cluster_custom_object, list and watch: extender/groups/sizes.py). No pod patch or update:
+    # (list_cluster_custom_object, list and watch: extender/groups/sizes.py), and DRA's ResourceSlices and
+    # ResourceClaims (list_resource_slice, list_resource_claim_for_all_namespaces: list and watch; read only, as
+    # kube-scheduler stays the one writer of status.allocation). No pod patch or update:
     # the bind annotations travel in the Binding. No node get: Nodes come from the watch only.
     assert flatten_rules(role["rules"]) == {
         ("", "nodes", "list", ()),
@@ -777,6 +779,10 @@ def test_extender_rbac_is_exactly_least_privilege() -> None:
         ("scheduling.x-k8s.io", "podgroups", "watch", ()),
         ("scheduling.k8s.io", "podgroups", "list", ()),
         ("scheduling.k8s.io", "podgroups", "watch", ()),
+        ("resource.k8s.io", "resourceslices", "list", ()),
+        ("resource.k8s.io", "resourceslices", "watch", ()),
+        ("resource.k8s.io", "resourceclaims", "list", ()),
+        ("resource.k8s.io", "resourceclaims", "watch", ()),
     }
     assert bindings_of("gpu-topology-extender") == {
         ("ClusterRoleBinding", None, "ClusterRole", "gpu-topology-extender"),
