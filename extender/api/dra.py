@@ -20,6 +20,9 @@ from topology import bounds
 GPU_DRIVER = "gpu.nvidia.com"
 GPU_CLASS = "gpu.nvidia.com"  # the DeviceClass NVIDIA's chart installs for whole GPUs
 COMPUTE_DOMAIN_DRIVER = "compute-domain.nvidia.com"
+CLAIMS_MARKER = "gpu-topology.io/dra-claims"
+"""The extended resource scheduler-config/dra-claims-policy.yaml puts on pods with DRA claims, and the scheduler
+configuration lists among the extender's managedResources (ignoredByScheduler): it brings them to the extender."""
 EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"
 """The annotation kube-scheduler puts on the claim it makes for a pod's `nvidia.com/gpu: N` (KEP-5004)."""
 

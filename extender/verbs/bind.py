@@ -68,6 +68,10 @@ def begin_bind(state: ClusterState, plans: GroupPlans, selector: Selector, kube:
     changed nothing. A Reservation goes on to post_binding, or to the API from the event loop and then
     finish_bind."""
     pod = _read_pod(state, kube, args)
+    if pod.request is None:  # no GPU at all: a pod sent here for its DRA claims, all of other devices
+        if kube is None:
+            raise WouldRead(f"pod {pod.key} asks for no GPU")
+        return _bind_plain(kube, pod, args)
     view = state.view(args.node)
     existing = state.ledger.get(args.pod_uid)
     if view is not None and view.sharing.shared and existing is None:
@@ -124,6 +128,11 @@ def _bind_shared(kube: KubeApi, pod: PodRequest, args: BindingArgs, sharing: Sha
     turns a replica into a whole GPU."""
     if pod.requires_topology:
         raise BindError(f"node {args.node}: {no_guarantee(sharing)}")
+    return _bind_plain(kube, pod, args)
+
+
+def _bind_plain(kube: KubeApi, pod: PodRequest, args: BindingArgs) -> Bound:
+    """A Binding with no GPU of ours, as kube-scheduler's own binder would post it."""
     try:
         kube.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node, {})
     except Conflict as error:
@@ -156,8 +165,6 @@ def _read_pod(state: ClusterState, kube: KubeApi | None, args: BindingArgs) -> P
         pod = parse_pod(raw, state.keys, state.resource, state.dra)
     if pod.problem is not None:
         raise BindError(f"pod {pod.key}: {pod.problem}")
-    if pod.request is None:
-        raise BindError(f"pod {pod.key} requests no {state.resource} in any container and no GPU by a claim")
     return pod
 
 

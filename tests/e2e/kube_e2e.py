@@ -99,11 +99,13 @@ class ClusterSpec:
     runtime_config: tuple[str, ...] = ()
     namespace: str = NAMESPACE
     dra_nodes: frozenset[str] = frozenset()  # GPUs published by a DRA driver: no nvidia.com/gpu in allocatable
+    controllers: tuple[str, ...] = ()  # kube-controller-manager's, from KUBE_BIN_DIR; none: it does not run
 
 
 DEFAULT_SPEC = ClusterSpec(NODES)
 
-STARTUP_SECONDS = {"etcd": 90.0, "kube-apiserver": 240.0, "extender": 90.0, "kube-scheduler": 180.0}
+STARTUP_SECONDS = {"etcd": 90.0, "kube-apiserver": 240.0, "extender": 90.0, "kube-scheduler": 180.0,
+                   "kube-controller-manager": 180.0}
 
 # Clients generated before the OpenAPI-generator rewrite cannot choose a content type; they send a dict
 # body as JSON on POST and as a strategic merge patch on PATCH (the same as a merge patch for what we patch).
@@ -122,6 +124,7 @@ class KubeBinaries:
     etcd: Path
     apiserver: Path
     scheduler: Path
+    controller_manager: Path  # only a scenario that needs its controllers runs it (ClusterSpec.controllers)
 
     def versions(self) -> dict[str, str]:
         return {path.name: binary_version(path) for path in (self.etcd, self.apiserver, self.scheduler)}
@@ -148,7 +151,8 @@ def find_kube_binaries(env: Mapping[str, str] | None = None) -> tuple[KubeBinari
             parts.append(f"no etcd in KUBE_BIN_DIR={raw} or on PATH")
         return None, "; ".join(parts)
     directory = directory.resolve()
-    return KubeBinaries(etcd.resolve(), directory / "kube-apiserver", directory / "kube-scheduler"), None
+    return KubeBinaries(etcd.resolve(), directory / "kube-apiserver", directory / "kube-scheduler",
+                        directory / "kube-controller-manager"), None
 
 
 def skip_reason(problem: str) -> str:
@@ -645,6 +649,12 @@ class Kube:
         """Any cluster-scoped object by its REST path, such as DRA's DeviceClasses and ResourceSlices."""
         return self._retrying(self.objects.create_cluster_custom_object, group, version, plural, dict(body))
 
+    def create_namespaced_object(self, group: str, version: str, namespace: str, plural: str,
+                                 body: Mapping[str, Any]) -> dict[str, Any]:
+        """Any namespaced object by its REST path, such as DRA's ResourceClaimTemplates."""
+        return self._retrying(self.objects.create_namespaced_custom_object, group, version, namespace, plural,
+                              dict(body))
+
     def list_objects(self, group: str, version: str, plural: str) -> list[dict[str, Any]]:
         """Every object of a kind, in all namespaces (a namespaced kind's REST path without a namespace)."""
         return self._call(self.objects.list_cluster_custom_object, group, version, plural)["items"]
@@ -843,6 +853,38 @@ def start_extender(workdir: Path, admin_kubeconfig: Path, pki: Pki, stack: ExitS
     return process, f"https://127.0.0.1:{port}"
 
 
+def _unverified() -> ssl.SSLContext:
+    """For the health check of a component whose serving certificate is self-signed in memory."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def start_controller_manager(binary: Path, workdir: Path, kubeconfig: Path, stack: ExitStack,
+                             controllers: Sequence[str]) -> Process:
+    """kube-controller-manager running only `controllers` (such as resourceclaim-controller, which makes a pod's
+    claims from its templates), once it answers /healthz."""
+    if not _executable(binary):
+        raise RuntimeError(f"{binary} is not an executable: this scenario needs kube-controller-manager")
+    (port,) = free_ports(1)
+    process = Process("kube-controller-manager", [
+        binary,
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        f"--controllers={','.join(controllers)}",
+        "--leader-elect=false",
+        "--use-service-account-credentials=false",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        "--v=2",
+    ], workdir / "logs" / "kube-controller-manager.log")
+    stack.callback(process.stop)
+    wait_for_https(process, port, "/healthz", _unverified())
+    return process
+
+
 def start_scheduler(binary: Path, workdir: Path, config_path: Path, kubeconfig: Path,
                     stack: ExitStack, feature_gates: Mapping[str, bool] | None = None,
                     on_start: Callable[[Process], None] | None = None) -> Process:
@@ -862,10 +904,7 @@ def start_scheduler(binary: Path, workdir: Path, config_path: Path, kubeconfig: 
     stack.callback(process.stop)
     if on_start is not None:
         on_start(process)
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE  # its serving certificate is self-signed in memory
-    wait_for_https(process, port, "/healthz", context)
+    wait_for_https(process, port, "/healthz", _unverified())
     return process
 
 
@@ -957,6 +996,8 @@ def start_cluster(binaries: KubeBinaries, workdir: Path, stack: ExitStack,
     stack.callback(reporter.stop)
 
     extender, extender_url = start_extender(workdir, admin_kubeconfig, pki, stack, spec.extender_args)
+    managers = ([start_controller_manager(binaries.controller_manager, workdir, admin_kubeconfig, stack,
+                                          spec.controllers)] if spec.controllers else [])
     source = yaml.safe_load(SCHEDULER_CONFIG_SOURCE.read_text())
     config = derive_scheduler_config(source, kubeconfig=scheduler_kubeconfig, extender_url=extender_url,
                                      tls={"caFile": str(pki.ca), "certFile": str(pki.cert("scheduler")),
@@ -967,5 +1008,6 @@ def start_cluster(binaries: KubeBinaries, workdir: Path, stack: ExitStack,
                                 feature_gates=spec.feature_gates)
     return Cluster(workdir=workdir, pki=pki, kube=kube, topologies=topologies, platforms=dict(spec.nodes),
                    scheduler_name=scheduler_name(config), namespace=spec.namespace, reporter=reporter,
-                   processes={p.name: p for p in (etcd, apiserver, extender, scheduler)}, versions=versions,
+                   processes={p.name: p for p in (etcd, apiserver, extender, scheduler, *managers)},
+                   versions=versions,
                    extender_url=extender_url)

@@ -137,7 +137,8 @@ def test_all_three_binaries_are_found(tmp_path: Path) -> None:
     _fake_binaries(tmp_path, ("etcd", "kube-apiserver", "kube-scheduler"))
     found = tmp_path.resolve()
     assert find_kube_binaries({"KUBE_BIN_DIR": str(tmp_path), "PATH": ""}) == (
-        KubeBinaries(found / "etcd", found / "kube-apiserver", found / "kube-scheduler"), None)
+        KubeBinaries(found / "etcd", found / "kube-apiserver", found / "kube-scheduler",
+                     found / "kube-controller-manager"), None)
 
 
 def test_etcd_may_come_from_path_as_debian_installs_it(tmp_path: Path) -> None:

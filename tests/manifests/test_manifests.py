@@ -78,6 +78,7 @@ from helpers.kube_scheduler_rules import (
     plugin_set,
 )
 
+from extender.api.dra import CLAIMS_MARKER
 from topology.annotations import AnnotationKeys
 
 NAMESPACE = "gpu-topology-system"
@@ -251,9 +252,11 @@ def project_errors(config: Doc) -> list[str]:
         errors.append("nodeCacheCapable: must be true (the extender keeps its own Node cache and answers NodeNames)")
     if extender.get("ignorable", False) is not False:
         errors.append("ignorable: must be false (a GPU pod must never be placed without the extender)")
-    if extender.get("managedResources") != [{"name": GPU, "ignoredByScheduler": False}]:
-        errors.append(f"managedResources: must be exactly [{{name: {GPU}, ignoredByScheduler: false}}], so that only "
-                      "GPU pods reach the extender and kube-scheduler still counts GPUs")
+    if extender.get("managedResources") != [{"name": GPU, "ignoredByScheduler": False},
+                                            {"name": CLAIMS_MARKER, "ignoredByScheduler": True}]:
+        errors.append(f"managedResources: must be exactly [{{name: {GPU}, ignoredByScheduler: false}}, {{name: "
+                      f"{CLAIMS_MARKER}, ignoredByScheduler: true}}], so that only GPU pods and pods with DRA claims "
+                      "reach the extender, kube-scheduler still counts GPUs, and ignores the marker no node has")
     # NewHTTPExtender: a zero httpTimeout becomes DefaultExtenderTimeout (5 s), and Go's http.Client treats a
     # negative Timeout as no timeout at all: neither is a chosen value.
     timeout = parse_go_duration(extender.get("httpTimeout", "0"))

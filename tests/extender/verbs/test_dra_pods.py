@@ -98,6 +98,9 @@ class _Binder:
         self.pod["spec"]["nodeName"] = node
         self.state.pods.apply("MODIFIED", self.pod)
 
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.pod  # a pod that asks for no GPU is not in the watch's cache: bind reads it from the API
+
     def emit_event(self, *args: Any, **kwargs: Any) -> None:
         pass
 
@@ -136,3 +139,18 @@ def test_the_metrics_class_nodes_and_count_what_dra_nodes_have_free() -> None:
     assert registry.get_sample_value("gpu_topology_extender_dra_free_gpus") == 16 - 2
     assert registry.get_sample_value("gpu_topology_extender_dra_refused_objects") == 1
     assert registry.get_sample_value("gpu_topology_extender_dra_unknown_devices") == 1
+
+
+def test_a_pod_whose_claims_ask_no_gpu_passes_every_node_and_is_bound_plainly() -> None:
+    service = _service()
+    nic = _template_claim()
+    nic["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "rdma.example.com"
+    service.state.claims.apply("ADDED", nic)
+    pod = _claim_pod()
+    binder = _Binder(service.state, pod)
+    service.kube = binder  # type: ignore[assignment]
+    service.state.pods.apply("ADDED", pod)
+    assert service.filter(ExtenderArgs(pod, NODES, None)).passed == NODES
+    assert service.prioritize(ExtenderArgs(pod, NODES, None))[1] == [0, 0]
+    assert service.bind(BindingArgs("train", "ml", "p1", NODES[0])) == ""
+    assert binder.bindings == [(NODES[0], {})] and service.state.ledger.get("p1") is None
