@@ -173,8 +173,9 @@ def test_no_secret_material_is_committed() -> None:
 
 
 # Installed by hand where their CRDs exist: cert-manager.yaml (TLS option 1, with its admission policy) and
-# prometheus-rule.yaml (the Prometheus Operator's).
-OPTIONAL_FILES = {"cert-manager.yaml", "prometheus-rule.yaml"}
+# prometheus-rule.yaml (the Prometheus Operator's); and where the API server has its kind: dra-claims-policy.yaml
+# (MutatingAdmissionPolicy, GA in Kubernetes 1.36), on DRA clusters.
+OPTIONAL_FILES = {"cert-manager.yaml", "prometheus-rule.yaml", "dra-claims-policy.yaml"}
 
 
 def test_kustomization_installs_every_manifest_but_the_optional_ones() -> None:
