@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench bench-select bench-bind loadtest throughput hostile soak failover fuzz clean
+.PHONY: demo test bench bench-select bench-bind bench-dra loadtest throughput hostile soak failover fuzz clean
 
 # Rebuilt when the C extension's source changes too: `pip install -e` compiles it into extender/.
 $(BIN)/activate: pyproject.toml extender/api/_names.c
@@ -23,6 +23,9 @@ bench: $(BIN)/activate
 
 bench-select: $(BIN)/activate
 	$(BIN)/python loadtests/bench_select.py
+
+bench-dra: $(BIN)/activate
+	$(BIN)/python loadtests/bench_dra_keys.py
 
 loadtest: $(BIN)/activate
 	$(BIN)/python loadtests/load_extender.py --write BENCHMARKS.md

@@ -23,7 +23,7 @@ from extender.cache.assignments import Assignment, Phase
 from extender.cache.domains import DomainIndex
 from extender.cache.dra_inventory import DraInventory
 from extender.cache.ledger import BIND_OUTCOME_SECONDS, Ledger, NoClaims, SlotClaims
-from extender.cache.node_view import REFUSED, Key, NodeKey, NodeView, SharedKey
+from extender.cache.node_view import REFUSED, Key, NodeKey, NodeView, SharedKey, first_fit
 from extender.cache.seal import Seal
 from topology.annotations import AnnotationKeys
 from topology.assignment import AssignmentError, decode_containers
@@ -85,7 +85,13 @@ class ClusterState:
         self._keys: dict[str, Key] = {}
         self._held: dict[str, int] = {}  # node -> GPUs held back from every pod but the drain's own
         self._seen_keys: dict[str, Key] = {}  # _keys with the held-back GPUs taken out: what other pods see
-        self._interned: dict[tuple[CompiledTopology, int, int, bool, tuple[int, ...] | None], NodeKey] = {}
+        self._interned: dict[tuple[CompiledTopology, int, int, bool, tuple[int, ...] | None, int | None],
+                             NodeKey] = {}
+        # Request size -> each DRA node key (with its slice order) -> the key of what its first fit gives for that
+        # size, which nodes of other orders share: prioritize scores once per such key. Filter's verdict reads no
+        # more than the GPUs given and the unhealthy ones, so its keys (`_verdicts`) keep only those: fewer still.
+        self._given: dict[int, dict[NodeKey, NodeKey]] = {}
+        self._verdicts: dict[int, dict[NodeKey, NodeKey]] = {}
         self._interned_boards: set[CompiledTopology] = set()
         self._boards_limit = MAX_DEAD_BOARDS
         self.key_epoch = 0  # bumped when keys are forgotten: memos of answers per key must be emptied
@@ -286,9 +292,15 @@ class ClusterState:
         with self.ledger.lock:
             return self._intern(key.compiled, key.free & ~gpus, key.unhealthy, key.whole, key.order)
 
+    def given_keys(self, count: int, verdict: bool = False) -> dict[NodeKey, NodeKey] | None:
+        """For a request of `count` GPUs, each DRA node key -> the key of what its first fit gives (for filter's
+        `verdict`, of that alone); None when no node is a DRA node (NodeKey.deliverable)."""
+        table = self._verdicts if verdict else self._given
+        return table.get(count) if table else None
+
     def _intern(self, compiled: CompiledTopology, free: int, unhealthy: int, whole: bool = False,
-                order: tuple[int, ...] | None = None) -> NodeKey:
-        value = (compiled, free, unhealthy, whole, order)
+                order: tuple[int, ...] | None = None, given: int | None = None) -> NodeKey:
+        value = (compiled, free, unhealthy, whole, order, given)
         key = self._interned.get(value)
         if key is not None:
             return key
@@ -297,7 +309,13 @@ class ClusterState:
             if len(self._interned) > _MAX_INTERNED or len(self._interned_boards) > self._boards_limit:
                 self._forget_dead_keys()
                 self._interned_boards.add(compiled)
-        key = self._interned[value] = NodeKey(compiled, free, unhealthy, whole, order)
+        key = self._interned[value] = NodeKey(compiled, free, unhealthy, whole, order, given)
+        if order is not None:
+            for count in range(1, compiled.size + 1):
+                given = first_fit(free, order, count)
+                self._given.setdefault(count, {})[key] = self._intern(compiled, free, unhealthy, whole, None, given)
+                self._verdicts.setdefault(count, {})[key] = self._intern(compiled, given, unhealthy, False, None,
+                                                                         given)
         return key
 
     def _forget_dead_keys(self) -> None:
@@ -305,7 +323,11 @@ class ClusterState:
         reporter rewriting its topology must not keep boards alive through old keys: at most
         MAX_DEAD_BOARDS boards beyond the live ones stay, and `key_epoch` tells the answer memos to let go."""
         live = [key for keys in (self._keys, self._seen_keys) for key in keys.values() if isinstance(key, NodeKey)]
-        self._interned = {(key.compiled, key.free, key.unhealthy, key.whole): key for key in live}
+        live += [given for key in live if key.order is not None for table in (self._given, self._verdicts)
+                 for given in (table[count][key] for count in range(1, key.compiled.size + 1))]
+        self._interned = {key.value: key for key in live}
+        self._given, self._verdicts = ({count: {key: keys[key] for key in keys if key.value in self._interned}
+                                        for count, keys in table.items()} for table in (self._given, self._verdicts))
         self._interned_boards = {key.compiled for key in live}
         self._boards_limit = len(self._interned_boards) + MAX_DEAD_BOARDS
         self.key_epoch += 1

@@ -60,13 +60,21 @@ class NodeKey:
     unhealthy: int
     whole: bool = False  # its NVLink domain (else innermost block) has every GPU free
     order: tuple[int, ...] | None = None  # a DRA node's GPUs in its slice's order: the allocator's first-fit
+    given: int | None = None  # a DRA node's key for one request size: what its first fit gives (cluster_state.py)
 
     def deliverable(self, count: int) -> int:
         """The free GPUs a pod of `count` GPUs can be given here: any free one where the extender picks the set
         (the node agent delivers it), but only the first `count` free in slice order where kube-scheduler's DRA
         allocator picks: it is first-fit over the devices as the driver lists them, and for a request of whole
         GPUs with no constraint its first fit is those (research/dra.md §3.2)."""
+        if self.given is not None:
+            return self.given
         return self.free if self.order is None else first_fit(self.free, self.order, count)
+
+    @property
+    def value(self) -> tuple[CompiledTopology, int, int, bool, tuple[int, ...] | None, int | None]:
+        """What makes two keys the same key (they are interned on it)."""
+        return self.compiled, self.free, self.unhealthy, self.whole, self.order, self.given
 
 
 def first_fit(free: int, order: tuple[int, ...], count: int) -> int:

@@ -194,10 +194,15 @@ class Drains:
 
 
 def keys_seen(state: ClusterState, names: list[str], drains: Drains | None, uid: str,
-              stale: Key | None, ends_by: float | None = None) -> list[Key | None]:
+              stale: Key | None, ends_by: float | None = None, count: int = 0,
+              verdict: bool = False) -> list[Key | None]:
     """Each candidate's key as filter and prioritize read it for pod `uid`, which is bound to end by `ends_by`:
-    GPUs drained for other pods hidden (but for the drains it backfills), and `stale` in place of a node whose
-    GPU state is too old. Passes over the names run in C (extender/api/_names.c)."""
+    GPUs drained for other pods hidden (but for the drains it backfills), a DRA node's as what its first fit gives
+    `count` GPUs (for filter's `verdict`, only that), and `stale` in place of a node whose GPU state is too old.
+    Passes over the names run in C (extender/api/_names.c)."""
     keys = state.keys_for(names) if drains is None else drains.seen(names, uid, state.clock(), ends_by)
+    given = state.given_keys(count, verdict)
+    if given:
+        keys = lookup(keys, given, keys)
     old = state.stale_names()
     return lookup(names, dict.fromkeys(old, stale), keys) if old else keys

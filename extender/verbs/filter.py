@@ -70,7 +70,7 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
         return FilterOutcome([], {}, {pod.problem: list(names)})
     if pod.request is None:
         return FilterOutcome(list(names), {}, {})
-    keys = keys_seen(state, names, drains, pod.uid, STALE, ends_by(pod, state.clock()))
+    keys = keys_seen(state, names, drains, pod.uid, STALE, ends_by(pod, state.clock()), pod.request.count, True)
     distinct = set(unique(keys))
     waiting = wait is not None and wait.waits(pod, state.clock())
     known = (memo or ShapeMemo()).answers((pod.request, pod.required, waiting), distinct,

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 import pytest
-from helpers.dra_objects import gpu_device, gpu_slice
+from extender.demo.dra_objects import gpu_device, gpu_slice
 from kube_e2e import Cluster, ClusterSpec, find_kube_binaries, gpu_pod, skip_reason, wait_until
 from test_groups_e2e import empty, node_of
 

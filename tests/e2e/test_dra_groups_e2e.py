@@ -15,7 +15,7 @@ Runs only with real binaries (KUBE_BIN_DIR, as test_scheduling_e2e.py); otherwis
 from __future__ import annotations
 
 import pytest
-from helpers.dra_objects import channel_slice, gpu_slice
+from extender.demo.dra_objects import channel_slice, gpu_slice
 from helpers.group_scenario import CLUSTER_UUID, GPUS_PER_MEMBER, KEYS, LEAF, LEVELS, PLATFORM, REQUIRED, SPINE
 from kube_e2e import Cluster, ClusterSpec, find_kube_binaries, gpu_pod, skip_reason, wait_until
 from test_dra_e2e import DEVICE_CLASS, RESOURCE, _allocations, _pods

@@ -50,7 +50,7 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
     more is missing."""
     if pod.request is None:
         return [0] * len(names)
-    keys = keys_seen(state, names, drains, pod.uid, None, ends_by(pod, state.clock()))
+    keys = keys_seen(state, names, drains, pod.uid, None, ends_by(pod, state.clock()), pod.request.count)
     distinct = set(unique(keys))
     boards = [key for key in distinct if isinstance(key, NodeKey)]
     known = (memo or ShapeMemo()).answers(pod.request, boards, partial(_offer, selector, pod.request),

@@ -9,7 +9,7 @@ import pytest
 
 from extender.api.dra import ClaimUnseen, DraError, parse_claim, parse_slice, pod_claims
 from extender.demo.cluster import with_uuids
-from helpers.dra_objects import allocated_claim, gpu_device, gpu_slice, mig_device
+from extender.demo.dra_objects import allocated_claim, gpu_device, gpu_slice, mig_device
 from topology.platforms import PLATFORMS
 
 UUIDS = [gpu.uuid or "" for gpu in with_uuids("a6000-0", PLATFORMS["rtx-a6000-pairs"].topology()).gpus]

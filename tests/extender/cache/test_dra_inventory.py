@@ -7,7 +7,7 @@ import pytest
 from extender.api.dra import ClaimUnseen
 from extender.cache.dra_inventory import DraInventory, NodeClass
 from extender.demo.cluster import with_uuids
-from helpers.dra_objects import allocated_claim, channel_slice, gpu_device, gpu_slice, mig_device
+from extender.demo.dra_objects import allocated_claim, channel_slice, gpu_device, gpu_slice, mig_device
 from topology.platforms import PLATFORMS
 
 NODE = "a6000-0"

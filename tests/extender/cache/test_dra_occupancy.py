@@ -6,7 +6,7 @@ from extender.cache.assignments import Assignment, Phase
 from extender.cache.cluster_state import ClusterState
 from extender.cache.node_view import NodeKey
 from extender.demo.cluster import with_uuids
-from helpers.dra_objects import allocated_claim, channel_slice, gpu_slice
+from extender.demo.dra_objects import allocated_claim, channel_slice, gpu_device, gpu_slice
 from helpers.reported_nodes import ManualClock, reported_cluster
 from topology.platforms import PLATFORMS
 
@@ -82,3 +82,22 @@ def test_a_dra_nodes_key_gives_the_first_free_gpus_in_slice_order() -> None:
     state.claims.apply("ADDED", allocated_claim("c1", DRA, [f"gpu-{order[0]}"]))
     dra = state.keys_for([DRA])[0]
     assert isinstance(dra, NodeKey) and dra.deliverable(2) == (1 << order[1]) | (1 << order[2])
+
+
+def test_dra_nodes_of_other_orders_share_the_key_of_what_their_first_fit_gives() -> None:
+    clock = ManualClock()
+    nodes = {f"dra-{index}": ("rtx-a6000-pairs", ()) for index in range(3)}
+    state = reported_cluster(nodes, clock=clock)
+    orders = {"dra-0": (4, 5, 0, 1, 2, 3, 6, 7), "dra-1": (4, 5, 1, 0, 7, 6, 3, 2), "dra-2": (0, 5, 4, 1, 2, 3, 6, 7)}
+    for name, order in orders.items():
+        uuids = [gpu.uuid or "" for gpu in with_uuids(name, PLATFORMS["rtx-a6000-pairs"].topology()).gpus]
+        state.slices.apply("ADDED", gpu_slice(name, (), seed=None, devices=[gpu_device(i, uuids[i]) for i in order]))
+    keys = state.keys_for(list(orders))
+    assert len(set(keys)) == 3  # three orders, three keys
+    verdicts, given = state.given_keys(2, verdict=True), state.given_keys(2)
+    assert verdicts is not None and given is not None
+    assert verdicts[keys[0]] is verdicts[keys[1]] is not verdicts[keys[2]]  # 4-5 first on both, 0-5 on the third
+    assert given[keys[0]] is given[keys[1]] and given[keys[0]].deliverable(2) == 0b110000
+    sized = state.given_keys(3, verdict=True)
+    assert sized is not None and sized[keys[0]] is not verdicts[keys[0]]  # each size has its own
+    assert reported_cluster(nodes).given_keys(2) is None  # no DRA node: nothing to read through

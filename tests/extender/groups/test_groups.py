@@ -26,7 +26,7 @@ from extender.groups.layouts import fewest_blocks
 from extender.groups.sizes import GroupSizes
 from extender.verbs.group_placement import DRAIN_HORIZON_SECONDS, ELSEWHERE
 from extender.verbs.service import ExtenderService
-from helpers.dra_objects import allocated_claim, gpu_slice
+from extender.demo.dra_objects import allocated_claim, gpu_slice
 from helpers.reported_nodes import ManualClock, reported_cluster
 from topology.annotations import AnnotationKeys
 from topology.collectives import split_slowdown

@@ -3,7 +3,7 @@ the GPUs a claim holds on a DRA node leave its free mask, and readiness waits fo
 
 from __future__ import annotations
 
-from helpers.dra_objects import allocated_claim, gpu_slice
+from extender.demo.dra_objects import allocated_claim, gpu_slice
 from helpers.kube_api_server import CLAIMS, SLICES, FakeKubeApiServer, kube_server_fixture, wait_until
 from helpers.reported_nodes import reported_cluster
 from kubernetes import client as k8s

@@ -11,7 +11,7 @@ from extender.cache.cluster_state import ClusterState
 from extender.cache.node_view import NodeKey
 from extender.demo.cluster import DemoCluster, with_uuids
 from extender.verbs.service import ExtenderService
-from helpers.dra_objects import allocated_claim, gpu_device, gpu_slice
+from extender.demo.dra_objects import allocated_claim, gpu_device, gpu_slice
 from helpers.reported_nodes import reported_cluster
 from topology.platforms import PLATFORMS
 
