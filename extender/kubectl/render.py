@@ -23,6 +23,11 @@ from topology.fabric import CLIQUE_LABEL, describe
 _GAP = "   "  # kubectl's column gap
 
 
+_GPUS_FROM = {"device-plugin": "the device plugin (the extender picks them)",
+              "dra-gpu": "a DRA driver's ResourceSlices (kube-scheduler's DRA plugin picks them, first fit)",
+              "compute-domain-only": "the device plugin, beside a ComputeDomain driver's IMEX channels"}
+
+
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "") -> str:
     widths = [max(len(row[column]) for row in (header, *rows)) for column in range(len(header))]
     return "\n".join(indent + _GAP.join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
@@ -31,11 +36,12 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = ""
 
 def nodes_table(rows: Sequence[NodeRow], wide: bool) -> str:
     header = ["NAME", "MODEL", "FREE", *(f"RING-{size}" for size in SIZES), "WHOLE",
-              *(["UNHEALTHY", "OBSERVED"] if wide else []), "DOMAIN", "STATE"]
+              *(["UNHEALTHY", "OBSERVED", "GPUS-FROM"] if wide else []), "DOMAIN", "STATE"]
     lines = []
     for row in rows:
         rings = dict(row.rings)
-        extra = [str(row.unhealthy), "-" if row.observed is None else rfc3339(row.observed)] if wide else []
+        extra = [str(row.unhealthy), "-" if row.observed is None else rfc3339(row.observed),
+                 row.gpus_from] if wide else []
         lines.append([row.name, row.model or "-", _free(row), *(gbps(rings.get(size)) for size in SIZES),
                       whole_sets(row) or "-", *extra, _domain(row, wide), _state(row)])
     return table(header, lines) if lines else "No GPU nodes found."
@@ -49,6 +55,7 @@ def node_text(detail: NodeDetail, wide: bool) -> str:
     else:
         parts.append(f"node {row.name}: no topology to show")
     parts.append(f"\nState: {_state(row)}")
+    parts.append(f"GPUs from: {_GPUS_FROM[row.gpus_from]}")
     parts.append(f"{describe(row.domain)} (the agent's reading and label {CLIQUE_LABEL}: "
                  f"{detail.label or 'none'}, reconciled)")
     if detail.holders:

@@ -126,14 +126,18 @@ class Settings:
 
 
 def snapshot(nodes: Sequence[dict[str, Any]], pods: Sequence[dict[str, Any]], settings: Settings,
-             now: float | None = None, events: Sequence[dict[str, Any]] = ()) -> Snapshot:
-    """The extender's view of these objects: nodes first (a bind record is read against its node), then pods."""
+             now: float | None = None, events: Sequence[dict[str, Any]] = (),
+             dra: tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]] = ((), ())) -> Snapshot:
+    """The extender's view of these objects: nodes first (a bind record is read against its node), then DRA's
+    ResourceSlices and ResourceClaims (`dra`), then pods."""
     moment = time.time() if now is None else now
     state = ClusterState(settings.keys, settings.resource, settings.stale_after, clock=lambda: moment,
                          seal=_SealedAsWritten())
     GroupPlans(state)  # members' sealed plans are read back, and their open slots held, as the extender does
     state.nodes.replace(list(nodes))
     state.nodes.synced()
+    state.slices.replace(list(dra[0]))
+    state.claims.replace(list(dra[1]))
     state.pods.replace(list(pods))
     state.pods.synced()
     by_name = {str((node.get("metadata") or {}).get("name") or ""): node for node in nodes}
@@ -143,11 +147,21 @@ def snapshot(nodes: Sequence[dict[str, Any]], pods: Sequence[dict[str, Any]], se
 def read_cluster(api: PluginApi, settings: Settings) -> Snapshot:
     nodes, _ = api.list_nodes()
     pods, _ = api.list_pods()
-    return snapshot(nodes, pods, settings)
+    return snapshot(nodes, pods, settings, dra=read_dra(api))
 
 
 def read_node(api: PluginApi, name: str, settings: Settings) -> Snapshot:
-    return snapshot([api.get_node(name)], api.list_pods_on(name), settings)
+    return snapshot([api.get_node(name)], api.list_pods_on(name), settings, dra=read_dra(api))
+
+
+def read_dra(api: PluginApi) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """ResourceSlices and ResourceClaims; none where the API server serves no resource.k8s.io/v1 (before 1.34)."""
+    try:
+        return api.list_resource_slices()[0], api.list_resource_claims()[0]
+    except KubeError as error:
+        if error.status != 404:
+            raise
+        return [], []
 
 
 def read_pod(api: PluginApi, namespace: str, name: str, settings: Settings) -> tuple[dict[str, Any], Snapshot]:
@@ -158,7 +172,7 @@ def read_pod(api: PluginApi, namespace: str, name: str, settings: Settings) -> t
     node = (pod.get("spec") or {}).get("nodeName")
     nodes = [api.get_node(node)] if node else api.list_nodes()[0]
     pods, _ = api.list_pods()
-    return pod, snapshot(nodes, pods, settings, events=events)
+    return pod, snapshot(nodes, pods, settings, events=events, dra=read_dra(api))
 
 
 def _event_time(event: Mapping[str, Any]) -> str:

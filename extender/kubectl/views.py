@@ -76,13 +76,14 @@ class NodeRow:
     domain: Domain  # the agent's reading and the nvidia.com/gpu.clique label, reconciled
     health: Health
     observed: float | None  # when the agent last looked, epoch seconds
+    gpus_from: str  # who hands out its GPUs: device-plugin, dra-gpu, compute-domain-only (cache/dra_inventory.py)
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "model": self.model, "gpus": self.total, "free": self.free,
                 "unhealthy": self.unhealthy, "rings": {str(size): ring for size, ring in self.rings},
                 "whole": {str(size): count for size, count in self.whole}, "domain": self.domain.name,
                 "domainProblem": self.domain.problem, "state": self.health.status, "reason": self.health.reason,
-                "observed": None if self.observed is None else rfc3339(self.observed)}
+                "observed": None if self.observed is None else rfc3339(self.observed), "gpusFrom": self.gpus_from}
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +225,7 @@ def node_row(snap: Snapshot, selector: Selector, name: str) -> NodeRow:
                       if size <= healthy.bit_count())
     return NodeRow(name, topology.gpus[0].model if topology else None,
                    topology.size if topology else _allocatable(snap, name), free, view.unhealthy.bit_count(),
-                   rings, whole, view.domain, health, view.observed)
+                   rings, whole, view.domain, health, view.observed, snap.state.dra.node_class(name).value)
 
 
 def node_health(snap: Snapshot, view: NodeView) -> Health:

@@ -29,9 +29,10 @@ import pytest
 from extender.api.wire import BindingArgs, ExtenderArgs
 from extender.cache.cluster_state import ClusterState
 from extender.demo.cluster import DemoCluster
+from extender.demo.dra_objects import allocated_claim, gpu_slice
 from extender.kubectl.plugin import main
 from extender.verbs.service import ExtenderService
-from helpers.kube_api_server import FakeKubeApiServer, now_rfc3339
+from helpers.kube_api_server import CLAIMS, SLICES, FakeKubeApiServer, now_rfc3339
 from topology.cli import render
 from topology.codec import NodeState, decode_topology, encode_state
 from topology.fabric import CLIQUE_LABEL, Domain
@@ -361,3 +362,19 @@ def test_the_executable_kubectl_finds_is_installed(loaded: Loaded) -> None:
                           text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert rows(done.stdout)["a6000-1"]["FREE"] == "2/8"
+
+
+def test_a_dra_node_shows_where_its_gpus_come_from_and_what_its_claims_hold(tmp_path: Path, capsys) -> None:
+    cluster = DemoCluster(ClusterState(), (("a6000-dra", "rtx-a6000-pairs"),))
+    uuids = [gpu.uuid or "" for gpu in cluster.topologies["a6000-dra"].gpus]
+    with FakeKubeApiServer() as server:
+        server.add_node(cluster.list_nodes()[0][0])
+        server.put_dra(SLICES, gpu_slice("a6000-dra", uuids, seed=3))
+        server.put_dra(CLAIMS, allocated_claim("c1", "a6000-dra", ["gpu-0", "gpu-5", "gpu-6"]))
+        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+        code = main(["nodes", "-o", "json", "--kubeconfig", str(kubeconfig)])
+        (item,) = orjson.loads(capsys.readouterr().out)["items"]
+        assert code == 0 and (item["gpusFrom"], item["free"]) == ("dra-gpu", 5)
+        assert main(["node", "a6000-dra", "--kubeconfig", str(kubeconfig)]) == 0
+        assert "GPUs from: a DRA driver's ResourceSlices (kube-scheduler's DRA plugin picks them, first fit)" in \
+            capsys.readouterr().out
