@@ -20,6 +20,7 @@ from extender.cache.domains import DomainIndex
 from extender.cache.ledger import BIND_OUTCOME_SECONDS
 from extender.cache.seal import Seal
 from extender.demo.cluster import DemoCluster
+from extender.demo.dra import run_dra_demo
 from extender.demo.groups import run_groups_demo
 from extender.demo.mixed_pods import run_demo
 from extender.demo.shared import run_shared_demo
@@ -134,8 +135,8 @@ def _parser() -> argparse.ArgumentParser:
     election.add_argument("--leader-elect-retry-period", type=float, default=DEFAULT_TIMINGS.retry_period,
                           metavar="SECONDS", help="how often to renew, or to try to acquire (default 2)")
     serve.set_defaults(run=_serve)
-    demo = commands.add_parser("demo", help="drive mixed pods, shared GPUs and groups on NVL72 racks through the "
-                                            "demo server, and compare with count-only placement")
+    demo = commands.add_parser("demo", help="drive mixed pods, shared GPUs, groups on NVL72 racks and DRA nodes "
+                                            "through the demo server, and compare with count-only placement")
     demo.set_defaults(run=_demo)
     return parser
 
@@ -280,6 +281,7 @@ def _demo(_: argparse.Namespace) -> int:
     run_demo()
     run_shared_demo()
     run_groups_demo()
+    run_dra_demo()
     return 0
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from extender.cache.cluster_state import ClusterState
 from extender.kube.client import Conflict, KubeError
+from extender.demo.dra_objects import allocated_claim, gpu_device, gpu_slice
 from topology.agent.claims import Allocation, Board, Delivered, Preferred, identify, read_pod, remember
 from topology.codec import NodeState, encode_state, encode_topology
 from topology.model import Topology, installed_subset
@@ -65,11 +66,13 @@ class DemoCluster:
     def __init__(self, state: ClusterState, nodes: Sequence[tuple[str, str]] = DEMO_NODES,
                  clock: Callable[[], float] = time.time, boards: Mapping[str, Topology] | None = None,
                  shared: Mapping[str, SharedNode] | None = None,
-                 labels: Mapping[str, Mapping[str, str]] | None = None) -> None:
+                 labels: Mapping[str, Mapping[str, str]] | None = None,
+                 dra: Mapping[str, tuple[int, ...]] | None = None) -> None:
         """`boards` gives the board of a node, by name, that has other GPUs than its platform's capture (the
         benchmark replay's nodes with some of a board's GPUs installed); `shared` the nodes whose GPUs are
         shared, whose kubelet hands out replicas or MIG slices as NVIDIA's device plugin does there; `labels`
-        a node's labels, by name (GPU feature discovery's nvidia.com/gpu.clique, the network levels')."""
+        a node's labels, by name (GPU feature discovery's nvidia.com/gpu.clique, the network levels'); `dra` the
+        nodes whose GPUs NVIDIA's DRA driver publishes, each with the order its slice lists them in."""
         self.state = state
         self.clock = clock
         self.shared = dict(shared or {})
@@ -88,8 +91,14 @@ class DemoCluster:
         self._generation = 0
         self._topology_text: dict[str, tuple[Topology, str]] = {}
         self._lock = threading.RLock()
+        self.dra = dict(dra or {})
+        self.claims: dict[str, tuple[str, tuple[int, ...]]] = {}  # pod uid -> (node, GPUs) its DRA claim holds
         state.nodes.replace([self._node(name) for name in self.topologies])
         state.nodes.synced()
+        state.slices.replace([gpu_slice(name, (), seed=None, devices=[
+            gpu_device(index, self.topologies[name].gpus[index].uuid or "") for index in order])
+            for name, order in self.dra.items()])
+        state.claims.replace([])
         state.pods.replace([])
         state.pods.synced()
 
@@ -116,6 +125,10 @@ class DemoCluster:
             self.state.pods.apply("MODIFIED", pod)
             if node in self.shared:
                 self._admit_shared(node, pod)
+            elif node in self.dra:
+                gpus = self.topologies[node].gpus
+                self.delivered[uid] = {pod["spec"]["containers"][0]["name"]:
+                                       tuple(gpus[index].uuid or "" for index in self.claims[uid][1])}
             else:
                 self._admit(node, pod)
             self.report(node)
@@ -130,8 +143,30 @@ class DemoCluster:
         node = self.pods[uid]["spec"]["nodeName"]
         return self.indices(node, (gpu for ids in self.delivered[uid].values() for gpu in ids))
 
+    def first_fit(self, node: str, count: int) -> tuple[int, ...] | None:
+        """What kube-scheduler's DRA allocator gives a request of `count` whole GPUs on a DRA node: the first
+        devices in the slice's order that no claim holds, or None where too few are free."""
+        held = {index for where, gpus in self.claims.values() if where == node for index in gpus}
+        free = [index for index in self.dra[node] if index not in held]
+        return tuple(free[:count]) if len(free) >= count else None
+
+    def allocate(self, uid: str, node: str) -> None:
+        """kube-scheduler's DRA PreBind for a pod asking `nvidia.com/gpu` on a DRA node (KEP-5004): its claim,
+        allocated to the first fit and reserved for the pod, before the extender's bind."""
+        with self._lock:
+            count = int(self.pods[uid]["spec"]["containers"][0]["resources"]["requests"][self.state.resource])
+            gpus = self.first_fit(node, count)
+            if gpus is None:
+                raise RuntimeError(f"node {node} has no {count} devices free")
+            self.claims[uid] = (node, gpus)
+            self.state.claims.apply("ADDED", allocated_claim(uid, node, [f"gpu-{index}" for index in gpus],
+                                                             pods=[uid], extended=True))
+
     def allocatable(self, node: str) -> int:
-        """The node's devices of the GPU resource: its GPUs, or their replicas or slices on a shared node."""
+        """The node's devices of the GPU resource: its GPUs, or their replicas or slices on a shared node; none on
+        a DRA node (its GPUs are in its ResourceSlice)."""
+        if node in self.dra:
+            return 0
         shared = self.shared.get(node)
         return self.topologies[node].size * (1 if shared is None else shared.devices_per_gpu)
 
@@ -240,6 +275,9 @@ class DemoCluster:
             if pod["spec"].get("nodeName"):
                 self._on_node[pod["spec"]["nodeName"]].pop(uid, None)
             self.delivered.pop(uid, None)
+            claim = self.claims.pop(uid, None)
+            if claim is not None:
+                self.state.claims.apply("DELETED", allocated_claim(uid, claim[0], []))
             pod["status"]["phase"] = "Succeeded"
             self.state.pods.apply("DELETED", pod)
             if pod["spec"].get("nodeName"):

@@ -11,7 +11,7 @@ import http.client
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -72,8 +72,11 @@ class Scheduler:
                  trace: TracebackType | None) -> None:
         self._connection.close()
 
-    def cycle(self, pod: Mapping[str, Any], candidates: Sequence[str]) -> Cycle:
-        """Filter the candidates, prioritize those that pass, bind to the highest score (the first of equals)."""
+    def cycle(self, pod: Mapping[str, Any], candidates: Sequence[str],
+              prebind: Callable[[str], None] | None = None) -> Cycle:
+        """Filter the candidates, prioritize those that pass, bind to the highest score (the first of equals).
+        `prebind` is told the node first, as kube-scheduler's PreBind plugins run before the extender's bind
+        (its DRA plugin writes the pod's claims there)."""
         verdict = self._post("/filter", {"Pod": pod, "Nodes": None, "NodeNames": list(candidates)})
         refused = {**verdict["FailedNodes"], **verdict["FailedAndUnresolvableNodes"]}
         passed = verdict["NodeNames"]
@@ -84,6 +87,8 @@ class Scheduler:
         scores = {name: given.get(name, 0) for name in passed}
         node = max(passed, key=lambda name: scores[name])
         meta = pod["metadata"]
+        if prebind is not None:
+            prebind(node)
         answer = self._post("/bind", {"PodName": meta["name"], "PodNamespace": meta["namespace"],
                                       "PodUID": meta["uid"], "Node": node})
         if answer["Error"]:
