@@ -79,6 +79,7 @@ from helpers.kube_scheduler_rules import (
 )
 
 from extender.api.dra import CLAIMS_MARKER
+from extender.cache.dra_inventory import DraInventory
 from topology.annotations import AnnotationKeys
 
 NAMESPACE = "gpu-topology-system"
@@ -174,8 +175,9 @@ def test_no_secret_material_is_committed() -> None:
 
 # Installed by hand where their CRDs exist: cert-manager.yaml (TLS option 1, with its admission policy) and
 # prometheus-rule.yaml (the Prometheus Operator's); and where the API server has its kind: dra-claims-policy.yaml
-# (MutatingAdmissionPolicy, GA in Kubernetes 1.36), on DRA clusters.
-OPTIONAL_FILES = {"cert-manager.yaml", "prometheus-rule.yaml", "dra-claims-policy.yaml"}
+# (MutatingAdmissionPolicy, GA in Kubernetes 1.36), on DRA clusters; and into users' namespaces:
+# dra-claim-templates.yaml.
+OPTIONAL_FILES = {"cert-manager.yaml", "prometheus-rule.yaml", "dra-claims-policy.yaml", "dra-claim-templates.yaml"}
 
 
 def test_kustomization_installs_every_manifest_but_the_optional_ones() -> None:
@@ -1927,3 +1929,16 @@ def test_the_real_extender_runs_the_deployments_command_line_with_mtls(certs: tu
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(timeout=10)
+
+
+def test_the_shipped_claim_templates_are_counted_by_the_extender_as_their_names_say() -> None:
+    """Each template of dra-claim-templates.yaml, made into a claim as the resourceclaim controller makes it, asks
+    the extender for as many GPUs as its name says (extender/cache/dra_inventory.py)."""
+    inventory = DraInventory()
+    templates = [doc for _, doc in _docs() if doc.get("kind") == "ResourceClaimTemplate"]
+    assert [doc["metadata"]["name"] for doc in templates] == ["gpus-1", "gpus-2", "gpus-4", "gpus-8"]
+    for doc in templates:
+        name = doc["metadata"]["name"]
+        inventory.apply_claim("ADDED", {"metadata": {"name": f"pod-{name}", "namespace": "ml", "uid": name},
+                                        "spec": doc["spec"]["spec"]})
+        assert inventory.requested_gpus("ml", [f"pod-{name}"]) == int(name.split("-")[1])
