@@ -95,15 +95,15 @@ def pod_claims(spec: Mapping[str, Any], status: Any) -> tuple[str, ...]:
     if not isinstance(claims, list) or len(claims) > bounds.MAX_POD_CLAIMS:
         raise ValueError(f"spec.resourceClaims: expected a list of at most {bounds.MAX_POD_CLAIMS}")
     statuses = (status or {}).get("resourceClaimStatuses") or [] if isinstance(status, dict) else []
-    made = {entry.get("name"): entry.get("resourceClaimName") for entry in statuses[:bounds.MAX_POD_CLAIMS]
-            if isinstance(entry, dict)} if isinstance(statuses, list) else {}
+    made = {entry["name"]: entry.get("resourceClaimName") for entry in statuses[:bounds.MAX_POD_CLAIMS]
+            if isinstance(entry, dict) and isinstance(entry.get("name"), str)} if isinstance(statuses, list) else {}
     names = []
     for i, claim in enumerate(claims):
         if not isinstance(claim, dict):
             raise ValueError(f"spec.resourceClaims[{i}]: expected an object")
         name = claim.get("resourceClaimName")
         if name is None and claim.get("resourceClaimTemplateName") is not None:
-            if claim.get("name") not in made:
+            if not isinstance(claim.get("name"), str) or claim["name"] not in made:
                 raise ClaimUnseen(f"spec.resourceClaims[{i}]: its claim is not made from its template yet")
             name = made[claim.get("name")]
             if name is None:

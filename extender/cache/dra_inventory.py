@@ -94,7 +94,8 @@ class DraInventory:
         if kind == "DELETED":
             self._drop_claim(uid)
             key = f"{_metadata(obj, 'namespace')}/{_metadata(obj, 'name')}"
-            if self._requested.get(key, ("",))[0] == uid:
+            found = self._requested.get(key)
+            if found is not None and found[0] == uid:
                 del self._requested[key]
             return
         try:

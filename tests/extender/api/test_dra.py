@@ -6,10 +6,15 @@ import copy
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from extender.api.dra import ClaimUnseen, DraError, parse_claim, parse_slice, pod_claims
+from extender.api.pod_request import parse_pod
+from extender.cache.dra_inventory import DraInventory
 from extender.demo.cluster import with_uuids
 from extender.demo.dra_objects import allocated_claim, gpu_device, gpu_slice, mig_device
+from topology.annotations import AnnotationKeys
 from topology.platforms import PLATFORMS
 
 UUIDS = [gpu.uuid or "" for gpu in with_uuids("a6000-0", PLATFORMS["rtx-a6000-pairs"].topology()).gpus]
@@ -140,3 +145,21 @@ def test_a_pods_claims_are_the_ones_it_names_and_those_made_from_its_templates()
         pod_claims(spec, {})
     with pytest.raises(ValueError, match="at most 128"):
         pod_claims({"resourceClaims": [{"name": "x", "resourceClaimName": "y"}] * 129}, {})
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**64, 2**64) | st.text(max_size=70),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=20), inner,
+                                                                                max_size=5), max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(claims=_JSON | st.lists(st.fixed_dictionaries({}, optional={
+           "name": _JSON, "resourceClaimName": _JSON, "resourceClaimTemplateName": _JSON}), max_size=4),
+       status=_JSON | st.fixed_dictionaries({}, optional={"resourceClaimStatuses": _JSON | st.lists(
+           st.fixed_dictionaries({}, optional={"name": _JSON, "resourceClaimName": _JSON}), max_size=4)}))
+def test_any_pod_claims_read_as_names_or_a_reason_never_a_crash(claims: object, status: object) -> None:
+    pod = {"metadata": {"name": "p", "namespace": "ml", "uid": "u"},
+           "spec": {"containers": [{"name": "c"}], "resourceClaims": claims}, "status": status}
+    parsed = parse_pod(pod, AnnotationKeys(), claims=DraInventory())
+    assert parsed.problem is None or isinstance(parsed.problem, str)
+    assert parsed.problem is not None or parsed.gpus == 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from extender.api.dra import ClaimUnseen
 from extender.cache.dra_inventory import DraInventory, NodeClass
@@ -144,3 +146,30 @@ def test_the_gpus_a_pods_claims_hold_on_a_node_are_its_own() -> None:
     inventory.apply_claim("ADDED", allocated_claim("c2", NODE, ["gpu-4"], pods=["p2"]))
     assert inventory.held_by("p1", NODE) == {UUIDS[2], UUIDS[6]}
     assert inventory.held_by("p1", "other") == frozenset() and inventory.held_by("p3", NODE) == frozenset()
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**64, 2**64) | st.text(max_size=70),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=20), inner,
+                                                                                max_size=5), max_leaves=20)
+_FIELDS = {"metadata": st.fixed_dictionaries({}, optional={"name": _JSON, "namespace": _JSON, "uid": _JSON,
+                                                           "annotations": _JSON}),
+           "spec": _JSON | st.fixed_dictionaries({}, optional={"driver": _JSON, "nodeName": _JSON, "pool": _JSON,
+                                                               "devices": _JSON}),
+           "status": _JSON | st.fixed_dictionaries({}, optional={"allocation": _JSON, "reservedFor": _JSON})}
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(events=st.lists(st.tuples(st.sampled_from(["slice", "claim"]), st.sampled_from(["ADDED", "MODIFIED",
+                                                                                        "DELETED"]),
+                                  _JSON | st.fixed_dictionaries({}, optional=_FIELDS)), max_size=8))
+def test_any_object_a_watch_may_deliver_is_kept_or_refused_with_why_never_raised(
+        events: list[tuple[str, str, object]]) -> None:
+    inventory, _ = _inventory()
+    inventory.apply_claim("ADDED", allocated_claim("c1", NODE, ["gpu-1"], pods=["p1"]))
+    for kind, event, obj in events:
+        (inventory.apply_slice if kind == "slice" else inventory.apply_claim)(event, obj)
+        taken = inventory.taken(NODE, UUIDS)
+        assert taken is None or taken <= set(UUIDS)
+        assert all(isinstance(why, str) and why for why in inventory.refused.values())
+        assert inventory.unknown_devices() >= 0 and inventory.pods_on(NODE) <= {"p1"} | inventory.pods_on(NODE)
+    assert inventory.node_class(NODE) in set(NodeClass)
