@@ -76,6 +76,7 @@ class DeviceRequest:
     name: str
     alternatives: tuple[tuple[str, int], ...]
     admin_access: bool
+    selected: bool = False  # CEL selectors of its own narrow the devices: the allocator's pick is not the first fit
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +217,8 @@ def _request(request: Any, where: str) -> DeviceRequest:
         raise DraError(f"{where}: exactly one of exactly and firstAvailable must be set")
     if exactly is not None:
         return DeviceRequest(name, (_alternative(exactly, f"{where}.exactly"),),
-                             isinstance(exactly, dict) and exactly.get("adminAccess") is True)
+                             isinstance(exactly, dict) and exactly.get("adminAccess") is True,
+                             isinstance(exactly, dict) and bool(exactly.get("selectors")))
     if not isinstance(first, list) or not 0 < len(first) <= bounds.MAX_FIRST_AVAILABLE:
         raise DraError(f"{where}: firstAvailable: expected 1 to {bounds.MAX_FIRST_AVAILABLE} alternatives")
     return DeviceRequest(name, tuple(_alternative(sub, f"{where}.firstAvailable[{i}]") for i, sub in enumerate(first)),

@@ -47,6 +47,7 @@ class PodRequest:
     deadline_seconds: int | None = None  # spec.activeDeadlineSeconds: the longest it runs once started
     comm_share: float | None = None  # its stated share of step time in all-reduce; None: the extender's
     transient: bool = False  # its problem passes by itself (a claim the watch has not delivered yet)
+    selected: bool = False  # its GPU claims narrow the devices by selectors: no first fit predicts its GPUs
 
     @property
     def requires_topology(self) -> bool:
@@ -66,7 +67,7 @@ class PodRequest:
 class ClaimCounter(Protocol):
     """What a pod's DRA claims ask for (extender/cache/dra_inventory.py)."""
 
-    def requested_gpus(self, namespace: str, names: Iterable[str]) -> int: ...
+    def requested_gpus(self, namespace: str, names: Iterable[str]) -> tuple[int, bool]: ...
 
 
 def parse_pod(pod: Mapping[str, Any], keys: AnnotationKeys, resource: str = DEFAULT_GPU_RESOURCE,
@@ -86,9 +87,11 @@ def parse_pod(pod: Mapping[str, Any], keys: AnnotationKeys, resource: str = DEFA
         gpus = effective_gpu_request(spec, resource)
     except ValueError as error:
         return PodRequest(namespace, name, uid, 0, None, True, f"{resource}: {error}")
+    selected = False
     if claims is not None:
         try:
-            gpus += claims.requested_gpus(namespace, pod_claims(spec, pod.get("status")))
+            claimed, selected = claims.requested_gpus(namespace, pod_claims(spec, pod.get("status")))
+            gpus += claimed
         except ValueError as error:
             return PodRequest(namespace, name, uid, gpus, None, True, str(error), containers,
                               transient=isinstance(error, ClaimUnseen))
@@ -101,7 +104,7 @@ def parse_pod(pod: Mapping[str, Any], keys: AnnotationKeys, resource: str = DEFA
     except ValueError as error:
         return PodRequest(namespace, name, uid, gpus, None, True, str(error), containers)
     return PodRequest(namespace, name, uid, gpus, request, required, None, containers, wait_seconds, group,
-                      spec.get("activeDeadlineSeconds"), comm_share)
+                      spec.get("activeDeadlineSeconds"), comm_share, selected=selected)
 
 
 def pod_shape_problem(pod: Mapping[str, Any]) -> str | None:

@@ -55,7 +55,8 @@ class DraInventory:
         self._claims: dict[str, ResourceClaim] = {}  # only claims with a result of a GPU driver
         self._taken: dict[tuple[str, str, str], set[str]] = {}  # (driver, pool, device) -> claim uids
         self._claims_in: dict[PoolId, set[str]] = {}  # pool -> uids of the claims with a result in it
-        self._requested: dict[str, tuple[str, int]] = {}  # every claim's namespace/name -> (uid, GPUs it asks)
+        # Every claim's namespace/name -> (uid, GPUs it asks, whether selectors of its own narrow their devices).
+        self._requested: dict[str, tuple[str, int, bool]] = {}
         self.refused: dict[str, str] = {}  # object -> why it was refused, for the log and the metric
 
     # -- watches ---------------------------------------------------------------------------------------
@@ -108,7 +109,8 @@ class DraInventory:
         if parsed.key not in self._requested and len(self._requested) >= bounds.MAX_CLAIMS:
             self._refuse(f"ResourceClaim {uid[:63]}", f"more than {bounds.MAX_CLAIMS} claims are kept")
             return
-        self._requested[parsed.key] = (parsed.uid, self._gpus_asked(parsed))
+        self._requested[parsed.key] = (parsed.uid, self._gpus_asked(parsed), any(
+            request.selected for request in parsed.requests if request.alternatives[0][0] in self.gpu_classes))
         self._drop_claim(parsed.uid)
         results = [result for result in parsed.results if result.driver in self.gpu_drivers and not result.admin_access]
         if not results:
@@ -156,17 +158,20 @@ class DraInventory:
                     blocked.add(device.parent_uuid)
         return frozenset(gpu for gpu in gpu_ids if gpu not in usable or gpu in blocked)
 
-    def requested_gpus(self, namespace: str, names: Iterable[str]) -> int:
+    def requested_gpus(self, namespace: str, names: Iterable[str]) -> tuple[int, bool]:
         """The whole GPUs a pod's claims ask for: each request's first alternative (the one the allocator tries
         first) of a GPU class. A request for all of a class's devices (allocation mode All) counts none: its size
-        is the node's, and kube-scheduler's DRA plugin places it. ClaimUnseen for a claim not delivered yet."""
-        total = 0
+        is the node's, and kube-scheduler's DRA plugin places it. And whether a GPU request has CEL selectors of its
+        own, which narrow the devices (a UUID pin, a product): then the allocator's pick is not the node's first
+        fit. ClaimUnseen for a claim not delivered yet."""
+        total, selected = 0, False
         for name in names:
             found = self._requested.get(f"{namespace}/{name}")
             if found is None:
                 raise ClaimUnseen(f"ResourceClaim {namespace}/{name[:63]} is not seen yet")
             total += found[1]
-        return total
+            selected = selected or found[2]
+        return total, selected
 
     def order(self, node: str) -> tuple[str, ...]:
         """The UUIDs of the node's whole GPUs in the order kube-scheduler's allocator tries them: pools by (driver,

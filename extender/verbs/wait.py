@@ -52,9 +52,10 @@ class WaitClock:
     def waits(self, pod: PodRequest, now: float) -> bool:
         """The pod still holds out for a full-bandwidth set: it asks for 2 GPUs or more, requires nothing
         itself (a stated requirement is its own, unbounded, wait) and its wait (its own annotation, else the
-        extender's) has not run out."""
+        extender's) has not run out. A pod whose DRA claims narrow their devices by selectors does not wait: the
+        first fit the extender predicts is not what the allocator will give it (a UUID pin, say)."""
         request = pod.request
-        if request is None or request.count < 2 or pod.required or not pod.uid:
+        if request is None or request.count < 2 or pod.required or not pod.uid or pod.selected:
             return False
         return self.holds(pod.uid, self.seconds(pod), now)
 

@@ -1941,4 +1941,4 @@ def test_the_shipped_claim_templates_are_counted_by_the_extender_as_their_names_
         name = doc["metadata"]["name"]
         inventory.apply_claim("ADDED", {"metadata": {"name": f"pod-{name}", "namespace": "ml", "uid": name},
                                         "spec": doc["spec"]["spec"]})
-        assert inventory.requested_gpus("ml", [f"pod-{name}"]) == int(name.split("-")[1])
+        assert inventory.requested_gpus("ml", [f"pod-{name}"]) == (int(name.split("-")[1]), False)

@@ -118,8 +118,8 @@ def test_a_pods_claims_ask_the_gpus_of_their_first_alternatives_of_a_gpu_class()
     inventory.apply_claim("ADDED", _pending("b", [{"name": "either", "firstAvailable": [
         {"name": "four", "deviceClassName": "gpu.nvidia.com", "count": 4},
         {"name": "two", "deviceClassName": "gpu.nvidia.com", "count": 2}]}]))
-    assert inventory.requested_gpus("ml", ["claim-a"]) == 2
-    assert inventory.requested_gpus("ml", ["claim-a", "claim-b"]) == 6
+    assert inventory.requested_gpus("ml", ["claim-a"]) == (2, False)
+    assert inventory.requested_gpus("ml", ["claim-a", "claim-b"]) == (6, False)
     with pytest.raises(ClaimUnseen, match="ResourceClaim ml/claim-c is not seen yet"):
         inventory.requested_gpus("ml", ["claim-a", "claim-c"])
     with pytest.raises(ClaimUnseen):

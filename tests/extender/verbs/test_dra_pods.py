@@ -154,3 +154,21 @@ def test_a_pod_whose_claims_ask_no_gpu_passes_every_node_and_is_bound_plainly() 
     assert service.prioritize(ExtenderArgs(pod, NODES, None))[1] == [0, 0]
     assert service.bind(BindingArgs("train", "ml", "p1", NODES[0])) == ""
     assert binder.bindings == [(NODES[0], {})] and service.state.ledger.get("p1") is None
+
+
+def test_a_pod_whose_claim_pins_its_gpus_by_selector_does_not_wait_on_the_first_fit() -> None:
+    """A claim with a UUID selector is allocated exactly those GPUs (checked against kube-scheduler v1.36.2), not
+    the node's first fit: the extender cannot foresee a pick it does not compute, so it does not hold the pod back
+    for a full-bandwidth first fit (it would for up to --topology-wait on a node the claim alone allows)."""
+    service = _service()
+    service.state.claims.apply("ADDED", allocated_claim("busy", NODES[0], ["gpu-1", "gpu-3", "gpu-5", "gpu-7"]))
+    service.state.claims.apply("ADDED", allocated_claim("busy-1", NODES[1], ["gpu-1", "gpu-3", "gpu-5", "gpu-7"]))
+    claim = _template_claim()
+    claim["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
+        {"cel": {"expression": "device.attributes['gpu.nvidia.com'].uuid in ['GPU-a', 'GPU-b']"}}]
+    service.state.claims.apply("ADDED", claim)
+    assert service.pod_request(_claim_pod()).selected
+    assert service.filter(ExtenderArgs(_claim_pod(), NODES, None)).passed == NODES
+    plain = _template_claim()
+    service.state.claims.apply("MODIFIED", plain)
+    assert service.filter(ExtenderArgs(_claim_pod("2"), NODES, None)).passed == []  # no free pair first: it waits
