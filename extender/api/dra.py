@@ -28,6 +28,7 @@ EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS_SUBDOMAIN = bounds.DNS_SUBDOMAIN
+_PIN = re.compile(r"device\.attributes\['[a-z0-9.-]+'\]\.uuid in \[([^\]]*)\]")  # no nested quantifier
 _KEEP_OFF = frozenset({"NoSchedule", "NoExecute"})  # a taint of effect None only informs
 _SHOWN = 60
 
@@ -77,6 +78,17 @@ class DeviceRequest:
     alternatives: tuple[tuple[str, int], ...]
     admin_access: bool
     selected: bool = False  # CEL selectors of its own narrow the devices: the allocator's pick is not the first fit
+    pinned: frozenset[str] = frozenset()  # the GPUs a selector `...uuid in [...]` names: exactly those are given
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimAsk:
+    """What a pod's claims ask of GPUs: how many, whether selectors of their own narrow the devices, and the GPUs
+    a UUID pin names (then exactly those are given, wherever they are)."""
+
+    gpus: int = 0
+    selected: bool = False
+    pinned: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,13 +228,31 @@ def _request(request: Any, where: str) -> DeviceRequest:
     if (exactly is None) == (first is None):
         raise DraError(f"{where}: exactly one of exactly and firstAvailable must be set")
     if exactly is not None:
+        selectors = exactly.get("selectors") if isinstance(exactly, dict) else None
         return DeviceRequest(name, (_alternative(exactly, f"{where}.exactly"),),
-                             isinstance(exactly, dict) and exactly.get("adminAccess") is True,
-                             isinstance(exactly, dict) and bool(exactly.get("selectors")))
+                             isinstance(exactly, dict) and exactly.get("adminAccess") is True, bool(selectors),
+                             _pinned(selectors))
     if not isinstance(first, list) or not 0 < len(first) <= bounds.MAX_FIRST_AVAILABLE:
         raise DraError(f"{where}: firstAvailable: expected 1 to {bounds.MAX_FIRST_AVAILABLE} alternatives")
     return DeviceRequest(name, tuple(_alternative(sub, f"{where}.firstAvailable[{i}]") for i, sub in enumerate(first)),
                          False)
+
+
+def _pinned(selectors: Any) -> frozenset[str]:
+    """The GPU UUIDs a selector names as `device.attributes['<driver>'].uuid in ['GPU-...', ...]`, the form a pin
+    takes (research/dra.md §7, C1); none for any other selector, whose pick the extender does not compute."""
+    if not isinstance(selectors, list) or len(selectors) > bounds.MAX_DEVICE_SELECTORS:
+        return frozenset()
+    for selector in selectors:
+        cel = selector.get("cel") if isinstance(selector, dict) else None
+        expression = cel.get("expression") if isinstance(cel, dict) else None
+        found = _PIN.fullmatch(expression.strip()) if isinstance(expression, str) and len(expression) <= \
+            bounds.MAX_PIN_EXPRESSION else None
+        items = [item.strip() for item in found.group(1).split(",")] if found is not None else []
+        if items and all(len(item) > 2 and item[0] == item[-1] == "'" and bounds.valid_id(item[1:-1])
+                         for item in items):
+            return frozenset(item[1:-1] for item in items)
+    return frozenset()
 
 
 def _alternative(request: Any, where: str) -> tuple[str, int]:

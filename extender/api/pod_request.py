@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from extender.api.dra import ClaimUnseen, pod_claims
+from extender.api.dra import ClaimAsk, ClaimUnseen, pod_claims
 from extender.api.group_request import GroupRequest, parse_group
 from topology.annotations import AnnotationKeys
 from topology.bounds import MAX_ACTIVE_DEADLINE_SECONDS, MAX_TOPOLOGY_WAIT_SECONDS
@@ -48,6 +48,7 @@ class PodRequest:
     comm_share: float | None = None  # its stated share of step time in all-reduce; None: the extender's
     transient: bool = False  # its problem passes by itself (a claim the watch has not delivered yet)
     selected: bool = False  # its GPU claims narrow the devices by selectors: no first fit predicts its GPUs
+    pinned: frozenset[str] = frozenset()  # the GPUs its claims pin by UUID: exactly these are given
 
     @property
     def requires_topology(self) -> bool:
@@ -67,7 +68,7 @@ class PodRequest:
 class ClaimCounter(Protocol):
     """What a pod's DRA claims ask for (extender/cache/dra_inventory.py)."""
 
-    def requested_gpus(self, namespace: str, names: Iterable[str]) -> tuple[int, bool]: ...
+    def requested_gpus(self, namespace: str, names: Iterable[str]) -> ClaimAsk: ...
 
 
 def parse_pod(pod: Mapping[str, Any], keys: AnnotationKeys, resource: str = DEFAULT_GPU_RESOURCE,
@@ -87,11 +88,11 @@ def parse_pod(pod: Mapping[str, Any], keys: AnnotationKeys, resource: str = DEFA
         gpus = effective_gpu_request(spec, resource)
     except ValueError as error:
         return PodRequest(namespace, name, uid, 0, None, True, f"{resource}: {error}")
-    selected = False
+    ask = ClaimAsk()
     if claims is not None:
         try:
-            claimed, selected = claims.requested_gpus(namespace, pod_claims(spec, pod.get("status")))
-            gpus += claimed
+            ask = claims.requested_gpus(namespace, pod_claims(spec, pod.get("status")))
+            gpus += ask.gpus
         except ValueError as error:
             return PodRequest(namespace, name, uid, gpus, None, True, str(error), containers,
                               transient=isinstance(error, ClaimUnseen))
@@ -104,7 +105,7 @@ def parse_pod(pod: Mapping[str, Any], keys: AnnotationKeys, resource: str = DEFA
     except ValueError as error:
         return PodRequest(namespace, name, uid, gpus, None, True, str(error), containers)
     return PodRequest(namespace, name, uid, gpus, request, required, None, containers, wait_seconds, group,
-                      spec.get("activeDeadlineSeconds"), comm_share, selected=selected)
+                      spec.get("activeDeadlineSeconds"), comm_share, selected=ask.selected, pinned=ask.pinned)
 
 
 def pod_shape_problem(pod: Mapping[str, Any]) -> str | None:

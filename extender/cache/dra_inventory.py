@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable
 from enum import Enum
 from typing import Any
 
-from extender.api.dra import (COMPUTE_DOMAIN_DRIVER, GPU_CLASS, GPU_DRIVER, ClaimUnseen, DraError, ResourceClaim,
-                              ResourceSlice, SliceDevice, parse_claim, parse_slice)
+from extender.api.dra import (COMPUTE_DOMAIN_DRIVER, GPU_CLASS, GPU_DRIVER, ClaimAsk, ClaimUnseen, DraError,
+                              ResourceClaim, ResourceSlice, SliceDevice, parse_claim, parse_slice)
 from topology import bounds
 
 log = logging.getLogger(__name__)
@@ -55,8 +55,7 @@ class DraInventory:
         self._claims: dict[str, ResourceClaim] = {}  # only claims with a result of a GPU driver
         self._taken: dict[tuple[str, str, str], set[str]] = {}  # (driver, pool, device) -> claim uids
         self._claims_in: dict[PoolId, set[str]] = {}  # pool -> uids of the claims with a result in it
-        # Every claim's namespace/name -> (uid, GPUs it asks, whether selectors of its own narrow their devices).
-        self._requested: dict[str, tuple[str, int, bool]] = {}
+        self._requested: dict[str, tuple[str, ClaimAsk]] = {}  # every claim's namespace/name -> (uid, its ask)
         self.refused: dict[str, str] = {}  # object -> why it was refused, for the log and the metric
 
     # -- watches ---------------------------------------------------------------------------------------
@@ -109,8 +108,7 @@ class DraInventory:
         if parsed.key not in self._requested and len(self._requested) >= bounds.MAX_CLAIMS:
             self._refuse(f"ResourceClaim {uid[:63]}", f"more than {bounds.MAX_CLAIMS} claims are kept")
             return
-        self._requested[parsed.key] = (parsed.uid, self._gpus_asked(parsed), any(
-            request.selected for request in parsed.requests if request.alternatives[0][0] in self.gpu_classes))
+        self._requested[parsed.key] = (parsed.uid, self._ask(parsed))
         self._drop_claim(parsed.uid)
         results = [result for result in parsed.results if result.driver in self.gpu_drivers and not result.admin_access]
         if not results:
@@ -158,20 +156,21 @@ class DraInventory:
                     blocked.add(device.parent_uuid)
         return frozenset(gpu for gpu in gpu_ids if gpu not in usable or gpu in blocked)
 
-    def requested_gpus(self, namespace: str, names: Iterable[str]) -> tuple[int, bool]:
+    def requested_gpus(self, namespace: str, names: Iterable[str]) -> ClaimAsk:
         """The whole GPUs a pod's claims ask for: each request's first alternative (the one the allocator tries
         first) of a GPU class. A request for all of a class's devices (allocation mode All) counts none: its size
         is the node's, and kube-scheduler's DRA plugin places it. And whether a GPU request has CEL selectors of its
         own, which narrow the devices (a UUID pin, a product): then the allocator's pick is not the node's first
         fit. ClaimUnseen for a claim not delivered yet."""
-        total, selected = 0, False
+        total, selected, pinned = 0, False, frozenset[str]()
         for name in names:
             found = self._requested.get(f"{namespace}/{name}")
             if found is None:
                 raise ClaimUnseen(f"ResourceClaim {namespace}/{name[:63]} is not seen yet")
-            total += found[1]
-            selected = selected or found[2]
-        return total, selected
+            total += found[1].gpus
+            selected = selected or found[1].selected
+            pinned |= found[1].pinned
+        return ClaimAsk(total, selected, pinned)
 
     def order(self, node: str) -> tuple[str, ...]:
         """The UUIDs of the node's whole GPUs in the order kube-scheduler's allocator tries them: pools by (driver,
@@ -207,9 +206,12 @@ class DraInventory:
 
     # -- bookkeeping -----------------------------------------------------------------------------------
 
-    def _gpus_asked(self, claim: ResourceClaim) -> int:
-        return sum(request.alternatives[0][1] for request in claim.requests
-                   if request.alternatives[0][0] in self.gpu_classes and not request.admin_access)
+    def _ask(self, claim: ResourceClaim) -> ClaimAsk:
+        requests = [request for request in claim.requests
+                    if request.alternatives[0][0] in self.gpu_classes and not request.admin_access]
+        return ClaimAsk(sum(request.alternatives[0][1] for request in requests),
+                        any(request.selected for request in requests),
+                        frozenset(uuid for request in requests for uuid in request.pinned))
 
     def _settle(self, pool: PoolId) -> None:
         """The pool's newest generation, if complete: its devices and its node."""

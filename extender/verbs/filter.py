@@ -26,6 +26,8 @@ from topology.sharing import no_guarantee
 STALE = "no fresh GPU state from the node reporter"
 NO_TOPOLOGY = "no GPU topology reported"
 TOO_SMALL = "node has fewer healthy GPUs than the pod requests"
+PINNED_ELSEWHERE = "the pod's claims pin GPUs by UUID that this node does not have"
+PINNED_TAKEN = "the GPUs the pod's claims pin by UUID are not all free here"
 NOT_ENOUGH_FREE = "not enough free GPUs"
 BUDGET = "GPU topology too tangled to search within the work budget"
 
@@ -70,6 +72,8 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
         return FilterOutcome([], {}, {pod.problem: list(names)})
     if pod.request is None:
         return FilterOutcome(list(names), {}, {})
+    if pod.pinned:
+        return _pinned(state, pod.pinned, names)
     keys = keys_seen(state, names, drains, pod.uid, STALE, ends_by(pod, state.clock()), pod.request.count, True)
     distinct = set(unique(keys))
     waiting = wait is not None and wait.waits(pod, state.clock())
@@ -85,6 +89,22 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
         if verdict is not None:
             target = outcome.failed if verdict[1] else outcome.unresolvable
             target.setdefault(verdict[0], []).extend(groups[number])
+    return outcome
+
+
+def _pinned(state: ClusterState, pinned: frozenset[str], names: list[str]) -> FilterOutcome:
+    """A pod whose DRA claims pin GPUs by UUID gets exactly those, where they are (kube-scheduler's allocator
+    honours the pin): the node that has them all free passes. Such pods are few, and kube-scheduler's DRA plugin
+    has narrowed their names to that node already, so this looks at each name."""
+    outcome = FilterOutcome()
+    for name in names:
+        view = state.view(name)
+        if view is None or not pinned <= view.index_of.keys():
+            outcome.unresolvable.setdefault(PINNED_ELSEWHERE, []).append(name)
+        elif view.mask(pinned) & ~view.free:
+            outcome.failed.setdefault(PINNED_TAKEN, []).append(name)
+        else:
+            outcome.passed.append(name)
     return outcome
 
 

@@ -86,3 +86,34 @@ def test_claim_template_pods_reach_the_extender_and_get_the_nvlink_pair_it_predi
     assert cluster.extender_metric("gpu_topology_extender_decisions_total", verb="bind", outcome="bound") >= 2
     wait_until(lambda: cluster.extender_metric("gpu_topology_extender_dra_free_gpus") == 16 - 4, 30,
                "the extender counting the claims", watch=cluster.processes.values())
+
+
+def test_a_claim_pinned_by_uuid_gets_exactly_its_gpus_through_the_extender_without_waiting(
+        spec_cluster: Cluster) -> None:
+    """A claim whose selector names two GPUs by UUID (the pin a planner would write) on dra-0, whose first fit is
+    the crossed 0 and 5: kube-scheduler's allocator gives exactly the pinned pair, and the extender, which reads
+    the pin, passes dra-0 at once instead of waiting for a full-bandwidth first fit there."""
+    cluster = spec_cluster
+    uuids = [gpu.uuid or "" for gpu in cluster.topologies["dra-0"].gpus]
+    expression = f"device.attributes['{GPU_CLASS}'].uuid in ['{uuids[2]}', '{uuids[3]}']"
+    cluster.kube.create_namespaced_object(*RESOURCE, cluster.namespace, "resourceclaims", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "pinned"},
+        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+            "deviceClassName": GPU_CLASS, "count": 2, "selectors": [{"cel": {"expression": expression}}]}}]}}})
+    bound = cluster.extender_metric("gpu_topology_extender_decisions_total", verb="bind", outcome="bound")
+    pod = _claim_pod(cluster, "pinned-pod")
+    pod["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimName": "pinned"}]
+    cluster.kube.create_pod(pod)
+
+    def pinned() -> list[str] | None:
+        for claim in cluster.kube.list_objects(*RESOURCE, "resourceclaims"):
+            if claim["metadata"]["name"] == "pinned":
+                results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results")
+                return [f"{result['pool']}/{result['device']}" for result in results or []] or None
+        return None
+
+    assert wait_until(pinned, WAIT - 1, "the pinned claim allocated before a topology wait could pass",
+                      watch=cluster.processes.values()) == ["dra-0/gpu-2", "dra-0/gpu-3"]
+    wait_until(lambda: cluster.extender_metric("gpu_topology_extender_decisions_total", verb="bind",
+                                               outcome="bound") == bound + 1, 30, "the extender's bind",
+               watch=cluster.processes.values())

@@ -50,6 +50,9 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
     more is missing."""
     if pod.request is None:
         return [0] * len(names)
+    if pod.pinned:  # exactly the pinned GPUs, where they are (filter passed only that node)
+        return [MAX_SCORE if (view := state.view(name)) is not None and pod.pinned <= view.index_of.keys() else 0
+                for name in names]
     keys = keys_seen(state, names, drains, pod.uid, None, ends_by(pod, state.clock()), pod.request.count)
     distinct = set(unique(keys))
     boards = [key for key in distinct if isinstance(key, NodeKey)]

@@ -163,3 +163,18 @@ def test_any_pod_claims_read_as_names_or_a_reason_never_a_crash(claims: object, 
     parsed = parse_pod(pod, AnnotationKeys(), claims=DraInventory())
     assert parsed.problem is None or isinstance(parsed.problem, str)
     assert parsed.problem is not None or parsed.gpus == 0
+
+
+@pytest.mark.parametrize(("expression", "pinned"), [
+    ("device.attributes['gpu.nvidia.com'].uuid in ['GPU-a1', 'GPU-b2']", {"GPU-a1", "GPU-b2"}),
+    ("device.attributes['gpu.nvidia.com'].uuid in ['GPU-a1']", {"GPU-a1"}),
+    ("device.attributes['gpu.nvidia.com'].uuid in ['GPU a1']", set()),  # not a GPU id
+    ("device.attributes['gpu.nvidia.com'].productName == 'x'", set()),
+    ("device.attributes['gpu.nvidia.com'].uuid in ['GPU-a1'] || true", set()),  # more than a pin
+    ("device.attributes['gpu.nvidia.com'].uuid in [" + "'GPU-a' " * 1200, set()),  # hostile: no closing bracket
+    ("device.attributes['gpu.nvidia.com'].uuid in [" + "'GPU-a', " * 1000 + "]", set()),  # a trailing comma
+])
+def test_a_uuid_pin_is_read_from_its_selector_and_nothing_else_is(expression: str, pinned: set[str]) -> None:
+    claim = parse_claim(_claim_with([{"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1,
+                                                                  "selectors": [{"cel": {"expression": expression}}]}}]))
+    assert claim.requests[0].pinned == pinned and claim.requests[0].selected

@@ -10,6 +10,7 @@ from extender.api.wire import BindingArgs, ExtenderArgs
 from extender.cache.cluster_state import ClusterState
 from extender.cache.node_view import NodeKey
 from extender.demo.cluster import DemoCluster, with_uuids
+from extender.verbs.filter import PINNED_ELSEWHERE, PINNED_TAKEN
 from extender.verbs.service import ExtenderService
 from extender.demo.dra_objects import allocated_claim, gpu_device, gpu_slice
 from helpers.reported_nodes import reported_cluster
@@ -156,19 +157,35 @@ def test_a_pod_whose_claims_ask_no_gpu_passes_every_node_and_is_bound_plainly() 
     assert binder.bindings == [(NODES[0], {})] and service.state.ledger.get("p1") is None
 
 
-def test_a_pod_whose_claim_pins_its_gpus_by_selector_does_not_wait_on_the_first_fit() -> None:
-    """A claim with a UUID selector is allocated exactly those GPUs (checked against kube-scheduler v1.36.2), not
-    the node's first fit: the extender cannot foresee a pick it does not compute, so it does not hold the pod back
-    for a full-bandwidth first fit (it would for up to --topology-wait on a node the claim alone allows)."""
+def test_a_pod_whose_claim_narrows_its_gpus_by_selector_does_not_wait_on_the_first_fit() -> None:
+    """A claim with a selector of its own is allocated the first devices its selector allows, not the node's first
+    fit: the extender does not compute that pick, so it does not hold the pod back for a full-bandwidth first fit
+    (it would for up to --topology-wait on a node the claim alone allows)."""
     service = _service()
     service.state.claims.apply("ADDED", allocated_claim("busy", NODES[0], ["gpu-1", "gpu-3", "gpu-5", "gpu-7"]))
     service.state.claims.apply("ADDED", allocated_claim("busy-1", NODES[1], ["gpu-1", "gpu-3", "gpu-5", "gpu-7"]))
     claim = _template_claim()
     claim["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
-        {"cel": {"expression": "device.attributes['gpu.nvidia.com'].uuid in ['GPU-a', 'GPU-b']"}}]
+        {"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA RTX A6000'"}}]
     service.state.claims.apply("ADDED", claim)
     assert service.pod_request(_claim_pod()).selected
     assert service.filter(ExtenderArgs(_claim_pod(), NODES, None)).passed == NODES
     plain = _template_claim()
     service.state.claims.apply("MODIFIED", plain)
     assert service.filter(ExtenderArgs(_claim_pod("2"), NODES, None)).passed == []  # no free pair first: it waits
+
+
+def test_a_pod_whose_claim_pins_gpus_by_uuid_passes_only_the_node_that_has_them_free() -> None:
+    service = _service()
+    uuids = [gpu.uuid or "" for gpu in with_uuids(NODES[1], PLATFORMS["rtx-a6000-pairs"].topology()).gpus]
+    claim = _template_claim()
+    claim["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {"expression": (
+        f"device.attributes['gpu.nvidia.com'].uuid in ['{uuids[2]}', '{uuids[3]}']")}}]
+    service.state.claims.apply("ADDED", claim)
+    assert service.pod_request(_claim_pod()).pinned == {uuids[2], uuids[3]}
+    outcome = service.filter(ExtenderArgs(_claim_pod(), NODES, None))
+    assert outcome.passed == [NODES[1]] and outcome.unresolvable == {PINNED_ELSEWHERE: [NODES[0]]}
+    assert service.prioritize(ExtenderArgs(_claim_pod(), NODES, None))[1] == [0, 10]
+    service.state.claims.apply("ADDED", allocated_claim("other", NODES[1], ["gpu-3"]))
+    outcome = service.filter(ExtenderArgs(_claim_pod("2"), NODES, None))
+    assert outcome.passed == [] and outcome.failed == {PINNED_TAKEN: [NODES[1]]}
