@@ -78,7 +78,7 @@ from helpers.kube_scheduler_rules import (
     plugin_set,
 )
 
-from extender.api.dra import CLAIMS_MARKER
+from extender.api.dra import CLAIMS_MARKER, ClaimAsk
 from extender.cache.dra_inventory import DraInventory
 from topology.annotations import AnnotationKeys
 
@@ -1941,4 +1941,4 @@ def test_the_shipped_claim_templates_are_counted_by_the_extender_as_their_names_
         name = doc["metadata"]["name"]
         inventory.apply_claim("ADDED", {"metadata": {"name": f"pod-{name}", "namespace": "ml", "uid": name},
                                         "spec": doc["spec"]["spec"]})
-        assert inventory.requested_gpus("ml", [f"pod-{name}"]) == (int(name.split("-")[1]), False)
+        assert inventory.requested_gpus("ml", [f"pod-{name}"]) == ClaimAsk(int(name.split("-")[1]))

@@ -175,6 +175,7 @@ def test_any_pod_claims_read_as_names_or_a_reason_never_a_crash(claims: object, 
     ("device.attributes['gpu.nvidia.com'].uuid in [" + "'GPU-a', " * 1000 + "]", set()),  # a trailing comma
 ])
 def test_a_uuid_pin_is_read_from_its_selector_and_nothing_else_is(expression: str, pinned: set[str]) -> None:
+    selectors = [{"cel": {"expression": expression}}]
     claim = parse_claim(_claim_with([{"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1,
-                                                                  "selectors": [{"cel": {"expression": expression}}]}}]))
+                                                                  "selectors": selectors}}]))
     assert claim.requests[0].pinned == pinned and claim.requests[0].selected

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender.api.dra import ClaimUnseen
+from extender.api.dra import ClaimAsk, ClaimUnseen
 from extender.cache.dra_inventory import DraInventory, NodeClass
 from extender.demo.cluster import with_uuids
 from extender.demo.dra_objects import allocated_claim, channel_slice, gpu_device, gpu_slice, mig_device
@@ -118,8 +118,8 @@ def test_a_pods_claims_ask_the_gpus_of_their_first_alternatives_of_a_gpu_class()
     inventory.apply_claim("ADDED", _pending("b", [{"name": "either", "firstAvailable": [
         {"name": "four", "deviceClassName": "gpu.nvidia.com", "count": 4},
         {"name": "two", "deviceClassName": "gpu.nvidia.com", "count": 2}]}]))
-    assert inventory.requested_gpus("ml", ["claim-a"]) == (2, False)
-    assert inventory.requested_gpus("ml", ["claim-a", "claim-b"]) == (6, False)
+    assert inventory.requested_gpus("ml", ["claim-a"]).gpus == 2
+    assert inventory.requested_gpus("ml", ["claim-a", "claim-b"]) == ClaimAsk(6)
     with pytest.raises(ClaimUnseen, match="ResourceClaim ml/claim-c is not seen yet"):
         inventory.requested_gpus("ml", ["claim-a", "claim-c"])
     with pytest.raises(ClaimUnseen):
