@@ -92,6 +92,7 @@ from kube_e2e import (  # noqa: E402
     start_etcd,
     start_extender,
     start_scheduler,
+    unverified_context,
     wait_for_https,
     wait_until,
     write_kubeconfig,
@@ -560,9 +561,7 @@ def _port(url: str | None) -> int:
 
 def _insecure_admin(pki: Pki) -> ssl.SSLContext:
     """The admin's client certificate towards kube-scheduler, whose serving certificate is self-signed."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
+    context = unverified_context()
     context.load_cert_chain(str(pki.cert("admin")), str(pki.key("admin")))
     return context
 

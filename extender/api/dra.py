@@ -49,6 +49,11 @@ class SliceDevice:
     parent_uuid: str | None  # a MIG device's GPU
     tainted: bool  # a NoSchedule or NoExecute taint: no new pod is given it unless the pod tolerates it
 
+    @property
+    def whole(self) -> bool:
+        """A whole GPU (NVIDIA's `type` gpu, or no type at all), not a MIG slice, a VFIO device or a channel."""
+        return self.kind in (None, "gpu")
+
 
 @dataclass(frozen=True, slots=True)
 class ResourceSlice:
@@ -118,7 +123,7 @@ def pod_claims(spec: Mapping[str, Any], status: Any) -> tuple[str, ...]:
         if name is None and claim.get("resourceClaimTemplateName") is not None:
             if not isinstance(claim.get("name"), str) or claim["name"] not in made:
                 raise ClaimUnseen(f"spec.resourceClaims[{i}]: its claim is not made from its template yet")
-            name = made[claim.get("name")]
+            name = made[claim["name"]]
             if name is None:
                 continue  # the controller found no claim needed
         names.append(_text(name, "Pod", f"spec.resourceClaims[{i}]", bounds.MAX_POOL_NAME_LENGTH))
@@ -246,8 +251,9 @@ def _pinned(selectors: Any) -> frozenset[str]:
     for selector in selectors:
         cel = selector.get("cel") if isinstance(selector, dict) else None
         expression = cel.get("expression") if isinstance(cel, dict) else None
-        found = _PIN.fullmatch(expression.strip()) if isinstance(expression, str) and len(expression) <= \
-            bounds.MAX_PIN_EXPRESSION else None
+        if not isinstance(expression, str) or len(expression) > bounds.MAX_PIN_EXPRESSION:
+            continue
+        found = _PIN.fullmatch(expression.strip())
         items = [item.strip() for item in found.group(1).split(",")] if found is not None else []
         if items and all(len(item) > 2 and item[0] == item[-1] == "'" and bounds.valid_id(item[1:-1])
                          for item in items):

@@ -23,7 +23,7 @@ from extender.cache.assignments import Assignment, Phase
 from extender.cache.domains import DomainIndex
 from extender.cache.dra_inventory import DraInventory
 from extender.cache.ledger import BIND_OUTCOME_SECONDS, Ledger, NoClaims, SlotClaims
-from extender.cache.node_view import REFUSED, Key, NodeKey, NodeView, SharedKey, first_fit
+from extender.cache.node_view import REFUSED, Key, KeyValue, NodeKey, NodeView, SharedKey, first_fit
 from extender.cache.seal import Seal
 from topology.annotations import AnnotationKeys
 from topology.assignment import AssignmentError, decode_containers
@@ -85,8 +85,7 @@ class ClusterState:
         self._keys: dict[str, Key] = {}
         self._held: dict[str, int] = {}  # node -> GPUs held back from every pod but the drain's own
         self._seen_keys: dict[str, Key] = {}  # _keys with the held-back GPUs taken out: what other pods see
-        self._interned: dict[tuple[CompiledTopology, int, int, bool, tuple[int, ...] | None, int | None],
-                             NodeKey] = {}
+        self._interned: dict[KeyValue, NodeKey] = {}
         # Request size -> each DRA node key (with its slice order) -> the key of what its first fit gives for that
         # size, which nodes of other orders share: prioritize scores once per such key. Filter's verdict reads no
         # more than the GPUs given and the unhealthy ones, so its keys (`_verdicts`) keep only those: fewer still.
@@ -300,7 +299,7 @@ class ClusterState:
 
     def _intern(self, compiled: CompiledTopology, free: int, unhealthy: int, whole: bool = False,
                 order: tuple[int, ...] | None = None, given: int | None = None) -> NodeKey:
-        value = (compiled, free, unhealthy, whole, order, given)
+        value: KeyValue = (compiled, free, unhealthy, whole, order, given)
         key = self._interned.get(value)
         if key is not None:
             return key
@@ -323,11 +322,14 @@ class ClusterState:
         reporter rewriting its topology must not keep boards alive through old keys: at most
         MAX_DEAD_BOARDS boards beyond the live ones stay, and `key_epoch` tells the answer memos to let go."""
         live = [key for keys in (self._keys, self._seen_keys) for key in keys.values() if isinstance(key, NodeKey)]
-        live += [given for key in live if key.order is not None for table in (self._given, self._verdicts)
-                 for given in (table[count][key] for count in range(1, key.compiled.size + 1))]
+        alive = set(live)
+        for table in (self._given, self._verdicts):  # a live DRA key keeps what its first fits give
+            live += [given for keys in table.values() for key, given in keys.items() if key in alive]
         self._interned = {key.value: key for key in live}
-        self._given, self._verdicts = ({count: {key: keys[key] for key in keys if key.value in self._interned}
-                                        for count, keys in table.items()} for table in (self._given, self._verdicts))
+        for table in (self._given, self._verdicts):
+            for keys in table.values():
+                for key in [key for key in keys if key.value not in self._interned]:
+                    del keys[key]
         self._interned_boards = {key.compiled for key in live}
         self._boards_limit = len(self._interned_boards) + MAX_DEAD_BOARDS
         self.key_epoch += 1

@@ -146,13 +146,12 @@ class DraInventory:
         for pool in pools:
             devices = self._devices.get(pool)
             for name, device in (devices or {}).items():
-                whole = device.kind in (None, "gpu")
                 held = bool(self._taken.get((pool[0], pool[1], name)))
-                if whole and device.uuid is not None and not device.tainted and not held:
+                if device.whole and device.uuid is not None and not device.tainted and not held:
                     usable.add(device.uuid)
                 elif device.uuid is not None and (held or device.tainted):
                     blocked.add(device.uuid)
-                if not whole and held and device.parent_uuid is not None:
+                if not device.whole and held and device.parent_uuid is not None:
                     blocked.add(device.parent_uuid)
         return frozenset(gpu for gpu in gpu_ids if gpu not in usable or gpu in blocked)
 
@@ -178,7 +177,7 @@ class DraInventory:
         found: list[str] = []
         for pool in sorted(pool for pool in self._pools_of.get(node, ()) if pool[0] in self.gpu_drivers):
             found += [device.uuid for device in (self._devices.get(pool) or {}).values()
-                      if device.kind in (None, "gpu") and device.uuid is not None]
+                      if device.whole and device.uuid is not None]
         return tuple(found)
 
     def held_by(self, pod_uid: str, node: str) -> frozenset[str]:

@@ -46,6 +46,10 @@ class NodeView:
         return tuple(gpu for index, gpu in enumerate(self.ids) if mask >> index & 1)
 
 
+KeyValue = tuple[CompiledTopology, int, int, bool, tuple[int, ...] | None, int | None]
+"""(board, free, unhealthy, whole, order, given): what a NodeKey is interned on."""
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class NodeKey:
     """What a node's verdict and score depend on: its board, free mask and unhealthy mask, whether its
@@ -72,7 +76,7 @@ class NodeKey:
         return self.free if self.order is None else first_fit(self.free, self.order, count)
 
     @property
-    def value(self) -> tuple[CompiledTopology, int, int, bool, tuple[int, ...] | None, int | None]:
+    def value(self) -> KeyValue:
         """What makes two keys the same key (they are interned on it)."""
         return self.compiled, self.free, self.unhealthy, self.whole, self.order, self.given
 

@@ -145,7 +145,8 @@ class DemoCluster:
 
     def first_fit(self, node: str, count: int) -> tuple[int, ...] | None:
         """What kube-scheduler's DRA allocator gives a request of `count` whole GPUs on a DRA node: the first
-        devices in the slice's order that no claim holds, or None where too few are free."""
+        devices in the slice's order that no claim holds, or None where too few are free. Written apart from the
+        extender's own prediction (cache/node_view.py `first_fit`), as the allocator it stands in for is."""
         held = {index for where, gpus in self.claims.values() if where == node for index in gpus}
         free = [index for index in self.dra[node] if index not in held]
         return tuple(free[:count]) if len(free) >= count else None

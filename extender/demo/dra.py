@@ -52,5 +52,4 @@ def run_dra_demo(out: Callable[[str], None] = print) -> None:
 
 def _placed(cluster: DemoCluster, uid: str) -> str:
     node, gpus = cluster.claims[uid]
-    ring = ring_gbps(BOARD, gpus) if len(gpus) > 1 else None
-    return f"{node} GPUs {','.join(map(str, gpus))} ({ring:.0f} GB/s ring)" if ring else f"{node} {gpus}"
+    return f"{node} GPUs {','.join(map(str, gpus))} ({ring_gbps(BOARD, gpus) or 0:.0f} GB/s ring)"

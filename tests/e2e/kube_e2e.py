@@ -853,8 +853,15 @@ def start_extender(workdir: Path, admin_kubeconfig: Path, pki: Pki, stack: ExitS
     return process, f"https://127.0.0.1:{port}"
 
 
-def _unverified() -> ssl.SSLContext:
-    """For the health check of a component whose serving certificate is self-signed in memory."""
+def _serving(kubeconfig: Path, port: int) -> list[str]:
+    """A control-plane component's serving flags here: its clients checked through `kubeconfig`, on 127.0.0.1."""
+    return [f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1", f"--secure-port={port}"]
+
+
+def unverified_context() -> ssl.SSLContext:
+    """For a component whose serving certificate is self-signed in memory (kube-scheduler's,
+    kube-controller-manager's): no check of it."""
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
@@ -871,17 +878,14 @@ def start_controller_manager(binary: Path, workdir: Path, kubeconfig: Path, stac
     process = Process("kube-controller-manager", [
         binary,
         f"--kubeconfig={kubeconfig}",
-        f"--authentication-kubeconfig={kubeconfig}",
-        f"--authorization-kubeconfig={kubeconfig}",
+        *_serving(kubeconfig, port),
         f"--controllers={','.join(controllers)}",
         "--leader-elect=false",
         "--use-service-account-credentials=false",
-        "--bind-address=127.0.0.1",
-        f"--secure-port={port}",
         "--v=2",
     ], workdir / "logs" / "kube-controller-manager.log")
     stack.callback(process.stop)
-    wait_for_https(process, port, "/healthz", _unverified())
+    wait_for_https(process, port, "/healthz", unverified_context())
     return process
 
 
@@ -894,17 +898,14 @@ def start_scheduler(binary: Path, workdir: Path, config_path: Path, kubeconfig: 
     process = Process("kube-scheduler", [
         binary,
         f"--config={config_path}",
-        f"--authentication-kubeconfig={kubeconfig}",
-        f"--authorization-kubeconfig={kubeconfig}",
-        "--bind-address=127.0.0.1",
-        f"--secure-port={port}",
+        *_serving(kubeconfig, port),
         "--v=3",
         *feature_gates_flag(feature_gates),
     ], workdir / "logs" / "kube-scheduler.log")
     stack.callback(process.stop)
     if on_start is not None:
         on_start(process)
-    wait_for_https(process, port, "/healthz", _unverified())
+    wait_for_https(process, port, "/healthz", unverified_context())
     return process
 
 

@@ -101,3 +101,16 @@ def test_dra_nodes_of_other_orders_share_the_key_of_what_their_first_fit_gives()
     sized = state.given_keys(3, verdict=True)
     assert sized is not None and sized[keys[0]] is not verdicts[keys[0]]  # each size has its own
     assert reported_cluster(nodes).given_keys(2) is None  # no DRA node: nothing to read through
+
+
+def test_forgetting_dead_keys_keeps_what_live_dra_keys_give_and_drops_the_rest() -> None:
+    state, _ = _state()
+    (before,) = state.keys_for([DRA])
+    state.claims.apply("ADDED", allocated_claim("c1", DRA, ["gpu-0"]))  # a new free mask: a new key
+    (after,) = state.keys_for([DRA])
+    assert isinstance(before, NodeKey) and isinstance(after, NodeKey) and before is not after
+    state._forget_dead_keys()  # as when the intern table passes its bound
+    for verdict in (False, True):
+        table = state.given_keys(2, verdict)
+        assert table is not None and after in table and before not in table
+        assert state._intern(*table[after].value) is table[after]  # still the interned one

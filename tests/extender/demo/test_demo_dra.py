@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from extender.demo.dra import GPUS, ORDERS, PODS, run_dra_demo
+from extender.demo.dra import GPUS, PODS, run_dra_demo
 
 
 def test_with_the_extender_every_pod_gets_an_nvlink_pair_where_dra_alone_crosses_sockets() -> None:
@@ -21,4 +21,4 @@ def test_with_the_extender_every_pod_gets_an_nvlink_pair_where_dra_alone_crosses
     assert {ring for _, _, ring in ours} == {"56"}
     assert [gpus for _, gpus, _ in alone][:3] == ["0,5", "1,2", "3,4"]  # a6000-dra-0's first fits cross
     assert sum(int(ring) for _, _, ring in alone) < sum(int(ring) for _, _, ring in ours)
-    assert all(len(gpus.split(",")) == GPUS for _, gpus, _ in ours + alone) and len(ORDERS) == 2
+    assert all(len(gpus.split(",")) == GPUS for _, gpus, _ in ours + alone)
