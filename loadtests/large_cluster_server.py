@@ -8,6 +8,15 @@ schedule, then serves `extender.server.app.create_app(service)` as `gpu-topology
 one process, one worker, no access log, 127.0.0.1 only. It prints one line `READY {json}` with the port and the
 cluster's figures.
 
+With `--dra-share S` that share of the nodes (the first names, every platform among them) are DRA-GPU nodes,
+as `make bench-dra` builds them: NVIDIA's driver publishes each one's GPUs in a ResourceSlice, in an order shuffled
+per node (`extender.demo.dra_objects`), and its allocatable has no `nvidia.com/gpu`; the fill's pods there are
+`nvidia.com/gpu: N` pods whose GPUs an allocated ResourceClaim holds (KEP-5004: kube-scheduler's PreBind allocates
+the first fit in slice order before the extender's bind). The load's pods are then DRA pods too (`load_pod`):
+half of them ask their GPUs through the claim templates of scheduler-config/dra-claim-templates.yaml, whose claim
+the resourceclaim controller makes before kube-scheduler sees the pod. The generator plays kube-scheduler's PreBind
+through `POST /loadtest/prebind` before each bind on a DRA node.
+
 With `--leaf-nodes L` every node carries Topograph's network labels (a leaf per L consecutive names, a spine
 per eight leaves) and the extender's state is built with those levels. With `--plans N` (which needs the
 levels), N groups are then planned before serving, as kube-scheduler's first cycle for each plans it: every
@@ -18,27 +27,32 @@ run: the group timeout is as long as the staleness bound.
 The cluster stays in a steady state while the load runs. After every bind of a load pod a background thread
 plays users and kubelets: it creates the next pending pod (the generator's pods `load-{i}` stay a window ahead)
 and ends the oldest running pod, so the number of running pods stays what the initial fill left. Both arrive
-as the watch events a real API server would send, off the request path, in this process.
+as the watch events a real API server would send, off the request path, in this process. On DRA nodes the churn is
+coherent: a new claim-template pod's claim is created with it, and a pod that ends takes its claim with it (the
+claim kube-scheduler made for a KEP-5004 pod, or the one made from its template), so what the claims hold is what
+the running pods hold.
 
 `load_pod(i)` is the pending pod `load-{i}` exactly as the API server holds it, so the generator rebuilds the
 same JSON kube-scheduler would send. The pod is shaped like the pod kube-scheduler v1.36.2 sent in
 `shared/kube-scheduler/annotated-nvlink--filter.json`.
 
 Added to the product app, under /loadtest/ only, for the generator's report: `GET /loadtest/stats` (time spent
-in the in-process API server, churn counts, garbage-collector pauses, plans in force),
-`POST /loadtest/profile/start|stop` (cProfile of the event-loop thread, and of the service's filter and
-prioritize where they run on a thread of their own), for the soak `POST /loadtest/replace-board` (a node with no
-pods gets a board the extender has not seen), and with `--hostile FILE` `POST /loadtest/hostile-rotate` (the
-hostile node publishes another set of used GPUs).
+in the in-process API server, churn counts, garbage-collector pauses, plans in force, claims allocated), for the
+generator's cycles `POST /loadtest/prebind` (kube-scheduler's DRA PreBind for a pod about to be bound to a DRA
+node: its claim allocated, or why not), `POST /loadtest/profile/start|stop` (cProfile of the event-loop thread,
+and of the service's filter and prioritize where they run on a thread of their own), for the soak
+`POST /loadtest/replace-board` (a node with no pods gets a board the extender has not seen), and with
+`--hostile FILE` `POST /loadtest/hostile-rotate` (the hostile node publishes another set of used GPUs).
 
     python loadtests/large_cluster_server.py --nodes 5000 [--fill 0.45] [--window 2000] [--port 0]
-        [--leaf-nodes 20 [--plans 1000]]
+        [--leaf-nodes 20 [--plans 1000]] [--dra-share 0.5]
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import gc
 import hashlib
 import itertools
@@ -58,13 +72,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import uvicorn
+import yaml
+from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from extender.api.dra import CLAIMS_MARKER
+from extender.api.pod_request import DEFAULT_GPU_RESOURCE
 from extender.api.wire import BindingArgs, ExtenderArgs
 from extender.cache.assignments import Phase
 from extender.cache.cluster_state import ClusterState
 from extender.cache.node_view import NodeKey
 from extender.demo.cluster import DEMO_NODES, DemoCluster, with_uuids
+from extender.demo.dra_objects import allocated_claim
 from extender.server.app import create_app
 from extender.server.gc_freeze import settle_when_synced
 from extender.server.serve import ServeOptions, server_config
@@ -74,6 +93,7 @@ from topology.agent.claims import Board
 from topology.annotations import AnnotationKeys
 from topology.codec import NodeState, decode_topology, encode_state
 from topology.model import Topology
+from topology.platforms import PLATFORMS
 
 KEYS = AnnotationKeys()
 Answer = TypeVar("Answer")
@@ -93,6 +113,9 @@ PLAN_NAMESPACE = "training"
 # GPUs per member of a planned group. Two, not one: a single GPU has no ring, so no full-bandwidth set of one
 # exists (topology/full_sets.py) and a group of 1-GPU members is never planned (extender/groups/layouts.py).
 PLAN_GPUS = 2
+DRA_SEED = 7  # of the DRA nodes' slice orders
+TEMPLATES = Path(__file__).resolve().parents[1] / "scheduler-config" / "dra-claim-templates.yaml"
+CLAIM = "gpus"  # a claim-template pod's name for its claim, as the templates' own example names it
 
 
 def node_names(count: int) -> list[str]:
@@ -119,15 +142,69 @@ def network_labels(names: Sequence[str], leaf_nodes: int) -> dict[str, dict[str,
             for index, name in enumerate(names)}
 
 
-def load_pod(index: int) -> dict[str, Any]:
-    """The pending pod `load-{index}` as the API server holds it (and kube-scheduler sends it)."""
+def dra_names(names: Sequence[str], share: float) -> list[str]:
+    """The nodes a run with this DRA share makes DRA nodes: the first names, which hold every platform alike."""
+    return list(names[:round(share * len(names))])
+
+
+def dra_orders(layout: Sequence[tuple[str, str]], share: float) -> dict[str, tuple[int, ...]]:
+    """Each DRA node's slice order, the GPUs' indices as the slice lists them: shuffled per node, as NVIDIA's driver
+    lists them in a Go map walk's order (each node's shuffle seeded as `extender.demo.dra_objects.gpu_slice`'s)."""
+    platform_of = dict(layout)
+    sizes = {platform: PLATFORMS[platform].topology().size for platform in set(platform_of.values())}
+    rng = random.Random(DRA_SEED)
+    orders = {}
+    for name in dra_names([name for name, _ in layout], share):
+        order = list(range(sizes[platform_of[name]]))
+        random.Random(rng.randrange(1 << 30)).shuffle(order)
+        orders[name] = tuple(order)
+    return orders
+
+
+def load_pod(index: int, dra: bool = False) -> dict[str, Any]:
+    """The pending pod `load-{index}` as the API server holds it (and kube-scheduler sends it). With `dra` (a run
+    with DRA nodes), the third and fourth of every four ask their GPUs through the shipped claim template of their
+    size (1, 4, 4 and 2 GPUs in turn); the others ask `nvidia.com/gpu`, which kube-scheduler turns into a claim on a
+    DRA node (KEP-5004)."""
     annotations = {}
     if index % 8 == 6:
         annotations[KEYS.interconnect] = "nvlink"
     elif index % 8 == 7:
         annotations.update({KEYS.interconnect: "nvlink", KEYS.placement: "required"})
-    return training_pod(f"load-{index}", LOAD_NAMESPACE, pod_uid(f"load/{index}"), LOAD_SIZES[index % len(LOAD_SIZES)],
-                        annotations)
+    gpus = LOAD_SIZES[index % len(LOAD_SIZES)]
+    return training_pod(f"load-{index}", LOAD_NAMESPACE, pod_uid(f"load/{index}"), gpus, annotations,
+                        f"gpus-{gpus}" if dra and index % 4 >= 2 else None)
+
+
+def claims_only(pod: Mapping[str, Any]) -> bool:
+    """The pod asks its GPUs through claims only: kube-scheduler's DRA plugin passes it on DRA nodes only."""
+    return bool(pod["spec"].get("resourceClaims")) and not any(
+        DEFAULT_GPU_RESOURCE in container["resources"].get("requests", {}) for container in pod["spec"]["containers"])
+
+
+@functools.cache
+def claim_templates() -> dict[str, dict[str, Any]]:
+    """The shipped ResourceClaimTemplates by name: the claim spec each gives the claims made from it."""
+    documents = yaml.safe_load_all(TEMPLATES.read_text(encoding="utf-8"))
+    return {document["metadata"]["name"]: document["spec"]["spec"] for document in documents
+            if document and document.get("kind") == "ResourceClaimTemplate"}
+
+
+def made_claim(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ResourceClaim the resourceclaim controller makes from a claim-template pod's template, unallocated and
+    named as the pod's status names it (None for a pod with no template)."""
+    templates = [claim for claim in pod["spec"].get("resourceClaims", ()) if "resourceClaimTemplateName" in claim]
+    if not templates:
+        return None
+    metadata, made = pod["metadata"], pod["status"]["resourceClaimStatuses"][0]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": made["resourceClaimName"], "namespace": metadata["namespace"],
+                         "uid": pod_uid(f"claim/{metadata['uid']}"),
+                         "annotations": {"resource.kubernetes.io/pod-claim-name": made["name"]},
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": metadata["name"],
+                                              "uid": metadata["uid"], "controller": True,
+                                              "blockOwnerDeletion": True}]},
+            "spec": claim_templates()[templates[0]["resourceClaimTemplateName"]]}
 
 
 def plan_members(group: int) -> int:
@@ -143,22 +220,33 @@ def group_pod(group: int, member: int) -> dict[str, Any]:
                         annotations)
 
 
-def training_pod(name: str, namespace: str, uid: str, gpus: int, annotations: dict[str, str]) -> dict[str, Any]:
-    """A pending training pod shaped like the one kube-scheduler v1.36.2 sent in the captured scenario."""
-    count = str(gpus)
+def training_pod(name: str, namespace: str, uid: str, gpus: int, annotations: dict[str, str],
+                 template: str | None = None) -> dict[str, Any]:
+    """A pending training pod shaped like the one kube-scheduler v1.36.2 sent in the captured scenario, asking
+    `gpus` as `nvidia.com/gpu` (0: no GPU). With `template`, its GPUs come instead from the claim made from that
+    ResourceClaimTemplate, and it carries the marker scheduler-config/dra-claims-policy.yaml adds to such a pod (in
+    its limits, and in its requests as kube-apiserver defaults them)."""
+    extended = {CLAIMS_MARKER: "1"} if template else {DEFAULT_GPU_RESOURCE: str(gpus)} if gpus else {}
+    container: dict[str, Any] = {
+        "name": "trainer", "image": "registry.invalid/llm-finetune:1.0",
+        "command": ["torchrun", f"--nproc-per-node={gpus}", "train.py"],
+        "env": [{"name": "NCCL_P2P_LEVEL", "value": "NVL"}],
+        "resources": {"limits": {"memory": "32Gi", **extended}, "requests": {"cpu": "8", "memory": "32Gi", **extended}},
+        "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
+        "imagePullPolicy": "IfNotPresent"}
+    claims: dict[str, Any] = {}
+    status: dict[str, Any] = {"phase": "Pending", "qosClass": "Burstable"}
+    if template:
+        container["resources"]["claims"] = [{"name": CLAIM}]
+        claims = {"resourceClaims": [{"name": CLAIM, "resourceClaimTemplateName": template}]}
+        # The resourceclaim controller's name for the claim: the pod's, the claim's and five random characters.
+        status["resourceClaimStatuses"] = [{"name": CLAIM, "resourceClaimName": f"{name}-{CLAIM}-{uid[:5]}"}]
     return {
         "metadata": {"name": name, "namespace": namespace, "uid": uid,
                      "resourceVersion": "1", "generation": 1, "creationTimestamp": "2026-11-21T19:02:33Z",
                      "labels": {"app": "llm-finetune", "team": "nlp"}, "annotations": annotations},
         "spec": {
-            "containers": [{
-                "name": "trainer", "image": "registry.invalid/llm-finetune:1.0",
-                "command": ["torchrun", f"--nproc-per-node={gpus}", "train.py"],
-                "env": [{"name": "NCCL_P2P_LEVEL", "value": "NVL"}],
-                "resources": {"limits": {"memory": "32Gi", "nvidia.com/gpu": count},
-                              "requests": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": count}},
-                "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
-                "imagePullPolicy": "IfNotPresent"}],
+            "containers": [container], **claims,
             "restartPolicy": "Never", "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst",
             "serviceAccountName": "default", "serviceAccount": "default", "automountServiceAccountToken": False,
             "securityContext": {}, "schedulerName": "default-scheduler",
@@ -169,7 +257,7 @@ def training_pod(name: str, namespace: str, uid: str, gpus: int, annotations: di
                 {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
                  "tolerationSeconds": 300}],
             "priority": 0, "enableServiceLinks": True, "preemptionPolicy": "PreemptLowerPriority"},
-        "status": {"phase": "Pending", "qosClass": "Burstable"},
+        "status": status,
     }
 
 
@@ -181,17 +269,67 @@ def load_index(name: str) -> int | None:
 class LoadCluster(DemoCluster):
     """DemoCluster that times the API calls the extender makes (the Binding, including the watch events it
     applies to the extender's state synchronously) for the report, and can replace boards and play a hostile
-    node."""
+    node. On DRA nodes it also plays the resourceclaim controller (claims made from templates, deleted with their
+    pod) and kube-scheduler's DRA PreBind (`prebind`)."""
 
     def __init__(self, state: ClusterState, nodes: Sequence[tuple[str, str]],
-                 labels: Mapping[str, Mapping[str, str]] | None = None) -> None:
+                 labels: Mapping[str, Mapping[str, str]] | None = None,
+                 dra: Mapping[str, tuple[int, ...]] | None = None) -> None:
         self.api_calls = 0
         self.api_seconds = 0.0
         self.on_bound = lambda uid, name: None
         self.boards_replaced = 0
         self.hostile: str | None = None
         self.hostile_used: frozenset[str] = frozenset()
-        super().__init__(state, nodes, labels=labels)
+        self.made: dict[str, dict[str, Any]] = {}  # a claim-template pod's UID -> the claim made from its template
+        super().__init__(state, nodes, labels=labels, dra=dra)
+
+    def add_load_pod(self, index: int) -> None:
+        """A user creates `load-{index}` (a DRA pod where the cluster has DRA nodes); a claim-template pod's claim
+        is made first, as kube-scheduler sees it before it schedules the pod."""
+        pod = load_pod(index, bool(self.dra))
+        claim = made_claim(pod)
+        with self._lock:
+            if claim is not None:
+                self.made[pod["metadata"]["uid"]] = claim
+                self.state.claims.apply("ADDED", claim)
+            self.add_pod(pod, adopt=True)
+
+    def prebind(self, uid: str, node: str) -> str:
+        """kube-scheduler's DRA PreBind before the extender's bind to a DRA node: the pod's claim allocated to the
+        first fit; nothing elsewhere. Returns why not, or ''."""
+        if node not in self.dra:
+            return ""
+        try:
+            self.allocate(uid, node)
+        except RuntimeError as error:
+            return str(error)
+        return ""
+
+    def allocate(self, uid: str, node: str) -> None:
+        """The claim made from a claim-template pod's template allocated to the first fit and reserved for the pod;
+        a KEP-5004 pod's claim made so by DemoCluster."""
+        claim = self.made.get(uid)
+        if claim is None:
+            return super().allocate(uid, node)
+        with self._lock:
+            count = claim["spec"]["devices"]["requests"][0]["exactly"]["count"]
+            gpus = self.first_fit(node, count)
+            if gpus is None:
+                raise RuntimeError(f"node {node} has no {count} devices free")
+            self.claims[uid] = (node, gpus)
+            allocated = allocated_claim(uid, node, [f"gpu-{index}" for index in gpus], pods=[uid])
+            self.state.claims.apply("MODIFIED", {**claim, "status": allocated["status"]})
+
+    def finish_pod(self, uid: str) -> None:
+        """The pod ends; the claim made from its template goes with it (DemoCluster deletes a KEP-5004 claim)."""
+        with self._lock:
+            claim = self.made.pop(uid, None)
+            if claim is not None:
+                self.claims.pop(uid, None)  # not the claim DemoCluster makes, which it would delete
+            super().finish_pod(uid)
+            if claim is not None:
+                self.state.claims.apply("DELETED", claim)
 
     def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
         started = time.perf_counter()
@@ -204,9 +342,10 @@ class LoadCluster(DemoCluster):
     def replace_board(self, rng: random.Random) -> str | None:
         """A node with no pods gets another board (a GPU swap, or a reporter publishing shapes nobody has seen):
         new GPU ids and its NUMA ids moved on by one, so its topology is one the extender has not compiled yet.
-        Returns the node, or None when every node holds pods."""
+        A DRA node keeps its board: its slice names its GPUs. Returns the node, or None when every other node
+        holds pods."""
         with self._lock:
-            empty = [name for name in self.topologies if not self._on_node.get(name)]
+            empty = [name for name in self.topologies if not self._on_node.get(name) and name not in self.dra]
             if not empty:
                 return None
             name = rng.choice(empty)
@@ -271,7 +410,7 @@ class Churn:
 
     def create_up_to(self, last: int) -> None:
         while self.next_pending <= last:
-            self.cluster.add_pod(load_pod(self.next_pending), adopt=True)
+            self.cluster.add_load_pod(self.next_pending)
             self.next_pending += 1
             self.created += 1
 
@@ -310,16 +449,18 @@ class GcPauses:
 
 
 def build(nodes: int, fill: float, window: int, seed: int, hostile: Path | None = None, leaf_nodes: int = 0,
-          plans: int = 0, drains: int = 0) -> tuple[ExtenderService, LoadCluster, Churn, dict]:
+          plans: int = 0, drains: int = 0, dra_share: float = 0.0) -> tuple[ExtenderService, LoadCluster, Churn, dict]:
     if plans and not leaf_nodes:
         raise ValueError("planned groups span a leaf: --plans needs --leaf-nodes")
     if not 0 <= drains <= min(MAX_DRAINS, nodes):
         raise ValueError(f"--drains must be 0 to {min(MAX_DRAINS, nodes)}, not {drains}")
+    if not 0 <= dra_share <= 1:
+        raise ValueError(f"--dra-share must be 0 to 1, not {dra_share}")
     started = time.perf_counter()
     layout = cluster_nodes(nodes)
     labels = network_labels([name for name, _ in layout], leaf_nodes) if leaf_nodes else None
     state = ClusterState(stale_after=STALE_AFTER_SECONDS, levels=(SPINE, LEAF) if leaf_nodes else ())
-    cluster = LoadCluster(state, layout, labels)
+    cluster = LoadCluster(state, layout, labels, dra_orders(layout, dra_share))
     service = ExtenderService(state, cluster, group_timeout=STALE_AFTER_SECONDS)
     names = list(cluster.topologies)
     total = sum(topology.size for topology in cluster.topologies.values())
@@ -334,7 +475,8 @@ def build(nodes: int, fill: float, window: int, seed: int, hostile: Path | None 
         pod = cluster.create_pod(f"fill-{number}", gpus, namespace="default")
         uid = pod["metadata"]["uid"]
         for _ in range(20):
-            error = service.bind(BindingArgs(f"fill-{number}", "default", uid, rng.choice(names)))
+            node = rng.choice(names)
+            error = cluster.prebind(uid, node) or service.bind(BindingArgs(f"fill-{number}", "default", uid, node))
             if not error:
                 running.append(uid)
                 used += gpus
@@ -353,6 +495,7 @@ def build(nodes: int, fill: float, window: int, seed: int, hostile: Path | None 
     facts = {"nodes": len(names), "gpus": total, "used_gpus": used, "fill_pods": len(running),
              "fill_refused_binds": refused, "pending_pods": churn.created, "distinct_node_keys": len(keys),
              "boards": len({key.compiled.fingerprint for key in keys}), "leaf_nodes": leaf_nodes,
+             "dra_share": dra_share, "dra_nodes": len(cluster.dra), "dra_claims": len(cluster.claims),
              "spine_leaves": SPINE_LEAVES, **planning, **draining, **plans_in_force(service),
              "setup_seconds": round(time.perf_counter() - started, 2)}
     return service, cluster, churn, facts
@@ -409,12 +552,18 @@ def serve(service: ExtenderService, cluster: LoadCluster, churn: Churn, facts: d
         return JSONResponse({"api_calls": cluster.api_calls, "api_seconds": cluster.api_seconds,
                              "pending_created": churn.created, "pods_ended": churn.ended,
                              "running": len(churn.running), "boards_replaced": cluster.boards_replaced,
+                             "dra_claims": len(cluster.claims),
                              **plans_in_force(service),
                              "gc": [{"runs": n, "seconds": total, "longest": longest}
                                     for n, total, longest in pauses.runs],
                              "gc_threshold": gc.get_threshold()})
 
     replacements = random.Random(facts["nodes"])
+
+    @web.post("/loadtest/prebind")
+    async def prebind(request: Request) -> JSONResponse:
+        asked = await request.json()
+        return JSONResponse({"error": cluster.prebind(asked["uid"], asked["node"])})
 
     @web.post("/loadtest/replace-board")
     async def replace_board() -> JSONResponse:
@@ -520,9 +669,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--drains", type=int, default=0,
                         help=f"drains in force while serving, each on a node of its own (default 0; at most "
                              f"{MAX_DRAINS})")
+    parser.add_argument("--dra-share", type=float, default=0.0,
+                        help="share of the nodes whose GPUs a DRA driver publishes, with the load's pods DRA pods "
+                             "(default 0)")
     args = parser.parse_args(argv)
     service, cluster, churn, facts = build(args.nodes, args.fill, args.window, args.seed, args.hostile,
-                                           args.leaf_nodes, args.plans, args.drains)
+                                           args.leaf_nodes, args.plans, args.drains, args.dra_share)
     serve(service, cluster, churn, facts, args.port)
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -15,7 +16,10 @@ sys.path.insert(0, str(LOADTESTS))
 import large_cluster_server as load  # noqa: E402
 from hostile_node import SHAPES  # noqa: E402
 
+from extender.api.dra import CLAIMS_MARKER  # noqa: E402
 from extender.api.wire import BindingArgs, ExtenderArgs  # noqa: E402
+from extender.cache.dra_inventory import NodeClass  # noqa: E402
+from extender.demo.dra_objects import gpu_slice  # noqa: E402
 from topology.codec import decode_state, encode_topology  # noqa: E402
 
 
@@ -99,3 +103,93 @@ def test_planned_groups_hold_their_slots_against_the_load_and_do_not_expire() ->
         delivered = {gpu for containers in cluster.delivered.values() for ids in containers.values() for gpu in ids}
     assert not delivered & held, "a load pod got a planned GPU"
     assert len(service.plans) == 12
+
+
+def dra_held(cluster: load.LoadCluster, node: str) -> frozenset[str]:
+    """The UUIDs of the node's GPUs that the cluster's allocated claims hold."""
+    gpus = cluster.topologies[node].gpus
+    return frozenset(gpus[index].uuid or "" for where, held in cluster.claims.values() if where == node
+                     for index in held)
+
+
+def test_a_dra_share_makes_that_share_dra_nodes_whose_fill_is_held_by_claims() -> None:
+    service, cluster, _, facts = load.build(100, 0.45, 40, seed=1, dra_share=0.3)
+    names = load.node_names(100)
+    dra = load.dra_names(names, 0.3)
+    assert facts["dra_nodes"] == len(dra) == 30
+    assert {cluster.platform_of[name] for name in dra} == set(cluster.platform_of.values())
+    classes = {name: service.state.dra.node_class(name) for name in names}
+    assert {name for name, found in classes.items() if found is NodeClass.DRA_GPU} == set(dra)
+    # The slices `make bench-dra` built before: gpu_slice shuffled with a seed per node, drawn in name order.
+    seeds = random.Random(load.DRA_SEED)
+    for name in dra:
+        uuids = [gpu.uuid or "" for gpu in cluster.topologies[name].gpus]
+        shuffled = gpu_slice(name, uuids, seed=seeds.randrange(1 << 30))["spec"]["devices"]
+        assert service.state.dra.order(name) == tuple(device["attributes"]["uuid"]["string"] for device in shuffled)
+        assert cluster._node(name)["status"]["allocatable"][service.state.resource] == "0"
+    assert len({service.state.dra.order(name) for name in dra}) > 25, "each node's order its own"
+    # The fill's GPUs on DRA nodes: held by claims, each reserved for the pod the kubelet gave them to.
+    assert facts["dra_claims"] == len(cluster.claims) > 0
+    assert {node for node, _ in cluster.claims.values()} <= set(dra)
+    for name in dra:
+        view = service.state.view(name)
+        assert service.state.dra.taken(name, view.ids) == dra_held(cluster, name)
+    for uid, (node, held) in cluster.claims.items():
+        assert cluster.delivered_gpus(uid) == tuple(sorted(held))
+        assert service.state.dra.held_by(uid, node) == frozenset(cluster.topologies[node].gpus[i].uuid for i in held)
+
+
+def test_dra_load_pods_ask_through_a_shipped_template_or_nvidia_gpu_and_parse_with_their_count() -> None:
+    service, cluster, _, _ = load.build(40, 0.45, 16, seed=1, dra_share=0.5)
+    templates = load.claim_templates()
+    for index in range(16):
+        pod = load.load_pod(index, dra=True)
+        request = service.pod_request(pod)
+        size = load.LOAD_SIZES[index % len(load.LOAD_SIZES)]
+        assert (request.gpus, request.problem) == (size, None), index
+        limits = pod["spec"]["containers"][0]["resources"]["limits"]
+        if index % 4 >= 2:
+            assert load.claims_only(pod) and request.containers == ()
+            assert limits[CLAIMS_MARKER] == "1" and service.state.resource not in limits
+            assert pod["spec"]["resourceClaims"] == [{"name": "gpus", "resourceClaimTemplateName": f"gpus-{size}"}]
+            assert cluster.made[pod["metadata"]["uid"]]["spec"] == templates[f"gpus-{size}"]
+        else:
+            assert not load.claims_only(pod) and limits[service.state.resource] == str(size)
+        assert load.load_pod(index) != pod or index % 4 < 2
+    assert "resourceClaims" not in load.load_pod(3)["spec"], "without DRA nodes the load's pods are as before"
+
+
+def test_dra_churn_ends_and_makes_claims_with_their_pods() -> None:
+    service, cluster, churn, _ = load.build(60, 0.05, 30, seed=1, dra_share=0.5)  # few fill pods: load pods end
+    churn.thread.start()
+    names = load.node_names(60)
+    dra = set(load.dra_names(names, 0.5))
+    bound = 0
+    for index in range(40):
+        pod = load.load_pod(index, dra=True)
+        uid = pod["metadata"]["uid"]
+        passed = [name for name in service.filter(ExtenderArgs(pod, names, None)).passed
+                  if name in dra or not load.claims_only(pod)]
+        if not passed:
+            continue
+        node = passed[index % len(passed)]
+        if not (cluster.prebind(uid, node) or service.bind(BindingArgs(pod["metadata"]["name"], load.LOAD_NAMESPACE,
+                                                                       uid, node))):
+            bound += 1
+    deadline = time.monotonic() + 10
+    while churn.ended < bound and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert bound > 20 and churn.ended == bound
+    with cluster._lock:
+        assert held_twice(cluster) == []
+        for name in dra:  # what the claims hold is what the running pods hold, no more
+            view = service.state.view(name)
+            assert service.state.dra.taken(name, view.ids) == dra_held(cluster, name)
+        assert set(cluster.claims) <= set(cluster.pods) and set(cluster.made) <= set(cluster.pods)
+        requested = service.state.dra._requested
+        made = {f"{claim['metadata']['namespace']}/{claim['metadata']['name']}" for claim in cluster.made.values()}
+        assert made <= requested.keys()
+        ended = [load.made_claim(load.load_pod(index, dra=True)) for index in range(40)]
+        gone = {f"{claim['metadata']['namespace']}/{claim['metadata']['name']}" for claim in ended
+                if claim is not None and claim["metadata"]["ownerReferences"][0]["uid"] not in cluster.pods}
+        assert gone and not gone & requested.keys(), "an ended pod's claim is deleted with it"
