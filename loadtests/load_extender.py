@@ -1,12 +1,14 @@
 """Load test: filter, prioritize and bind over HTTP against the real extender server on a large cluster, with
 a bare FastAPI echo server as the floor, in one run (DESIGN.md §9).
 
-Three processes besides this one (four with plans), all on 127.0.0.1:
+Three processes besides this one (five with plans and DRA nodes, as by default), all on 127.0.0.1:
 - the extender: `loadtests/large_cluster_server.py` (`extender.server.app.create_app` on a DemoCluster of N nodes
   with a share of its GPUs taken and Topograph's network labels, its state built with those levels, uvicorn,
   one worker);
 - with `--plans N` (1,000 by default), a second extender built alike that then plans N groups before serving,
   so N group plans hold their open slots against every other pod (issue 17);
+- with `--dra-share S` (0.5 by default), one more extender built alike but with that share of its nodes DRA nodes,
+  its fill's GPUs there held by claims (`large_cluster_server.py --dra-share`), sent DRA pods (issue 30);
 - the floor: `loadtests/floor_server.py` (FastAPI, uvicorn, orjson: parses the same body, echoes the names);
 - the load generator: this script's `client` command, in its own interpreter, playing kube-scheduler: one
   keep-alive connection per server with TCP_NODELAY (as Go's net/http has), one request at a time.
@@ -17,6 +19,13 @@ Phases, every one bounded in count and in time:
    prioritize on every candidate name; server-side p50 and p99 with plans over without, against issue 17's
    10 %; then a few seconds of cProfile (as in 3.) on each, at the same point. The other phases run on the
    extender without plans only (every phase twice would double the run);
+0b. with DRA nodes: the same alternating rounds between the extender without DRA nodes (the load's pods) and the
+   one with them (DRA pods: claim-template pods and `nvidia.com/gpu` pods, bound after kube-scheduler's DRA
+   PreBind where the node is a DRA node); server-side p99 of filter and prioritize with DRA nodes against issue
+   30's 1 ms: the run exits 1 on a miss;
+0c. with DRA nodes, claim-only routing's cost: on the extender with DRA nodes, filter and prioritize at 5,000 names
+   for pods that ask no GPU and for GPU pods, in alternating rounds: the server's CPU per pod (from /proc) and its
+   verbs' p50 and p99, side by side;
 1. latency, for each size (100, 1,000, 5,000 candidate names): warm-up cycles, then cycles of filter,
    prioritize (on the names that passed) and bind (on the first top-scored node), each followed by the same
    filter and prioritize bodies sent to the floor. Per request: the HTTP time seen by the client (send to last
@@ -28,7 +37,7 @@ Phases, every one bounded in count and in time:
    its filter and prioritize, to show where its time goes (after the measured phases, which it would slow
    down).
 
-    python loadtests/load_extender.py [--plans 1000] [--write BENCHMARKS.md]
+    python loadtests/load_extender.py [--plans 1000] [--dra-share 0.5] [--write BENCHMARKS.md]
 """
 
 from __future__ import annotations
@@ -36,7 +45,9 @@ from __future__ import annotations
 import argparse
 import gc
 import http.client
+import itertools
 import json
+import math
 import os
 import queue
 import shutil
@@ -59,7 +70,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_select import percentile, run_header, write_section  # noqa: E402
-from large_cluster_server import KEYS, LEAF, LOAD_NAMESPACE, SPINE, load_pod, node_names  # noqa: E402
+from large_cluster_server import (CLAIMS_MARKER, KEYS, LEAF, LOAD_NAMESPACE, SPINE, claims_only,  # noqa: E402
+                                  dra_names, load_pod, node_names, pod_uid, training_pod)
 
 BEGIN, END = "<!-- load_extender:begin -->", "<!-- load_extender:end -->"
 VERBS = ("filter", "prioritize", "bind")
@@ -69,6 +81,8 @@ FLOOR_RATIO_TARGET = 1.5
 CYCLES_TARGET = 300.0
 TARGET_NAMES = 5000
 PLANS_MARGIN = 0.10
+DRA_SHARE = 0.5
+"""Issue 30: filter and prioritize server p99 <= SERVER_P99_TARGET_MS at 5,000 names with this share of DRA nodes."""
 """Issues 17 and 29: with group plans and drains in force, filter and prioritize within 10% of the same run
 without them."""
 DRAINS = 256
@@ -99,17 +113,18 @@ class Samples:
 class Cycle:
     filter_body: bytes
     prioritize_body: bytes | None = None
-    outcome: str = "bound"  # bound | unschedulable | bind-error
+    outcome: str = "bound"  # bound | bound to a DRA node | unschedulable | bind-error
     passed: int = 0  # names that passed filter
 
 
 class Client:
-    def __init__(self, port: int, floor_port: int | None, nodes: int) -> None:
+    def __init__(self, port: int, floor_port: int | None, nodes: int, dra_share: float = 0.0) -> None:
         self.ports = port, floor_port
         self.ours = _connect(port)
         self.floor = _connect(floor_port) if floor_port is not None else None
         self.last = [time.monotonic()] * 2  # the last request on each connection
         self.names = node_names(nodes)
+        self.dra_nodes = frozenset(dra_names(self.names, dra_share))  # its pods are DRA pods where there are some
         self.next_pod = 0
         self.windows: dict[int, list[tuple[list[str], bytes]]] = {}
         self.bind_errors: list[str] = []
@@ -126,17 +141,20 @@ class Client:
     def cycle(self, names: list[str], names_json: bytes, samples: Samples | None, every_name: bool = False) -> Cycle:
         """One scheduling cycle of kube-scheduler for the next pending pod. `every_name`: prioritize gets every
         candidate (the filter's body), not only the names that passed, so that its work does not hang on how
-        many pass; the bind still goes to the top-scored name that passed."""
+        many pass; the bind still goes to the top-scored name that passed. A pod asking GPUs through claims only
+        is sent every name too, but bound only to a DRA node, the only ones kube-scheduler's DRA plugin would have
+        let through; before a bind to a DRA node, kube-scheduler's PreBind allocates the pod's claim."""
         index = self.next_pod
         self.next_pod += 1
-        pod = load_pod(index)
+        pod = load_pod(index, bool(self.dra_nodes))
         pod_json = orjson.dumps(pod)
         cycle = Cycle(b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + names_json + b"}")
         answer = orjson.loads(_post(self.ours, "/filter", cycle.filter_body, samples, "filter"))
         self.last[0] = time.monotonic()
         passed = answer["NodeNames"]
         cycle.passed = len(passed)
-        if not passed:
+        bindable = [name for name in passed if name in self.dra_nodes] if claims_only(pod) else passed
+        if not bindable:
             cycle.outcome = "unschedulable"
             return cycle
         if every_name or len(passed) == len(names):
@@ -147,17 +165,26 @@ class Client:
         # As kube-scheduler reads the answer: a host left out adds 0, so the first top-scored host listed, or with
         # none listed (all equal), the first that passed.
         ranked = orjson.loads(_post(self.ours, "/prioritize", cycle.prioritize_body, samples, "prioritize"))
-        if cycle.prioritize_body is cycle.filter_body and len(passed) < len(names):
-            feasible = set(passed)
+        if len(bindable) < (len(names) if cycle.prioritize_body is cycle.filter_body else len(passed)):
+            feasible = set(bindable)
             ranked = [entry for entry in ranked if entry["Host"] in feasible]
-        node = max(ranked, key=itemgetter("Score"))["Host"] if ranked else passed[0]
-        binding = orjson.dumps({"PodName": pod["metadata"]["name"], "PodNamespace": LOAD_NAMESPACE,
-                                "PodUID": pod["metadata"]["uid"], "Node": node})
+        node = max(ranked, key=itemgetter("Score"))["Host"] if ranked else bindable[0]
+        uid = pod["metadata"]["uid"]
+        if node in self.dra_nodes:
+            cycle.outcome = "bound to a DRA node"
+            error = orjson.loads(_post(self.ours, "/loadtest/prebind", orjson.dumps({"uid": uid, "node": node}),
+                                       None, ""))["error"]
+            if error:
+                return self.failed(cycle, f"PreBind: {error}")
+        binding = orjson.dumps({"PodName": pod["metadata"]["name"], "PodNamespace": LOAD_NAMESPACE, "PodUID": uid,
+                                "Node": node})
         error = orjson.loads(_post(self.ours, "/bind", binding, samples, "bind"))["Error"]
-        if error:
-            cycle.outcome = "bind-error"
-            if len(self.bind_errors) < 5:
-                self.bind_errors.append(error)
+        return self.failed(cycle, error) if error else cycle
+
+    def failed(self, cycle: Cycle, error: str) -> Cycle:
+        cycle.outcome = "bind-error"
+        if len(self.bind_errors) < 5:
+            self.bind_errors.append(error)
         return cycle
 
     def floor_echo(self, cycle: Cycle, samples: Samples) -> None:
@@ -217,14 +244,25 @@ def _post(connection: http.client.HTTPConnection, path: str, body: bytes, sample
 def run_client(args: argparse.Namespace) -> dict[str, Any]:
     client = Client(args.port, args.floor_port, args.nodes)
     pids = {"extender": args.server_pid, "floor": args.floor_pid}
-    planned = None
+    planned = dra = None
     if args.plans_port is not None:
         planned = Client(args.plans_port, None, args.nodes)
         pids["plans"] = args.plans_pid
+    if args.dra_port is not None:
+        dra = Client(args.dra_port, None, args.nodes, args.dra_share)
+        pids["dra"] = args.dra_pid
     result: dict[str, Any] = {"latency": {}, "sustained": {}}
     gc.disable()  # no collector pause inside the client's timed loops; collected between phases
     if planned is not None:  # first, while both extenders hold the same fill and have seen the same pods
-        result["comparison"] = compare({"without": client, "with": planned}, args, pids)
+        result["comparison"] = compare({"without": client, "with": planned}, args, pids, args.compare_samples,
+                                       args.compare_seconds, args.profile_seconds > 0)
+        gc.collect()
+    if dra is not None:
+        result["dra"] = compare({"without": client, "with": dra}, args, pids, args.dra_samples, args.dra_seconds,
+                                False)
+        result["dra"]["after"] = {"without": client.stats(), "with": dra.stats()}
+        result["dra"]["bind_errors"] = dra.bind_errors
+        result["routing"] = routing(dra, args, args.dra_pid)
         gc.collect()
     for size in args.sizes:
         client.resume()
@@ -269,10 +307,13 @@ def run_client(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def compare(sides: dict[str, Client], args: argparse.Namespace, pids: dict[str, int]) -> dict[str, Any]:
-    """The 5,000-name latency phase on both extenders, in rounds that alternate which one goes first, so that
-    drift on the shared machine meets both alike. Both start from the same fill and get the same pods: the plans
-    are the only difference. prioritize gets every name on both, as the plans leave fewer names passing."""
+def compare(sides: dict[str, Client], args: argparse.Namespace, pids: dict[str, int], cycles: int, seconds: float,
+            profiled: bool) -> dict[str, Any]:
+    """The 5,000-name latency phase on two extenders, `cycles` on each (bounded at `seconds`), in rounds that
+    alternate which one goes first, so that drift on the shared machine meets both alike. With plans, both start
+    from the same fill and get the same pods: the plans are the only difference; with DRA nodes, each gets the
+    pods of its own cluster. prioritize gets every name on both, as fewer names pass on one than on the other.
+    `profiled`: then a few seconds of cProfile on each."""
     size = min(TARGET_NAMES, args.nodes)
     before = {side: client.stats() for side, client in sides.items()}
     for number in range(args.warmup):
@@ -286,8 +327,8 @@ def compare(sides: dict[str, Client], args: argparse.Namespace, pids: dict[str, 
     usage = _usage(pids)
     started = time.perf_counter()
     done = 0
-    while done < args.compare_samples and time.perf_counter() - started < args.compare_seconds:
-        count = min(args.compare_round, args.compare_samples - done)
+    while done < cycles and time.perf_counter() - started < seconds:
+        count = min(args.compare_round, cycles - done)
         medians: dict[str, dict[str, float]] = {}
         for side in order:
             client, marks = sides[side], {verb: len(samples[side].server_ms[verb]) for verb in VERBS[:2]}
@@ -305,9 +346,78 @@ def compare(sides: dict[str, Client], args: argparse.Namespace, pids: dict[str, 
               "outcomes": outcomes, "passed": passed, "rounds": rounds, "round": args.compare_round,
               "warmup": args.warmup, "seconds": time.perf_counter() - started, "usage": [usage, _usage(pids)],
               "before": before}
-    if args.profile_seconds > 0:  # both at the same point: the same cycles seen, the same memos warm
+    if profiled:  # both at the same point: the same cycles seen, the same memos warm
         result["profiles"] = {side: profile(client, size, args, every_name=True) for side, client in sides.items()}
     return result
+
+
+ROUTED = ("no GPU", "GPU")
+
+
+def no_gpu_pod(index: int) -> dict[str, Any]:
+    """A pod that asks no GPU (no claim, no `nvidia.com/gpu`): the load's pod shape without its GPUs."""
+    return training_pod(f"web-{index}", LOAD_NAMESPACE, pod_uid(f"web/{index}"), 0, {})
+
+
+def routing(client: Client, args: argparse.Namespace, pid: int) -> dict[str, Any]:
+    """What claim-only routing would cost were kube-scheduler to send the extender every pod (managedResources
+    empty): filter and prioritize over every name for pods that ask no GPU, against the same for the DRA load's
+    next pods, in rounds that alternate which goes first. None is bound, so no churn falls into either's rounds.
+    The server's CPU per round from its threads' /proc schedstat, in ns (/proc/PID/stat counts 10 ms ticks, too
+    coarse for a round)."""
+    size = min(TARGET_NAMES, args.nodes)
+    names_json = client.window(size, 0)[1]
+    first_gpu_pod = client.next_pod
+    pods = {ROUTED[0]: map(no_gpu_pod, itertools.count()),
+            ROUTED[1]: (load_pod(index, True) for index in itertools.count(first_gpu_pod))}
+    samples = {side: Samples() for side in ROUTED}
+    cpu_ns = dict.fromkeys(ROUTED, 0)
+    passed = dict.fromkeys(ROUTED, 0)
+
+    def send(side: str, measured: Samples | None) -> int:
+        """One pod's filter and prioritize (every name, the filter's body); the names that passed."""
+        body = b'{"Pod":' + orjson.dumps(next(pods[side])) + b',"Nodes":null,"NodeNames":' + names_json + b"}"
+        answer = orjson.loads(_post(client.ours, "/filter", body, measured, "filter"))
+        _post(client.ours, "/prioritize", body, measured, "prioritize")
+        return len(answer["NodeNames"])
+
+    client.resume()
+    for _ in range(args.warmup):
+        for side in ROUTED:
+            send(side, None)
+    ratios: list[float] = []  # per round, the CPU of a pod with no GPU over a GPU pod's
+    order = list(ROUTED)
+    started = time.perf_counter()
+    done = 0
+    while done < args.routing_samples and time.perf_counter() - started < args.routing_seconds:
+        count = min(args.compare_round, args.routing_samples - done)
+        spent = {}
+        for side in order:
+            before = _threads_cpu_ns(pid)
+            for _ in range(count):
+                passed[side] += send(side, samples[side])
+            spent[side] = _threads_cpu_ns(pid) - before
+            cpu_ns[side] += spent[side]
+        ratios.append(spent[ROUTED[0]] / max(1, spent[ROUTED[1]]))
+        done += count
+        order.reverse()
+    client.last[0] = time.monotonic()
+    client.next_pod += args.warmup + done
+    return {"size": size, "pods": done, "warmup": args.warmup, "seconds": time.perf_counter() - started,
+            "samples": {side: found.as_dict() for side, found in samples.items()}, "cpu_ns": cpu_ns,
+            "passed": passed, "ratios": ratios, "first_gpu_pod": first_gpu_pod}
+
+
+def _threads_cpu_ns(pid: int) -> int:
+    """CPU ns the process's threads have run so far."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat", encoding="ascii") as stat:
+                total += int(stat.read().split()[0])
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    return total
 
 
 def profile(client: Client, size: int, args: argparse.Namespace, every_name: bool = False) -> dict[str, Any]:
@@ -426,12 +536,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                             help="with plans: cycles on one extender before the other's turn (default 50)")
         target.add_argument("--compare-seconds", type=float, default=120.0,
                             help="with plans: time bound of the comparison's measured rounds (default 120)")
+        target.add_argument("--dra-share", type=float, default=DRA_SHARE,
+                            help=f"share of the nodes that are DRA nodes in a third extender, measured against the "
+                                 f"first at 5,000 names with DRA pods (default {DRA_SHARE}; 0: no third extender)")
+        target.add_argument("--dra-samples", type=int, default=1000,
+                            help="with DRA nodes: measured 5,000-name cycles on each extender (default 1000)")
+        target.add_argument("--dra-seconds", type=float, default=60.0,
+                            help="with DRA nodes: time bound of the comparison's measured rounds (default 60)")
+        target.add_argument("--routing-samples", type=int, default=1000,
+                            help="with DRA nodes: pods that ask no GPU, and as many GPU pods, sent filter and "
+                                 "prioritize (default 1000)")
+        target.add_argument("--routing-seconds", type=float, default=30.0,
+                            help="with DRA nodes: time bound of those pods' measured rounds (default 30)")
     client.add_argument("--port", type=int, required=True)
     client.add_argument("--floor-port", type=int, required=True)
     client.add_argument("--server-pid", type=int, required=True)
     client.add_argument("--floor-pid", type=int, required=True)
     client.add_argument("--plans-port", type=int)
     client.add_argument("--plans-pid", type=int)
+    client.add_argument("--dra-port", type=int)
+    client.add_argument("--dra-pid", type=int)
     parser.add_argument("--fill", type=float, default=0.45, help="share of GPUs taken before the load (default 0.45)")
     parser.add_argument("--leaf-nodes", type=int, default=20,
                         help="network labels on every node, a leaf per this many consecutive nodes, and the "
@@ -461,6 +585,8 @@ def orchestrate(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
         raise SystemExit("a size exceeds --nodes")
     if args.leaf_nodes < 1:
         raise SystemExit("--leaf-nodes must be at least 1")
+    if not 0 <= args.dra_share <= 1:
+        raise SystemExit("--dra-share must be 0 to 1")
     started = time.perf_counter()
     args.idle_note = wait_for_idle(args.wait_idle)
     loadavg_before = _loadavg()
@@ -470,10 +596,12 @@ def orchestrate(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     commands = {"extender": cluster, "floor": [sys.executable, str(HERE / "floor_server.py")]}
     if args.plans:
         commands["plans"] = cluster + ["--plans", str(args.plans), "--drains", str(args.drains)]
+    if args.dra_share:
+        commands["dra"] = cluster + ["--dra-share", str(args.dra_share)]
     servers: dict[str, Server] = {}
     try:
         start_servers(commands, logs, servers)
-        extender, floor, planned = servers["extender"], servers["floor"], servers.get("plans")
+        extender, floor, planned, dra = servers["extender"], servers["floor"], servers.get("plans"), servers.get("dra")
         extender.wait_ready("/readyz")
         floor.wait_ready("/healthz")
         bound = (len(args.sizes) * (args.point_seconds + 60) + len(args.sustain_sizes) * (args.sustain_seconds + 30)
@@ -486,11 +614,18 @@ def orchestrate(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
                    "--sustain-sizes", ",".join(map(str, args.sustain_sizes)),
                    "--sustain-seconds", str(args.sustain_seconds), "--max-cycles", str(args.max_cycles),
                    "--profile-seconds", str(args.profile_seconds), "--compare-samples", str(args.compare_samples),
-                   "--compare-round", str(args.compare_round), "--compare-seconds", str(args.compare_seconds)]
+                   "--compare-round", str(args.compare_round), "--compare-seconds", str(args.compare_seconds),
+                   "--dra-share", str(args.dra_share), "--dra-samples", str(args.dra_samples),
+                   "--dra-seconds", str(args.dra_seconds), "--routing-samples", str(args.routing_samples),
+                   "--routing-seconds", str(args.routing_seconds)]
         if planned is not None:
             planned.wait_ready("/readyz")
             command += ["--plans-port", str(planned.port), "--plans-pid", str(planned.process.pid)]
             bound += args.compare_seconds + 2 * args.profile_seconds + 60
+        if dra is not None:
+            dra.wait_ready("/readyz")
+            command += ["--dra-port", str(dra.port), "--dra-pid", str(dra.process.pid)]
+            bound += args.dra_seconds + args.routing_seconds + 60
         done = subprocess.run(command, capture_output=True, text=True, timeout=bound)
         if done.returncode != 0:
             raise RuntimeError(f"load generator failed:\n{done.stderr[-3000:]}")
@@ -500,7 +635,8 @@ def orchestrate(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
             server.stop()
     loadavg_after = _loadavg()
     elapsed = time.perf_counter() - started
-    report = Report(args, result, extender.facts, planned.facts if planned is not None else None)
+    report = Report(args, result, extender.facts, planned.facts if planned is not None else None,
+                    dra.facts if dra is not None else None)
     body = report.render()
     print(body)
     if any(log.stat().st_size for log in logs.iterdir()):
@@ -511,6 +647,10 @@ def orchestrate(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     if args.write:
         write_section(Path(args.write), header(argv, args, elapsed, extender.facts, loadavg_before,
                                                loadavg_after) + "\n\n" + body, BEGIN, END)
+    missed = report.dra.missed() if report.dra is not None else []
+    if missed:
+        print(f"missed: {', '.join(missed)} server p99 above {SERVER_P99_TARGET_MS:g} ms with DRA nodes in the mix")
+        return 1
     return 0
 
 
@@ -565,7 +705,7 @@ def _by(value: float, limit: float) -> str:
 
 class Report:
     def __init__(self, args: argparse.Namespace, result: dict[str, Any], facts: dict[str, Any],
-                 plan_facts: dict[str, Any] | None) -> None:
+                 plan_facts: dict[str, Any] | None, dra_facts: dict[str, Any] | None = None) -> None:
         self.args = args
         self.result = result
         self.facts = facts
@@ -573,6 +713,8 @@ class Report:
         self.sustained = {int(size): point for size, point in result["sustained"].items()}
         self.plans = (PlansComparison(result["comparison"], facts, plan_facts)
                       if plan_facts is not None and "comparison" in result else None)
+        self.dra = (DraComparison(result["dra"], facts, dra_facts, result["routing"])
+                    if dra_facts is not None and "dra" in result else None)
 
     @staticmethod
     def figures(point: dict[str, Any], verb: str) -> dict[str, float]:
@@ -590,7 +732,8 @@ class Report:
         return out
 
     def render(self) -> str:
-        parts = [self.targets(), self.plans.section() if self.plans else "", self.why(), self.latency_table(),
+        parts = [self.targets(), self.plans.section() if self.plans else "",
+                 *(self.dra.sections() if self.dra else ()), self.why(), self.latency_table(),
                  self.sustained_table(), self.server_notes()]
         if self.result.get("profile"):
             parts.append(self.profile_table())
@@ -666,6 +809,8 @@ class Report:
                         f"{'**met**' if 1000 / cpu['extender_ms'] >= CYCLES_TARGET else '**missed**'} |")
         if self.plans is not None:
             rows += self.plans.target_rows()
+        if self.dra is not None:
+            rows += self.dra.target_rows()
         return "\n".join(rows)
 
     def latency_table(self) -> str:
@@ -791,23 +936,77 @@ class Report:
         return "\n".join(lines)
 
 
-class PlansComparison:
-    """The 5,000-name latency of the extender with group plans in force against the one without (issue 17)."""
+class Comparison:
+    """`compare`'s figures: two extenders' 5,000-name latency, without and with what is measured."""
 
     SIDES = ("without", "with")
 
-    def __init__(self, data: dict[str, Any], facts: dict[str, Any], plan_facts: dict[str, Any]) -> None:
+    def __init__(self, data: dict[str, Any], facts: dict[str, Any]) -> None:
         self.data = data
         self.facts = facts
-        self.plan_facts = plan_facts
         self.figures = {side: {verb: Report.figures(data["samples"][side], verb) for verb in VERBS}
                         for side in self.SIDES}
 
     def ratios(self, verb: str, kind: str = "server") -> tuple[float, float]:
-        """With plans over without, at p50 and at p99."""
-        without, with_plans = self.figures["without"][verb], self.figures["with"][verb]
-        return (with_plans[f"{kind}_p50"] / without[f"{kind}_p50"],
-                with_plans[f"{kind}_p99"] / without[f"{kind}_p99"])
+        """With over without, at p50 and at p99."""
+        without, with_it = self.figures["without"][verb], self.figures["with"][verb]
+        return (with_it[f"{kind}_p50"] / without[f"{kind}_p50"],
+                with_it[f"{kind}_p99"] / without[f"{kind}_p99"])
+
+    def verdict(self, verb: str) -> str:
+        raise NotImplementedError
+
+    def table(self) -> str:
+        """Each verb's server p50 and p99 without and with, their ratios and HTTP's, and filter and prioritize's
+        verdict."""
+        lines = ["| verb | samples (without / with) | server p50 without / with | ratio | server p99 without / with | "
+                 "ratio | HTTP p50 ratio | HTTP p99 ratio | verdict |",
+                 "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for verb in VERBS:
+            without, with_it = self.figures["without"][verb], self.figures["with"][verb]
+            if not (without["n"] and with_it["n"]):
+                continue
+            p50, p99 = self.ratios(verb)
+            http50, http99 = self.ratios(verb, "http")
+            lines.append(f"| {verb} | {without['n']} / {with_it['n']} | {_ms(without['server_p50'])} / "
+                         f"{_ms(with_it['server_p50'])} | {p50:.2f}x | {_ms(without['server_p99'])} / "
+                         f"{_ms(with_it['server_p99'])} | {p99:.2f}x | {http50:.2f}x | {http99:.2f}x | "
+                         f"{self.verdict(verb) if verb != 'bind' else '-'} |")
+        return "\n".join(lines)
+
+    def mean_passed(self, side: str) -> float:
+        """Names that passed filter, on average: what kube-scheduler would have sent prioritize."""
+        counts = self.data["passed"][side]
+        return sum(counts) / max(1, len(counts))
+
+    def rounds_and_outcomes(self, label: str) -> str:
+        """Round by round, the server-side median with over without; and each side's cycles by outcome."""
+        spread = []
+        for verb in VERBS[:2]:
+            ratios = sorted(found["with"][verb] / found["without"][verb] for found in self.data["rounds"]
+                            if verb in found.get("with", {}) and verb in found.get("without", {}))
+            if ratios:
+                spread.append(f"{verb} {ratios[0]:.2f}x to {ratios[-1]:.2f}x (median "
+                              f"{percentile(ratios, 0.5):.2f}x)")
+        outcomes = "; ".join(f"{side}: " + ", ".join(f"{n} {kind}" for kind, n in sorted(found.items()))
+                             for side, found in self.data["outcomes"].items())
+        return (f"Round by round, the server-side median {label} over the one without: {'; '.join(spread)}. "
+                f"Cycles measured: {outcomes}.")
+
+    def others(self) -> float:
+        """CPUs that processes other than ours kept busy during the rounds."""
+        usage = self.data["usage"]
+        ours = sum(usage[1][role] - usage[0][role] for role in ("extender", "plans", "dra", "floor", "client")
+                   if role in usage[0])
+        return max(0.0, usage[1]["machine_busy"] - usage[0]["machine_busy"] - ours) / self.data["seconds"]
+
+
+class PlansComparison(Comparison):
+    """The 5,000-name latency of the extender with group plans in force against the one without (issue 17)."""
+
+    def __init__(self, data: dict[str, Any], facts: dict[str, Any], plan_facts: dict[str, Any]) -> None:
+        super().__init__(data, facts)
+        self.plan_facts = plan_facts
 
     def in_force(self) -> tuple[int, int]:
         """Plans in force in the extender with plans, before the load and after it."""
@@ -838,9 +1037,6 @@ class PlansComparison:
         facts, plan = self.facts, self.plan_facts
         before, after = self.data["before"], self.data["after"]
         rounds = self.data["rounds"]
-        usage = self.data["usage"]
-        ours = sum(usage[1][role] - usage[0][role] for role in ("extender", "plans", "floor", "client"))
-        others = max(0.0, usage[1]["machine_busy"] - usage[0]["machine_busy"] - ours) / self.data["seconds"]
         lines = [
             f"### Group plans and drains in force (issues 17 and 29): {self.data['size']:,} names, without and "
             f"with {plan['plan_groups']:,} plans and {plan['drains']:,} drains", "",
@@ -876,37 +1072,9 @@ class PlansComparison:
             f"without: {before['without']['plans']} and {after['without']['plans']}. Distinct (board, free GPUs) "
             f"node states at the start: {facts['distinct_node_keys']} without, {plan['distinct_node_keys']} with.",
             f"- {len(rounds)} rounds in {self.data['seconds']:.1f} s after {self.data['warmup']} warm-up cycles on "
-            f"each; CPUs kept busy by other processes on the machine meanwhile: {others:.2f}.", "",
-            "| verb | samples (without / with) | server p50 without / with | ratio | server p99 without / with | "
-            "ratio | HTTP p50 ratio | HTTP p99 ratio | verdict |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-        for verb in VERBS:
-            without, with_plans = self.figures["without"][verb], self.figures["with"][verb]
-            if not (without["n"] and with_plans["n"]):
-                continue
-            p50, p99 = self.ratios(verb)
-            http50, http99 = self.ratios(verb, "http")
-            lines.append(f"| {verb} | {without['n']} / {with_plans['n']} | {_ms(without['server_p50'])} / "
-                         f"{_ms(with_plans['server_p50'])} | {p50:.2f}x | {_ms(without['server_p99'])} / "
-                         f"{_ms(with_plans['server_p99'])} | {p99:.2f}x | {http50:.2f}x | {http99:.2f}x | "
-                         f"{self.verdict(verb) if verb != 'bind' else '-'} |")
-        spread = []
-        for verb in VERBS[:2]:
-            ratios = sorted(found["with"][verb] / found["without"][verb] for found in rounds
-                            if verb in found.get("with", {}) and verb in found.get("without", {}))
-            if ratios:
-                spread.append(f"{verb} {ratios[0]:.2f}x to {ratios[-1]:.2f}x (median "
-                              f"{percentile(ratios, 0.5):.2f}x)")
-        outcomes = "; ".join(f"{side}: " + ", ".join(f"{n} {kind}" for kind, n in sorted(found.items()))
-                             for side, found in self.data["outcomes"].items())
-        lines += ["", f"Round by round, the server-side median with plans over the one without: {'; '.join(spread)}. "
-                  f"Cycles measured: {outcomes}."]
+            f"each; CPUs kept busy by other processes on the machine meanwhile: {self.others():.2f}.", "",
+            self.table(), "", self.rounds_and_outcomes("with plans")]
         return "\n".join(lines)
-
-    def mean_passed(self, side: str) -> float:
-        """Names that passed filter, on average: what kube-scheduler would have sent prioritize."""
-        counts = self.data["passed"][side]
-        return sum(counts) / max(1, len(counts))
 
     def profile_table(self, top: int = 15) -> str:
         """Our own functions in filter and prioritize's profile, per cycle, in the extender without plans and with."""
@@ -938,6 +1106,119 @@ class PlansComparison:
         return "\n".join(lines)
 
 
+class DraComparison(Comparison):
+    """The 5,000-name latency of an extender with DRA nodes in the mix, sent DRA pods, against the one without
+    (issue 30); and what a pod that asks no GPU would cost it under claim-only routing (`routing`)."""
+
+    def __init__(self, data: dict[str, Any], facts: dict[str, Any], dra_facts: dict[str, Any],
+                 routed: dict[str, Any]) -> None:
+        super().__init__(data, facts)
+        self.dra_facts = dra_facts
+        self.routed = routed
+
+    def p99(self, verb: str) -> float:
+        """The verb's server p99 with DRA nodes (infinite when not measured)."""
+        return self.figures["with"][verb].get("server_p99", math.inf)
+
+    def missed(self) -> list[str]:
+        """The verbs whose server p99 with DRA nodes is above the target (or was not measured)."""
+        return [verb for verb in VERBS[:2] if self.p99(verb) > SERVER_P99_TARGET_MS]
+
+    def verdict(self, verb: str) -> str:
+        return _by(self.p99(verb), SERVER_P99_TARGET_MS)
+
+    def target_rows(self) -> list[str]:
+        dra = self.dra_facts
+        return [f"| {verb} with {dra['dra_nodes']:,} DRA nodes of {dra['nodes']:,} and DRA pods: server-side p99 <= "
+                f"{SERVER_P99_TARGET_MS:g} ms (issue 30) | {_ms(self.p99(verb))} ms "
+                f"({_ms(self.figures['without'][verb]['server_p99'])} ms without DRA nodes) | {self.verdict(verb)} |"
+                for verb in VERBS[:2]]
+
+    def sections(self) -> list[str]:
+        return [self.section(), self.routing_section()]
+
+    def cpu_per_cycle(self) -> dict[str, float]:
+        """CPU ms per measured cycle of each extender process over the rounds (each is idle in the other's)."""
+        before, after = self.data["usage"]
+        return {side: (after[role] - before[role]) * 1000 / max(1, sum(self.data["outcomes"][side].values()))
+                for side, role in zip(self.SIDES, ("extender", "dra"))}
+
+    def section(self) -> str:
+        dra, data = self.dra_facts, self.data
+        cpu = self.cpu_per_cycle()
+        lines = [
+            f"### DRA nodes in the mix (issue 30): {data['size']:,} names, without DRA nodes and with "
+            f"{dra['dra_nodes']:,} ({dra['dra_share']:.0%})", "",
+            "One more extender process, built as the first (the same nodes, network labels, levels and seed) but "
+            f"with its first {dra['dra_nodes']:,} nodes, every platform among them, DRA nodes "
+            f"(`large_cluster_server.py --dra-share {dra['dra_share']:g}`, as `make bench-dra` builds them): each "
+            "publishes its GPUs in an NVIDIA-shaped ResourceSlice, in an order shuffled per node, and has no "
+            "`nvidia.com/gpu` in its allocatable; the fill's pods there hold their GPUs through "
+            f"{dra['dra_claims']:,} ResourceClaims allocated at kube-scheduler's first fit (KEP-5004), which the "
+            "extender counts. Distinct node keys at the start: "
+            f"{self.facts['distinct_node_keys']:,} without DRA nodes, {dra['distinct_node_keys']:,} with (a DRA "
+            "node's key carries its slice order).", "",
+            "- Pods: without DRA nodes, the load's pods as above; with them, DRA pods: of every four, two ask "
+            "`nvidia.com/gpu` (1 and 2 GPUs; on a DRA node kube-scheduler makes their claim, KEP-5004) and two a "
+            "claim made from the shipped template of their size (`scheduler-config/dra-claim-templates.yaml`: "
+            "`gpus-1` and `gpus-4`, then `gpus-4` preferring NVLink and `gpus-2` requiring it), marked with "
+            f"`{CLAIMS_MARKER}` as `dra-claims-policy.yaml` marks them; that claim is in the extender's watch "
+            "before its pod is sent.",
+            f"- A cycle: filter and prioritize with all {data['size']:,} names (a claims-only pod's too, which "
+            "kube-scheduler's DRA plugin would have narrowed to DRA nodes: the extender gets the most work), then, "
+            "on the top-scored name that passed (for a claims-only pod, a DRA node), kube-scheduler's DRA PreBind "
+            "on a DRA node (the pod's claim allocated at the first fit, `POST /loadtest/prebind`, not timed) and "
+            "the bind. The churn ends pods with their claims and makes a template pod's claim with it.",
+            f"- {len(data['rounds'])} rounds of {data['round']} cycles in {data['seconds']:.1f} s after "
+            f"{data['warmup']} warm-up cycles on each, the first to go alternating; CPUs kept busy by other "
+            f"processes on the machine meanwhile: {self.others():.2f}. CPU per cycle (/proc, each extender process "
+            f"over the rounds): {cpu['without']:.2f} ms without DRA nodes, {cpu['with']:.2f} ms with. Claims "
+            f"allocated on the extender with DRA nodes: {data['before']['with']['dra_claims']:,} before the rounds, "
+            f"{data['after']['with']['dra_claims']:,} after them. Verdict: the server p99 with DRA nodes.", "",
+            self.table(), "", self.rounds_and_outcomes("with DRA nodes")
+            + (f" First bind errors: {'; '.join(data['bind_errors'])}." if data["bind_errors"] else "")]
+        return "\n".join(lines)
+
+    def routing_section(self) -> str:
+        routed = self.routed
+        pods = max(1, routed["pods"])
+        figures = {side: {verb: Report.figures(routed["samples"][side], verb) for verb in VERBS[:2]}
+                   for side in ROUTED}
+        cpu = {side: routed["cpu_ns"][side] / 1e6 / pods for side in ROUTED}
+        cycle = self.cpu_per_cycle()["with"]
+        lines = [
+            "### Claim-only routing: what a pod that asks no GPU would cost (issue 30)", "",
+            "kube-scheduler sends the extender only the pods that ask one of its managedResources: `nvidia.com/gpu` "
+            f"and `{CLAIMS_MARKER}`, which `scheduler-config/dra-claims-policy.yaml` puts on pods with claims. "
+            "Without that marker, claims-only pods would reach the extender only with managedResources empty, and "
+            "then kube-scheduler would send it every pod. What each pod that asks no GPU would cost it: on the "
+            f"extender with DRA nodes, right after the rounds above, {routed['pods']:,} pods that ask no GPU (the "
+            "load's pod shape with no GPU and no claim) and as many GPU pods (the DRA load's next pods), each sent "
+            f"filter and prioritize with all {routed['size']:,} names (the filter's body), in rounds of "
+            f"{self.data['round']} that alternate which goes first, after {routed['warmup']} warm-up pods of each; "
+            "none is bound, so no churn falls into either's rounds. Server CPU: the extender process's threads, "
+            "from /proc/PID/task/*/schedstat, per round.", "",
+            "| pod | server CPU ms per pod (filter + prioritize) | filter server p50 / p99 | prioritize server p50 / "
+            "p99 | HTTP p50 filter / prioritize | names passed (mean) |",
+            "|---|---:|---:|---:|---:|---:|"]
+        for side, label in zip(ROUTED, ("asks no GPU", "GPU pod (the DRA load's, not bound)")):
+            f, p = figures[side]["filter"], figures[side]["prioritize"]
+            lines.append(f"| {label} | {cpu[side]:.3f} | {_ms(f['server_p50'])} / {_ms(f['server_p99'])} | "
+                         f"{_ms(p['server_p50'])} / {_ms(p['server_p99'])} | {_ms(f['http_p50'])} / "
+                         f"{_ms(p['http_p50'])} | {routed['passed'][side] / pods:,.0f} |")
+        ratio = {verb: {kind: figures[ROUTED[0]][verb][f"server_{kind}"] / figures[ROUTED[1]][verb][f"server_{kind}"]
+                        for kind in ("p50", "p99")} for verb in VERBS[:2]}
+        lines.append(f"| ratio, no GPU over GPU | {cpu[ROUTED[0]] / cpu[ROUTED[1]]:.2f}x | "
+                     f"{ratio['filter']['p50']:.2f}x / {ratio['filter']['p99']:.2f}x | "
+                     f"{ratio['prioritize']['p50']:.2f}x / {ratio['prioritize']['p99']:.2f}x | | |")
+        ratios = sorted(routed["ratios"])
+        lines += ["", f"Round by round, the CPU ratio no GPU over GPU: {ratios[0]:.2f}x to {ratios[-1]:.2f}x (median "
+                  f"{percentile(ratios, 0.5):.2f}x, {len(ratios)} rounds). A whole GPU cycle on this extender in the "
+                  f"rounds above (filter, prioritize, PreBind, bind and the churn it causes) took {cycle:.2f} ms of "
+                  f"CPU: a pod that asks no GPU would cost {cpu[ROUTED[0]] / cycle:.2f}x that."]
+        return "\n".join(lines)
+
+
 def _merged(*tables: dict[str, tuple[float, float, float]]) -> dict[str, tuple[float, float, float]]:
     """Per-cycle figures of several threads' profiles, summed per function (their calls are apart)."""
     merged: dict[str, tuple[float, float, float]] = {}
@@ -956,8 +1237,9 @@ def _per_cycle(rows: list[dict[str, Any]], cycles: int) -> dict[str, tuple[float
 
 def header(argv: Sequence[str] | None, args: argparse.Namespace, elapsed: float, facts: dict[str, Any],
            loadavg_before: str, loadavg_after: str) -> str:
-    machine = (f"; {facts['http']}. The extender, the floor and the load generator are three processes sharing "
-               f"these CPUs. Load average (1, 5, 15 min) before the run {loadavg_before}, after it {loadavg_after}"
+    machine = (f"; {facts['http']}. The extenders (one, and one more each with plans and with DRA nodes), the floor "
+               f"and the load generator are processes sharing these CPUs. Load average (1, 5, 15 min) before the run "
+               f"{loadavg_before}, after it {loadavg_after}"
                + (f"; {args.idle_note}" if args.idle_note else ""))
     return "\n".join(run_header("Extender over HTTP", "load_extender.py", argv, elapsed, machine) + [
         f"- Cluster: {facts['nodes']:,} nodes, the ten platforms of `extender.demo.cluster.DEMO_NODES` repeated "
