@@ -137,6 +137,16 @@ KUBELET_FIELDS = [
     ("PodResources", "containers", 3, "ContainerResources"),
     ("ContainerResources", "name", 1, None),
     ("ContainerResources", "devices", 2, "ContainerDevices"),
+    ("ContainerResources", "dynamic_resources", 5, "DynamicResource"),
+    ("DynamicResource", "claim_name", 2, None),
+    ("DynamicResource", "claim_namespace", 3, None),
+    ("DynamicResource", "claim_resources", 4, "ClaimResource"),
+    ("ClaimResource", "cdi_devices", 1, "CDIDevice"),
+    ("ClaimResource", "driver_name", 2, None),
+    ("ClaimResource", "pool_name", 3, None),
+    ("ClaimResource", "device_name", 4, None),
+    ("ClaimResource", "share_id", 5, None),
+    ("CDIDevice", "name", 1, None),
     ("ContainerDevices", "resource_name", 1, None),
     ("ContainerDevices", "device_ids", 2, None),
     ("ContainerDevices", "topology", 3, "TopologyInfo"),
@@ -161,7 +171,7 @@ def test_the_service_paths_are_the_kubelets():
 
 
 def test_fields_the_reporter_does_not_model_are_skipped():
-    """The kubelet also sends cpu_ids (3), memory (4) and dynamic_resources (5) per container."""
+    """The kubelet also sends cpu_ids (3) and memory (4) per container."""
     extra = bytes([0x1A, 0x02, 0x05, 0x07, 0x22, 0x00])  # field 3: packed [5, 7]; field 4: an empty message
     container = api.ContainerResources.FromString(api.ContainerResources(name="main").SerializeToString() + extra)
     assert container.name == "main" and list(container.devices) == []
