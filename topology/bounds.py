@@ -124,3 +124,9 @@ MAX_POD_CLAIMS = 128
 MAX_CLAIMS = 1_100_000
 # A DRA device attribute's string value (DeviceAttributeMaxValueLength).
 DEVICE_ATTRIBUTE_MAX_LENGTH = 64
+# pod-resources' dynamic resources, as the kubelet lists them per container: the claims of its pod it uses, and the
+# claim of its extended resources (DRAExtendedResource); each with at most its allocation's devices. A claim is in
+# its pod's namespace (a DNS label, 63) and named as any object (a DNS subdomain, 253).
+MAX_CONTAINER_CLAIMS = MAX_POD_CLAIMS + 1
+MAX_NAMESPACE_LENGTH = 63
+MAX_NAME_LENGTH = 253

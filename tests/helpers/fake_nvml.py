@@ -163,7 +163,7 @@ def make_fake_nvml(topology: Topology, name: str, *, library_missing: bool = Fal
                    remote_type_unsupported: bool = False, down_links: frozenset[tuple[int, int]] = frozenset(),
                    nvlink_version: int | None = None, as_bytes: bool = False,
                    memory_affinity: MemoryAffinity = "node", fabric: Sequence[FabricAnswer] | None = None,
-                   fabric_api: FabricApi = "v") -> ModuleType:
+                   fabric_api: FabricApi = "v", minors: Sequence[int] | None = None) -> ModuleType:
     """A module with pynvml's surface describing `topology`.
 
     library_missing: nvmlInit fails as on a node without the driver. remote_type_unsupported: the driver
@@ -171,7 +171,8 @@ def make_fake_nvml(topology: Topology, name: str, *, library_missing: bool = Fal
     nvlink_version: what every link reports instead of its generation's enum. as_bytes: strings come back
     as bytes, as older pynvml releases return them. memory_affinity: how nvmlDeviceGetMemoryAffinity answers.
     fabric: each GPU's fabric info, read at each call (a list may change while the agent runs); None: NOT_SUPPORTED
-    on every GPU, as before Hopper. fabric_api: which fabric info calls there are.
+    on every GPU, as before Hopper. fabric_api: which fabric info calls there are. minors: each GPU's
+    /dev/nvidia<minor> (default: its index); the driver numbers GPUs as it probes them, not by NVML's PCI order.
     """
     fake = ModuleType(f"fake_nvml[{name}]")
     for attribute in dir(pynvml):
@@ -290,6 +291,7 @@ def make_fake_nvml(topology: Topology, name: str, *, library_missing: bool = Fal
         "nvmlDeviceGetHandleByIndex": nvmlDeviceGetHandleByIndex,
         "nvmlDeviceGetName": lambda handle: text(topology.gpus[handle.index].model),
         "nvmlDeviceGetUUID": lambda handle: text(gpu_uuid(name, handle.index)),
+        "nvmlDeviceGetMinorNumber": lambda handle: handle.index if minors is None else minors[handle.index],
         "nvmlDeviceGetPciInfo": nvmlDeviceGetPciInfo,
         "nvmlDeviceGetMemoryInfo": nvmlDeviceGetMemoryInfo,
         "nvmlDeviceGetMaxPcieLinkGeneration": nvmlDeviceGetMaxPcieLinkGeneration,

@@ -16,8 +16,15 @@ its devices unchecked, any other needs its resource registered with healthy devi
 no pod's devices are freed until then (the checkpoint's allocations stay in use). A real kubelet v1.36 does this
 about a second after it starts, racing its plugins' registration (seen with tests/e2e/test_kubelet_delivery_e2e.py).
 
+The DRA manager (pkg/kubelet/cm/dra/manager.go, claiminfo.go; pkg/kubelet/cm/container_manager_linux.go
+GetDynamicResources) is modelled as far as pod-resources shows it: `prepare` checks an active pod's claims as the
+API server has them and caches each claim's info with the pod before its drivers' NodePrepareResources answers the
+devices; `List` gives each container the claims it uses, by driver, pool and device, with their CDI devices; the
+claim infos survive a restart (the DRA manager's checkpoint) and go when no pod uses them (`remove`).
+
 Not modelled: node status (capacity, the stop grace period that drops a resource), the admission predicate
-(node allocatable), the plugin-watcher registration path, CPU/memory/DRA in pod-resources, and `Get`.
+(node allocatable), the plugin-watcher registration paths (a DRA driver is `register_dra_driver`ed), CPU and memory
+in pod-resources, PodGroup claims, and `Get`.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from topology.agent import podresources_v1 as pr
 
 Message = Any  # protobuf classes are built at import from a descriptor, so they have no static type
 NumaAffinity = Callable[[dict, str], set[int] | None]
+CdiNames = Callable[[str, dict], list[str]]  # (claim uid, allocation result) -> the CDI devices a driver prepares
 
 CHECKPOINT = "kubelet_internal_checkpoint"
 UNEXPECTED_ADMISSION_ERROR = "UnexpectedAdmissionError"
@@ -72,6 +80,29 @@ def _go_rpc_error(error: grpc.RpcError) -> str:
 
 class DeviceManagerError(Exception):
     """An error the device manager returns; its text is the kubelet's."""
+
+
+class DraManagerError(Exception):
+    """An error the DRA manager's PrepareResources returns; its text is the kubelet's."""
+
+
+def nvidia_cdi(claim_uid: str, result: dict) -> list[str]:
+    """What NVIDIA's GPU driver prepares for a device without claim config: its standard CDI device,
+    k8s.gpu.nvidia.com/device=<device> (cmd/gpu-kubelet-plugin/cdi.go, GetStandardDevice)."""
+    return [f"k8s.{result['driver']}/device={result['device']}"]
+
+
+@dataclass
+class _ClaimInfo:
+    """The DRA manager's cache entry for one claim: the pods that use it, and per driver the devices its
+    NodePrepareResources answered (none until it has)."""
+
+    uid: str
+    namespace: str
+    name: str
+    pods: set[str]
+    devices: dict[str, list[dict]]  # driver -> allocation results, in the driver's answer's order
+    prepared: bool = False
 
 
 @dataclass(frozen=True)
@@ -176,6 +207,8 @@ class KubeletStandIn:
         self._servers: list[grpc.Server] = []
         self._sources_ready = True  # false from a restart until its pods are admitted again (`readmit`)
         self._streams: list[tuple[threading.Thread, _Endpoint]] = []  # every connected plugin, replaced or not
+        self._dra_drivers: dict[str, CdiNames] = {}
+        self._claim_infos: dict[tuple[str, str], _ClaimInfo] = {}  # (namespace, name): checkpointed, kept on restart
         self._reset()
 
     def _reset(self) -> None:
@@ -664,11 +697,109 @@ class KubeletStandIn:
     # -- pods ------------------------------------------------------------------------------------------
 
     def remove(self, uid: str) -> None:
-        """The pod terminated: it leaves the active pods and its devices are freed (once the sources are ready)."""
+        """The pod terminated: it leaves the active pods and its devices are freed (once the sources are ready); its
+        claims are unprepared, and a claim no other pod uses leaves the DRA manager's cache."""
         with self._pods_lock:
             self._active.pop(uid, None)
             self._awaiting.pop(uid, None)
         self._update_allocated_devices()
+        with self._mutex:
+            for key, info in list(self._claim_infos.items()):
+                info.pods.discard(uid)
+                if not info.pods:
+                    del self._claim_infos[key]
+
+    # -- DRA (cm/dra/manager.go prepareResources, GetContainerClaimInfos; container_manager_linux.go) ---------
+
+    def register_dra_driver(self, driver: str, cdi: CdiNames = nvidia_cdi) -> None:
+        """A DRA driver's kubelet plugin registered; `cdi` names the CDI devices its NodePrepareResources gives."""
+        with self._mutex:
+            self._dra_drivers[driver] = cdi
+
+    def prepare(self, uid: str, claims: Iterable[dict], *, answered: bool = True) -> None:
+        """PrepareResources for an active pod, as its sync runs it before the containers start, with `claims` as the
+        API server has them. Every claim of the pod (and of its extended resources) is checked first, and on an error
+        nothing changes; then each claim's info is cached with the pod, and each driver's NodePrepareResources answers
+        its devices. `answered=False` stops before those answers: List then shows the claims without devices."""
+        with self._pods_lock:
+            pod = self._active[uid]
+        namespace = pod["metadata"]["namespace"]
+        by_name = {claim["metadata"]["name"]: claim for claim in claims
+                   if claim["metadata"].get("namespace") == namespace}
+        checked = []
+        for pod_claim in _pod_claims(pod):
+            name, must_check_owner = _claim_name(pod, pod_claim)
+            if name is None:
+                continue
+            claim = by_name.get(name)
+            if claim is None:
+                raise DraManagerError(f'fetch ResourceClaim {name}: resourceclaims.resource.k8s.io "{name}" not found')
+            if must_check_owner and not any(owner.get("uid") == uid and owner.get("controller")
+                                            for owner in claim["metadata"].get("ownerReferences", [])):
+                raise DraManagerError(f"ResourceClaim {namespace}/{name} was not created for Pod "
+                                      f"{namespace}/{pod['metadata']['name']} (Pod is not owner)")
+            status = claim.get("status") or {}
+            if not any(reserved.get("uid") == uid for reserved in status.get("reservedFor", [])):
+                raise DraManagerError(f"pod {pod['metadata']['name']} ({uid}) is not allowed to use ResourceClaim "
+                                      f"{name} ({claim['metadata']['uid']})")
+            if status.get("allocation") is None:
+                raise DraManagerError(f"ResourceClaim {name}: not allocated")
+            results = status["allocation"]["devices"]["results"]
+            with self._mutex:
+                missing = [result["driver"] for result in results if result["driver"] not in self._dra_drivers]
+            if missing:
+                raise DraManagerError(f"DRA driver {missing[0]} is not registered")
+            checked.append((claim, results))
+        with self._mutex:
+            for claim, results in checked:
+                key = (namespace, claim["metadata"]["name"])
+                info = self._claim_infos.get(key)
+                if info is not None and info.uid != claim["metadata"]["uid"]:
+                    raise DraManagerError(f"old ResourceClaim with same name {key[1]} and different UID {info.uid} "
+                                          "still exists (previous pod force-deleted?!)")
+                if info is None:
+                    info = self._claim_infos[key] = _ClaimInfo(claim["metadata"]["uid"], namespace, key[1], set(),
+                                                               {result["driver"]: [] for result in results})
+                info.pods.add(uid)
+                if answered and not info.prepared:
+                    for result in results:
+                        info.devices[result["driver"]].append(result)
+                    info.prepared = True
+
+    def _dynamic_resources(self, pod: dict, container: dict) -> list[Message]:
+        """GetDynamicResources: the claims of the pod the container uses, and its extended resources' claim. A claim
+        the cache lacks makes it list none at all (the kubelet logs the error)."""
+        used = {claim["name"] for claim in container.get("resources", {}).get("claims", [])}
+        names: list[str] = []
+        for pod_claim in pod["spec"].get("resourceClaims", []):
+            if pod_claim["name"] not in used:
+                continue
+            try:
+                name = _claim_name(pod, pod_claim)[0]
+            except DraManagerError:
+                return []
+            if name is not None:
+                names.append(name)
+        extended = (pod.get("status") or {}).get("extendedResourceClaimStatus")
+        if extended and any(mapping["containerName"] == container["name"] for mapping in extended["requestMappings"]):
+            names.append(extended["resourceClaimName"])
+        infos = [self._claim_infos.get((pod["metadata"]["namespace"], name)) for name in names]
+        if None in infos:
+            return []
+        return [pr.DynamicResource(claim_name=info.name, claim_namespace=info.namespace,
+                                   claim_resources=self._claim_resources(info)) for info in infos if info is not None]
+
+    def _claim_resources(self, info: _ClaimInfo) -> list[Message]:
+        """Drivers in a Go map's order, each driver's devices as it answered. As v1.36 builds them, one CDI list per
+        driver grows device by device, so each device also carries the CDI devices of the driver's ones before it."""
+        resources = []
+        for driver in self._unsorted(info.devices):
+            cdi: list[Message] = []
+            for result in info.devices[driver]:
+                cdi = cdi + [pr.CDIDevice(name=name) for name in self._dra_drivers[driver](info.uid, result)]
+                resources.append(pr.ClaimResource(cdi_devices=cdi, driver_name=driver, pool_name=result["pool"],
+                                                  device_name=result["device"], share_id=result.get("shareID")))
+        return resources
 
     def start_container(self, uid: str, container: str) -> dict[str, Message]:
         """GetDeviceRunContainerOptions when the runtime starts a container of an active pod: PreStartContainer
@@ -718,7 +849,8 @@ class KubeletStandIn:
         with self._mutex:
             answer = [pr.PodResources(name=pod["metadata"]["name"], namespace=pod["metadata"]["namespace"],
                                       containers=[pr.ContainerResources(
-                                          name=c["name"], devices=self._container_devices(pod, c["name"]))
+                                          name=c["name"], devices=self._container_devices(pod, c["name"]),
+                                          dynamic_resources=self._dynamic_resources(pod, c))
                                           for c in [*(i for i in pod["spec"].get("initContainers", [])
                                                       if i.get("restartPolicy") == "Always"),
                                                     *pod["spec"].get("containers", [])]])
@@ -799,6 +931,27 @@ def pod_containers(pod: dict) -> list[dict]:
     """Init containers, then app containers: the kubelet's allocation order."""
     spec = pod["spec"]
     return [*spec.get("initContainers", []), *spec.get("containers", [])]
+
+
+def _pod_claims(pod: dict) -> list[dict]:
+    """The pod's claims, and its extended resources' claim (DRAExtendedResource) as one more."""
+    extended = (pod.get("status") or {}).get("extendedResourceClaimStatus")
+    return [*pod["spec"].get("resourceClaims", []),
+            *([{"name": "", "resourceClaimName": extended["resourceClaimName"]}] if extended else [])]
+
+
+def _claim_name(pod: dict, pod_claim: dict) -> tuple[str | None, bool]:
+    """resourceclaim.Name: the claim's name (None: no claim is needed), and whether the pod must own it."""
+    metadata = pod["metadata"]
+    if pod_claim.get("resourceClaimName") is not None:
+        return pod_claim["resourceClaimName"], False
+    if pod_claim.get("resourceClaimTemplateName") is not None:
+        for status in (pod.get("status") or {}).get("resourceClaimStatuses", []):
+            if status["name"] == pod_claim["name"]:
+                return status.get("resourceClaimName"), True
+        raise DraManagerError(f'pod "{metadata["namespace"]}/{metadata["name"]}": ResourceClaim not created yet')
+    raise DraManagerError(f'pod "{metadata["namespace"]}/{metadata["name"]}", spec.resourceClaim '
+                          f'"{pod_claim["name"]}": none of the supported fields are set')
 
 
 def _validate(pod: dict) -> None:

@@ -51,9 +51,10 @@ def short_tmpdir() -> Path:
 
 @dataclass
 class PodResourcesServer:
-    """A kubelet pod-resources endpoint. `allocate`/`free` change what List answers; `allocatable` is what
-    GetAllocatableResources answers. `fail(code, times)` makes the next calls fail with that gRPC status;
-    `allocatable_unimplemented` answers UNIMPLEMENTED as kubelets before 1.23 did; `stall` delays List."""
+    """A kubelet pod-resources endpoint. `allocate`/`free` change what List answers; `prepare` adds a claim's
+    devices to a container's dynamic resources, as the kubelet lists a prepared ResourceClaim, whatever they are;
+    `allocatable` is what GetAllocatableResources answers. `fail(code, times)` makes the next calls fail with that
+    gRPC status; `allocatable_unimplemented` answers UNIMPLEMENTED as kubelets before 1.23 did; `stall` delays List."""
 
     socket_path: Path
     allocatable: dict[str, list[str]] = field(default_factory=dict)
@@ -61,6 +62,7 @@ class PodResourcesServer:
     stall: float = 0.0  # seconds each List waits before it answers
     calls: dict[str, int] = field(default_factory=lambda: {"List": 0, "GetAllocatableResources": 0})
     _pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = field(default_factory=dict)
+    _claims: dict[tuple[str, str], dict[str, list]] = field(default_factory=dict)  # pod -> container -> claims
     _faults: list[list] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: grpc.Server | None = None
@@ -97,9 +99,23 @@ class PodResourcesServer:
             containers = self._pods.setdefault((namespace, pod), {})
             containers.setdefault(container, {}).setdefault(resource, []).extend(device_ids)
 
+    def prepare(self, namespace: str, pod: str, claim: str, devices: list[tuple[str, str, str]], *,
+                container: str = "main", claim_namespace: str | None = None) -> None:
+        """List shows `claim` in the container's dynamic resources with these (driver, pool, device), each with the
+        CDI device NVIDIA's driver names it by."""
+        resources = [api.ClaimResource(driver_name=driver, pool_name=pool, device_name=device,
+                                       cdi_devices=[api.CDIDevice(name=f"k8s.{driver}/device={device}")])
+                     for driver, pool, device in devices]
+        with self._lock:
+            self._pods.setdefault((namespace, pod), {}).setdefault(container, {})
+            self._claims.setdefault((namespace, pod), {}).setdefault(container, []).append(api.DynamicResource(
+                claim_name=claim, claim_namespace=namespace if claim_namespace is None else claim_namespace,
+                claim_resources=resources))
+
     def free(self, namespace: str, pod: str) -> None:
         with self._lock:
             self._pods.pop((namespace, pod), None)
+            self._claims.pop((namespace, pod), None)
 
     def fail(self, code: grpc.StatusCode, times: int = 1, method: str | None = None) -> None:
         with self._lock:
@@ -125,7 +141,8 @@ class PodResourcesServer:
             pods = [api.PodResources(name=pod, namespace=namespace, containers=[
                 api.ContainerResources(name=container, devices=[
                     api.ContainerDevices(resource_name=resource, device_ids=ids)
-                    for resource, ids in resources.items()])
+                    for resource, ids in resources.items()],
+                    dynamic_resources=self._claims.get((namespace, pod), {}).get(container, []))
                 for container, resources in containers.items()])
                 for (namespace, pod), containers in sorted(self._pods.items())]
         return api.ListPodResourcesResponse(pod_resources=pods)

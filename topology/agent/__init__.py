@@ -6,6 +6,7 @@ One job per module. The pure core imports neither Kubernetes nor gRPC:
 | module | job |
 |---|---|
 | `devices.py` | kubelet device ids -> this node's GPU ids; what pod-resources and NVML health say, as one observation |
+| `dra.py` | on a DRA node: claims' devices (`gpu-<minor>`) -> GPU ids by NVML minor and UUID, as one observation |
 | `annotation_patch.py` | observation + what the node carries -> the merge patch to send, if any (change or heartbeat) |
 | `health.py` | NVML health per GPU (lost, uncorrectable ECC, row-remapping failure) |
 | `reporter.py` | the polling loop: observe, plan, patch, wait (`topology/backoff.py` after failures) to an Event |
@@ -17,7 +18,7 @@ The edges, the only modules that import gRPC or the Kubernetes client:
 
 | module | job |
 |---|---|
-| `podresources.py` | the kubelet's pod-resources API v1 over its unix socket (gRPC): List, GetAllocatableResources |
+| `podresources.py` | pod-resources v1 (gRPC): List, with DRA claims' devices (bounded), GetAllocatableResources |
 | `podresources_v1/` | that API's messages, built from the committed descriptor of `api.proto` |
 | `kube.py` | GET and merge-PATCH of this node through the official `kubernetes` client |
 | `pods.py` | the pods bound to this node (field selector), bounded, through the same client |

@@ -22,14 +22,18 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from topology import bounds
 from topology.agent.allocate import DEFAULT_CDI_KIND, DEFAULT_STRATEGIES, Delivery, Strategy, parse_strategies
-from topology.agent.devices import DEFAULT_SOCKET
+from topology.agent.devices import DEFAULT_SOCKET, GpuIds, Unknown
+from topology.agent.dra import DEFAULT_DRIVER as DEFAULT_DRA_DRIVER
+from topology.agent.dra import DraDevices, index_minors, read_minors
 from topology.agent.reporter import DEFAULT_RESOURCE, HealthSource, NodeError, PrintingNode, Reporter
 from topology.annotations import DEFAULT_PREFIX, AnnotationKeys
 from topology.cli import CliError, load_topology
 from topology.codec import CodecError
 from topology.discover import SYSFS_ROOT, NvmlUnavailable, _import_pynvml, discover, read_domain
 from topology.fabric import Domain
+from topology.model import Topology
 from topology.nvidia_smi import TopoParseError
 
 if TYPE_CHECKING:
@@ -83,13 +87,18 @@ def _holders(args: argparse.Namespace, nvml: ModuleType | None, sysfs: Path) -> 
         return _error(error, EXIT_USAGE)
     except NvmlUnavailable as error:
         return _error(error, EXIT_FAILURE)
-    client = PodResourcesClient(args.socket)
+    client = PodResourcesClient(args.socket, dra_driver=args.dra_driver)
     try:
-        listed = client.listed(args.gpu_resource)
-    except PodResourcesUnavailable as error:
+        dra = _dra(args, topology, nvml)
+        listed = client.listed(args.gpu_resource) if dra is None else dra.listed(client.read())
+    except _Usage as error:
+        return _error(error, EXIT_USAGE)
+    except (PodResourcesUnavailable, NvmlUnavailable) as error:
         return _error(error, EXIT_FAILURE)
     finally:
         client.close()
+    if isinstance(listed, Unknown):
+        return _error(listed.reason, EXIT_FAILURE)
     sys.stdout.write(holders_table(topology, listed))
     return 0
 
@@ -137,6 +146,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--numa-topology", action="store_true",
                         help="report each GPU's NUMA node to the kubelet; the Topology Manager (best-effort, "
                              "restricted, single-numa-node) may then override the GPUs the extender chose")
+    parser.add_argument("--dra-driver", type=_driver, metavar="DRIVER",
+                        help=f"a DRA node, whose GPUs this DRA driver hands out (NVIDIA's: {DEFAULT_DRA_DRIVER}): "
+                             "read which pod holds which GPU from the claims the kubelet prepared; no device plugin")
     parser.add_argument("--holders", action="store_true",
                         help="print which container holds which GPUs on this node (the kubelet's pod-resources), "
                              "with each set's ring bandwidth, then exit")
@@ -152,6 +164,13 @@ def _seconds(text: str) -> float:
     if not 0 < value <= 86400:
         raise argparse.ArgumentTypeError(f"{text} must be more than 0 and at most 86400 seconds")
     return value
+
+
+def _driver(text: str) -> str:
+    if len(text) > bounds.MAX_DRIVER_NAME_LENGTH or not bounds.DNS_SUBDOMAIN.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text[:80]!r} is not a DRA driver name (a DNS subdomain of at most "
+                                         f"{bounds.MAX_DRIVER_NAME_LENGTH} characters)")
+    return text
 
 
 def _strategies(text: str) -> tuple[Strategy, ...]:
@@ -171,6 +190,9 @@ def _build(args: argparse.Namespace, nvml: ModuleType | None, sysfs: Path, stop:
         raise _Usage("--gpu-model only applies with --from-topo (NVML names the GPU itself)")
     if not args.dry_run and not args.node_name:
         raise _Usage("no node name: set NODE_NAME (the downward API's spec.nodeName) or pass --node-name")
+    if args.dra_driver and deliver:
+        raise _Usage("--dra-driver: on a DRA node the DRA driver hands out the GPUs, and no device plugin may serve "
+                     "them beside it: it cannot run with --mode deliver")
     if deliver and (args.once or args.dry_run):
         raise _Usage("--mode deliver serves the kubelet until stopped and reads this node's pods from the API "
                      "server: it cannot run with --once or --dry-run")
@@ -188,12 +210,13 @@ def _build(args: argparse.Namespace, nvml: ModuleType | None, sysfs: Path, stop:
         closers.append(nvml_health.close)
         health = nvml_health
         fabric = partial(read_domain, nvml, topology.size)  # each round, while the health check holds NVML open
+    dra = _dra(args, topology, nvml)
     from topology.agent.kube import NodeApi
 
     node = PrintingNode() if args.dry_run else _kube(NodeApi, args)
     from topology.agent.podresources import PodResourcesClient
 
-    devices = PodResourcesClient(args.socket)
+    devices = PodResourcesClient(args.socket, dra_driver=args.dra_driver)
     closers.append(devices.close)
     plugin = None
     if deliver:
@@ -205,10 +228,24 @@ def _build(args: argparse.Namespace, nvml: ModuleType | None, sysfs: Path, stop:
                               numa_topology=args.numa_topology)
         health = SharedHealth(health, plugin) if health is not None else None
     log.info("%s: %d GPUs (%s), topology from %s, mode %s", args.node_name or "(dry run)", topology.size,
-             topology.gpus[0].model, args.from_topo or "NVML", args.mode)
-    reporter = Reporter(topology, node, devices, health, fabric=fabric, keys=keys, gpu_resource=args.gpu_resource,
-                        interval=args.interval, heartbeat=args.heartbeat, stop=stop)
+             topology.gpus[0].model, args.from_topo or "NVML",
+             f"{args.mode}, GPUs from DRA driver {args.dra_driver}" if dra else args.mode)
+    reporter = Reporter(topology, node, devices, health, fabric=fabric, dra=dra, keys=keys,
+                        gpu_resource=args.gpu_resource, interval=args.interval, heartbeat=args.heartbeat, stop=stop)
     return reporter, plugin
+
+
+def _dra(args: argparse.Namespace, topology: Topology, nvml: ModuleType | None) -> DraDevices | None:
+    """With `--dra-driver`: the driver's devices in this node's pool (named after the node), joined to the topology
+    by NVML's minor numbers, or by index with `--from-topo`."""
+    if not args.dra_driver:
+        return None
+    if not args.node_name:
+        raise _Usage("--dra-driver needs this node's name, the name of the driver's pool: set NODE_NAME or pass "
+                     "--node-name")
+    ids = GpuIds(topology)
+    minors = index_minors(ids) if args.from_topo else read_minors(nvml or _import_pynvml(), ids)
+    return DraDevices(args.dra_driver, args.node_name, minors)
 
 
 def _kube(api: type[NodeApi], args: argparse.Namespace, **kwargs: float) -> NodeApi:

@@ -40,16 +40,32 @@ class ContainerDevices:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimDevice:
+    """One device of a ResourceClaim that the kubelet prepared for one container (pod-resources' dynamic resources),
+    named as DRA names it: driver, pool, device."""
+
+    namespace: str
+    pod: str
+    container: str
+    claim: str  # the claim's name, in the pod's namespace
+    driver: str
+    pool: str
+    device: str
+
+
+@dataclass(frozen=True, slots=True)
 class KubeletDevices:
     """One answer of the pod-resources API.
 
     `allocatable` maps each resource to the device ids the kubelet can allocate, which are its healthy
     devices (the kubelet filters out what the device plugin marked unhealthy, e.g. after a critical XID).
     It is None when the kubelet does not serve GetAllocatableResources (before 1.23 without its gate).
+    `claimed` holds the devices of one DRA driver's claims, read on DRA nodes only (`--dra-driver`).
     """
 
     assigned: tuple[ContainerDevices, ...]
     allocatable: Mapping[str, tuple[str, ...]] | None = None
+    claimed: tuple[ClaimDevice, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

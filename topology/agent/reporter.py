@@ -35,6 +35,7 @@ import orjson
 
 from topology.agent.annotation_patch import NodeAnnotations, plan
 from topology.agent.devices import DevicesUnavailable, GpuIds, KubeletDevices, Observation, Unknown, observe
+from topology.agent.dra import DraDevices
 from topology.annotations import AnnotationKeys
 from topology.backoff import Backoff
 from topology.codec import CodecError, encode_topology
@@ -103,11 +104,13 @@ for. A node whose last pods end is seen free that much later."""
 
 class Reporter:
     """Publishes one node's topology and GPU state. `run()` blocks until `stop` is set (or one round with
-    `once`). `fabric` reads the node's NVLink domain each round (None: the topology's stays). `monotonic`, `wall`
+    `once`). `fabric` reads the node's NVLink domain each round (None: the topology's stays). `dra`: on a DRA node,
+    the pods' GPUs are their claims' devices (`devices` reads them), not a device plugin's. `monotonic`, `wall`
     and the backoffs are injectable for tests."""
 
     def __init__(self, topology: Topology, node: Node, devices: DeviceSource, health: HealthSource | None = None,
-                 *, fabric: Callable[[], Domain] | None = None, keys: AnnotationKeys | None = None,
+                 *, fabric: Callable[[], Domain] | None = None, dra: DraDevices | None = None,
+                 keys: AnnotationKeys | None = None,
                  gpu_resource: str = DEFAULT_RESOURCE, interval: float = 5.0, heartbeat: float = 30.0,
                  stop: threading.Event | None = None, monotonic: Callable[[], float] = time.monotonic,
                  wall: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -120,7 +123,7 @@ class Reporter:
         self.gpu_resource = gpu_resource
         self.interval, self.heartbeat = interval, heartbeat
         self.stop = stop or threading.Event()
-        self._node, self._devices, self._health, self._fabric = node, devices, health, fabric
+        self._node, self._devices, self._health, self._fabric, self._dra = node, devices, health, fabric, dra
         self._ids = GpuIds(topology)
         self._monotonic, self._wall = monotonic, wall
         self.api_backoff = api_backoff or Backoff(initial=1.0, maximum=30.0)
@@ -180,7 +183,9 @@ class Reporter:
             self.devices_backoff.reset()
         health = self._health.check(self.topology) if self._health is not None else {}
         if devices is not None:
-            observation = self._hold_over_restart(observe(self._ids, devices, health, self.gpu_resource), now)
+            seen = (self._dra.observe(devices, health) if self._dra is not None
+                    else observe(self._ids, devices, health, self.gpu_resource))
+            observation = self._hold_over_restart(seen, now)
         if self._fabric is not None:
             self._follow(self._fabric())
         self.observation = observation
