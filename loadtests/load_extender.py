@@ -244,12 +244,11 @@ def _post(connection: http.client.HTTPConnection, path: str, body: bytes, sample
 def run_client(args: argparse.Namespace) -> dict[str, Any]:
     client = Client(args.port, args.floor_port, args.nodes)
     pids = {"extender": args.server_pid, "floor": args.floor_pid}
-    planned = dra = None
+    planned = None
     if args.plans_port is not None:
         planned = Client(args.plans_port, None, args.nodes)
         pids["plans"] = args.plans_pid
     if args.dra_port is not None:
-        dra = Client(args.dra_port, None, args.nodes, args.dra_share)
         pids["dra"] = args.dra_pid
     result: dict[str, Any] = {"latency": {}, "sustained": {}}
     gc.disable()  # no collector pause inside the client's timed loops; collected between phases
@@ -257,7 +256,8 @@ def run_client(args: argparse.Namespace) -> dict[str, Any]:
         result["comparison"] = compare({"without": client, "with": planned}, args, pids, args.compare_samples,
                                        args.compare_seconds, args.profile_seconds > 0)
         gc.collect()
-    if dra is not None:
+    if args.dra_port is not None:  # connected now: idle through the plans' rounds, the server would close it
+        dra = Client(args.dra_port, None, args.nodes, args.dra_share)
         result["dra"] = compare({"without": client, "with": dra}, args, pids, args.dra_samples, args.dra_seconds,
                                 False)
         result["dra"]["after"] = {"without": client.stats(), "with": dra.stats()}
