@@ -29,7 +29,8 @@ from extender.groups.sizes import GroupSizes
 from extender.kube.client import KubeError, KubernetesApi
 from extender.kube.leader_election import LeaderElector, Timings
 from extender.kube.leader_label import LeaderLabel
-from extender.kube.reflector import Reflector
+from extender.kube.reflector import Reflector, Tee
+from extender.pinning.planner import PIN_TIMEOUT_SECONDS, PinPlanner
 from extender.server.gc_freeze import settle_when_synced
 from extender.server.serve import ServeOptions, serve
 from extender.verbs.group_placement import GROUP_AGE_BOUND_SECONDS
@@ -39,6 +40,7 @@ from topology.annotations import DEFAULT_PREFIX, AnnotationKeys
 from topology.backoff import Backoff
 from topology.bounds import MAX_TOPOLOGY_WAIT_SECONDS
 from topology.collectives import COMM_SHARE, parse_comm_share
+from topology.select import Selector
 
 log = logging.getLogger("gpu-topology-extender")
 DEMO_HEARTBEAT_SECONDS = 30.0
@@ -86,6 +88,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--dra-gpu-classes", type=_drivers, default=(GPU_CLASS,), metavar="NAMES",
                        help="DeviceClasses whose requests are for whole GPUs, comma-separated: a claim's requests of "
                             f"them count as the pod's GPUs (default {GPU_CLASS})")
+    serve.add_argument("--pin-claims", action="store_true",
+                       help="name the claims of pods whose ResourceClaimTemplates ask whole GPUs at admission (the "
+                            "webhook of scheduler-config/dra-pin-webhook.yaml) and make them pinned by UUID to the "
+                            "GPUs the extender chooses, where a DRA node's first fit would give less")
+    serve.add_argument("--pin-timeout", type=float, default=PIN_TIMEOUT_SECONDS, metavar="SECONDS",
+                       help="a pinned claim not allocated within this is made again elsewhere "
+                            f"(default {PIN_TIMEOUT_SECONDS:g})")
     serve.add_argument("--stale-after", type=float, default=120.0, metavar="SECONDS",
                        help="treat a node whose GPU state is older than this as unknown")
     serve.add_argument("--seal-key-file", metavar="FILE",
@@ -212,12 +221,22 @@ def _serve(args: argparse.Namespace) -> int:
     else:
         kube = (KubernetesApi.in_cluster(timeout=args.api_timeout) if args.in_cluster
                 else KubernetesApi.from_kubeconfig(args.kubeconfig, timeout=args.api_timeout))
-        nodes = Reflector(kube.list_nodes, kube.watch_nodes, state.nodes, name="nodes")
-        pods = Reflector(kube.list_pods, kube.watch_pods, state.pods, name="pods")
+        selector = Selector()
+        planner = PinPlanner(state, selector, kube, state.keys, state.clock, args.pin_timeout) \
+            if args.pin_claims and args.dra_drivers else None
+        nodes = Reflector(kube.list_nodes, kube.watch_nodes,
+                          state.nodes if planner is None else Tee(state.nodes, planner.nodes), name="nodes")
+        pods = Reflector(kube.list_pods, kube.watch_pods,
+                         state.pods if planner is None else Tee(state.pods, planner.pods), name="pods")
         if timings is not None:
             elector = _elector(args, kube, timings)
-        service = ExtenderService(state, kube, leader=elector, pods=pods if elector else None,
-                                  topology_wait=args.topology_wait, **groups)
+        service = ExtenderService(state, kube, selector, leader=elector, pods=pods if elector else None,
+                                  topology_wait=args.topology_wait, pin_claims=planner is not None, **groups)
+        if planner is not None:
+            Reflector(kube.list_resource_claim_templates, kube.watch_resource_claim_templates, state.templates,
+                      name="resourceclaimtemplates.resource.k8s.io").start()
+            threading.Thread(target=planner.run, kwargs={"active": service.leads if elector is not None else None},
+                             name="pin-planner", daemon=True).start()
         nodes.start()
         pods.start()
         if args.dra_drivers:

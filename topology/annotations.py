@@ -47,6 +47,9 @@ class AnnotationKeys:
     group_span = _Key("group-span")  # nvlink-domain, or one of --topology-levels' node-label keys
     group_placement = _Key("group-placement")  # required | preferred (the default)
     group_segment = _Key("group-segment")  # members that must share one NVLink domain, dividing the group's size
+    # On pods, written by the extender's admission webhook: each pod claim whose template the planner makes pinned,
+    # `<pod claim>=<template>[,...]` (extender/verbs/pinning/admission.py, extender/verbs/pinning/planner.py).
+    claim_templates = _Key("claim-templates")
     # On pods, written by the extender at bind (in the Binding, so in the same write that sets the node).
     gpus = _Key("gpus")  # every GPU of the pod, comma-separated
     containers = _Key("containers")  # each container's GPUs (topology/assignment.py); the agent delivers these

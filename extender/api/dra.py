@@ -11,7 +11,7 @@ reserved for.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +94,16 @@ class ClaimAsk:
     gpus: int = 0
     selected: bool = False
     pinned: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimTemplate:
+    """A ResourceClaimTemplate whose claims the planner may make itself, pinned (extender/pinning/planner.py):
+    the requests read as a claim's, and the claim spec it copies."""
+
+    key: str  # namespace/name
+    requests: tuple[DeviceRequest, ...]
+    spec: dict[str, Any]  # spec.spec, as kube-apiserver admitted it
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +199,22 @@ def parse_claim(obj: Any) -> ResourceClaim:
                                      where, f"status.reservedFor[{i}].uid", 128)
                                for i, consumer in enumerate(reserved)),
                          extended)
+
+
+def parse_template(obj: Any) -> ClaimTemplate:
+    """A template's claim spec is a claim's spec: read and bounded as one."""
+    metadata, spec = _object(obj, "ResourceClaimTemplate")
+    inner = spec.get("spec") or {}
+    if not isinstance(inner, dict):
+        raise DraError("ResourceClaimTemplate: spec.spec must be an object")
+    claim = parse_claim({"metadata": {**metadata, "uid": metadata.get("uid") or "-"}, "spec": inner})
+    return ClaimTemplate(claim.key, claim.requests, inner)
+
+
+def pin_selector(driver: str, uuids: Iterable[str]) -> dict[str, Any]:
+    """The CEL selector that pins a request to exactly these GPUs, in the one form `_pinned` reads back."""
+    listed = ", ".join(f"'{uuid}'" for uuid in sorted(uuids))
+    return {"cel": {"expression": f"device.attributes['{driver}'].uuid in [{listed}]"}}
 
 
 def _device(device: Any, driver: str, where: str) -> SliceDevice:

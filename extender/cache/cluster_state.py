@@ -107,6 +107,8 @@ class ClusterState:
                             self._locked(self.dra.apply_slice))
         self.claims = _Sink(self, "resourceclaims", self._locked(self.dra.replace_claims),
                             self._locked(self.dra.apply_claim))
+        self.templates = _Sink(self, "resourceclaimtemplates", self._locked(self.dra.replace_templates),
+                               self._locked(self.dra.apply_template))
 
     @property
     def clock(self) -> Callable[[], float]:
@@ -241,10 +243,12 @@ class ClusterState:
         """The view with what DRA allocates on the node (extender/cache/dra_inventory.py) taken from it."""
         taken = self.dra.taken(view.name, view.ids) if view.compiled is not None else None
         if taken is None:
-            return replace(view, dra_taken=0, dra_pods=frozenset(), dra_order=None) if (
+            return replace(view, dra_taken=0, dra_pinned=0, dra_pods=frozenset(), dra_order=None) if (
                 view.dra_taken or view.dra_pods or view.dra_order is not None) else view
         order = tuple(view.index_of[gpu] for gpu in self.dra.order(view.name) if gpu in view.index_of)
-        return replace(view, dra_taken=view.mask(taken), dra_pods=self.dra.pods_on(view.name), dra_order=order)
+        pinned = self.dra.pinned_only(view.name, view.ids)
+        return replace(view, dra_taken=view.mask(taken), dra_pinned=view.mask(pinned),
+                       dra_pods=self.dra.pods_on(view.name), dra_order=order)
 
     def _dra_changed(self, node: str) -> None:
         """A DRA pool or claim of the node changed (called under the ledger lock)."""
@@ -252,8 +256,8 @@ class ClusterState:
         if view is None:
             return
         current = self._with_dra(view)
-        if (current.dra_taken, current.dra_pods, current.dra_order) != (view.dra_taken, view.dra_pods,
-                                                                          view.dra_order):
+        if (current.dra_taken, current.dra_pinned, current.dra_pods, current.dra_order) != (
+                view.dra_taken, view.dra_pinned, view.dra_pods, view.dra_order):
             self.store(current)
             self.ledger.refresh(node)
 

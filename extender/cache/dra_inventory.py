@@ -12,6 +12,9 @@ count right. Kept as kube-scheduler's allocator keeps them (its pools and alloca
   NoSchedule or NoExecute taint is unusable too (a pod may tolerate it; the extender does not promise it).
 - Devices join the node's topology by their `uuid`: a GPU of the topology that no device of the pool names cannot
   be allocated there, so it is taken as well.
+- A claim not allocated yet whose selector pins GPUs by UUID (the planner's, extender/pinning/planner.py) holds
+  them too: kube-scheduler will allocate exactly those, so no other pod is promised them meanwhile.
+- Templates are kept for the planner and the admission webhook: which ask whole GPUs and nothing else.
 
 Not thread-safe: the cluster state calls it under its ledger lock. Work per event is one slice or one claim.
 """
@@ -23,8 +26,9 @@ from collections.abc import Callable, Iterable
 from enum import Enum
 from typing import Any
 
-from extender.api.dra import (COMPUTE_DOMAIN_DRIVER, GPU_CLASS, GPU_DRIVER, ClaimAsk, ClaimUnseen, DraError,
-                              ResourceClaim, ResourceSlice, SliceDevice, parse_claim, parse_slice)
+from extender.api.dra import (COMPUTE_DOMAIN_DRIVER, GPU_CLASS, GPU_DRIVER, ClaimAsk, ClaimTemplate, ClaimUnseen,
+                              DraError, ResourceClaim, ResourceSlice, SliceDevice, parse_claim, parse_slice,
+                              parse_template)
 from topology import bounds
 
 log = logging.getLogger(__name__)
@@ -56,6 +60,10 @@ class DraInventory:
         self._taken: dict[tuple[str, str, str], set[str]] = {}  # (driver, pool, device) -> claim uids
         self._claims_in: dict[PoolId, set[str]] = {}  # pool -> uids of the claims with a result in it
         self._requested: dict[str, tuple[str, ClaimAsk]] = {}  # every claim's namespace/name -> (uid, its ask)
+        self._pins: dict[str, frozenset[str]] = {}  # uid of an unallocated claim -> the GPU UUIDs it pins
+        self._pinned: dict[str, int] = {}  # GPU UUID -> how many unallocated claims pin it
+        self._uuid_node: dict[str, str] = {}  # GPU UUID -> its node, for the complete pools
+        self._templates: dict[str, ClaimTemplate] = {}  # namespace/name -> the template
         self.refused: dict[str, str] = {}  # object -> why it was refused, for the log and the metric
 
     # -- watches ---------------------------------------------------------------------------------------
@@ -108,8 +116,11 @@ class DraInventory:
         if parsed.key not in self._requested and len(self._requested) >= bounds.MAX_CLAIMS:
             self._refuse(f"ResourceClaim {uid[:63]}", f"more than {bounds.MAX_CLAIMS} claims are kept")
             return
-        self._requested[parsed.key] = (parsed.uid, self._ask(parsed))
+        ask = self._ask(parsed)
+        self._requested[parsed.key] = (parsed.uid, ask)
         self._drop_claim(parsed.uid)
+        if not parsed.results and ask.pinned:
+            self._pin(parsed.uid, ask.pinned)
         results = [result for result in parsed.results if result.driver in self.gpu_drivers and not result.admin_access]
         if not results:
             return
@@ -120,11 +131,32 @@ class DraInventory:
         self._tell({self._node_of.get((result.driver, result.pool), result.pool) for result in results})
 
     def replace_claims(self, items: list[dict[str, Any]]) -> None:
-        for uid in list(self._claims):
+        for uid in {*self._claims, *self._pins}:
             self._drop_claim(uid)
         self._requested.clear()
         for item in items:
             self.apply_claim("ADDED", item)
+
+    def apply_template(self, kind: str, obj: Any) -> None:
+        key = f"{_metadata(obj, 'namespace')}/{_metadata(obj, 'name')}"
+        self._templates.pop(key, None)
+        if kind == "DELETED":
+            return
+        try:
+            parsed = parse_template(obj)
+        except DraError as error:
+            self._refuse(f"ResourceClaimTemplate {key[:127]}", str(error))
+            return
+        self.refused.pop(f"ResourceClaimTemplate {key[:127]}", None)
+        if len(self._templates) >= bounds.MAX_CLAIMS:
+            self._refuse(f"ResourceClaimTemplate {key[:127]}", f"more than {bounds.MAX_CLAIMS} templates are kept")
+            return
+        self._templates[parsed.key] = parsed
+
+    def replace_templates(self, items: list[dict[str, Any]]) -> None:
+        self._templates.clear()
+        for item in items:
+            self.apply_template("ADDED", item)
 
     # -- reads -----------------------------------------------------------------------------------------
 
@@ -138,6 +170,23 @@ class DraInventory:
 
     def taken(self, node: str, gpu_ids: Iterable[str]) -> frozenset[str] | None:
         """Of a DRA node's GPUs (by UUID), those no pod may be given now; None for a node DRA gives no GPU."""
+        found = self._usable(node)
+        if found is None:
+            return None
+        usable, blocked = found
+        return frozenset(gpu for gpu in gpu_ids if gpu not in usable or gpu in blocked or gpu in self._pinned)
+
+    def pinned_only(self, node: str, gpu_ids: Iterable[str]) -> frozenset[str]:
+        """Of the GPUs `taken` gives, those held by nothing but the pin of a claim not allocated yet: the one pod
+        whose claim pins them may still be given them."""
+        found = self._usable(node)
+        if found is None:
+            return frozenset()
+        usable, blocked = found
+        return frozenset(gpu for gpu in gpu_ids if gpu in self._pinned and gpu in usable and gpu not in blocked)
+
+    def _usable(self, node: str) -> tuple[set[str], set[str]] | None:
+        """(whole GPUs published untainted and unallocated, GPUs blocked by an allocation or a taint), by UUID."""
         pools = [pool for pool in self._pools_of.get(node, ()) if pool[0] in self.gpu_drivers]
         if not pools:
             return None
@@ -153,7 +202,38 @@ class DraInventory:
                     blocked.add(device.uuid)
                 if not device.whole and held and device.parent_uuid is not None:
                     blocked.add(device.parent_uuid)
-        return frozenset(gpu for gpu in gpu_ids if gpu not in usable or gpu in blocked)
+        return usable, blocked
+
+    def claim_state(self, namespace: str, name: str) -> tuple[str, bool] | None:
+        """(uid, allocated) of a claim seen, or None."""
+        found = self._requested.get(f"{namespace}/{name}")
+        return None if found is None else (found[0], found[0] in self._claims)
+
+    def allocated_elsewhere(self, node: str, gpus: Iterable[str], own: set[str]) -> bool:
+        """Whether a claim other than `own` (uids) has been allocated any of these GPUs of the node."""
+        wanted = set(gpus)
+        for pool in self._pools_of.get(node, ()):
+            for name, device in (self._devices.get(pool) or {}).items():
+                if device.uuid in wanted and self._taken.get((pool[0], pool[1], name), set()) - own:
+                    return True
+        return False
+
+    def gpu_driver(self, node: str) -> str | None:
+        """The GPU driver that publishes the node's GPUs (the one a pin's selector names), if one does."""
+        return min((driver for driver, _ in self._pools_of.get(node, ()) if driver in self.gpu_drivers), default=None)
+
+    def template(self, namespace: str, name: str) -> ClaimTemplate | None:
+        return self._templates.get(f"{namespace}/{name}")
+
+    def whole_gpus(self, template: ClaimTemplate) -> int:
+        """The GPUs a template asks for when it asks whole GPUs of our classes and nothing else, each request a
+        plain count (no selector, no alternatives, no admin access): then a pin says all of it. Else 0."""
+        requests = template.requests
+        if not requests or any(len(request.alternatives) != 1 or request.selected or request.admin_access
+                               or request.alternatives[0][0] not in self.gpu_classes
+                               or request.alternatives[0][1] == 0 for request in requests):
+            return 0
+        return sum(request.alternatives[0][1] for request in requests)
 
     def requested_gpus(self, namespace: str, names: Iterable[str]) -> ClaimAsk:
         """The whole GPUs a pod's claims ask for: each request's first alternative (the one the allocator tries
@@ -219,6 +299,9 @@ class DraInventory:
         previous = self._node_of.pop(pool, None)
         if previous is not None:
             self._pools_of.get(previous, set()).discard(pool)
+        for device in (self._devices.get(pool) or {}).values():
+            if device.uuid is not None and self._uuid_node.get(device.uuid) == previous:
+                del self._uuid_node[device.uuid]
         if not slices:
             self._pools.pop(pool, None)
             self._devices.pop(pool, None)
@@ -238,6 +321,7 @@ class DraInventory:
         self._devices[pool] = devices if complete else None
         if node is not None:
             self._node_of[pool] = node
+            self._uuid_node.update((device.uuid, node) for device in devices.values() if device.uuid is not None)
             self._pools_of.setdefault(node, set()).add(pool)
         self._tell({previous, node} - {None})
 
@@ -249,7 +333,22 @@ class DraInventory:
         self._pools.get(pool, set()).discard(name)
         self._settle(pool)
 
+    def _pin(self, uid: str, uuids: frozenset[str]) -> None:
+        self._pins[uid] = uuids
+        for uuid in uuids:
+            self._pinned[uuid] = self._pinned.get(uuid, 0) + 1
+        self._tell({self._uuid_node[uuid] for uuid in uuids if uuid in self._uuid_node})
+
+    def _unpin(self, uid: str) -> None:
+        uuids = self._pins.pop(uid, frozenset())
+        for uuid in uuids:
+            left = self._pinned.pop(uuid, 1) - 1
+            if left:
+                self._pinned[uuid] = left
+        self._tell({self._uuid_node[uuid] for uuid in uuids if uuid in self._uuid_node})
+
     def _drop_claim(self, uid: str) -> None:
+        self._unpin(uid)
         claim = self._claims.pop(uid, None)
         if claim is None:
             return

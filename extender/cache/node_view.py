@@ -32,6 +32,7 @@ class NodeView:
     reported_domain: Domain | None = None  # the NVLink domain in the agent's topology annotation
     domain: Domain = Domain(None, None)  # that and GFD's nvidia.com/gpu.clique label, reconciled
     dra_taken: int = 0  # mask of GPUs DRA gives no pod now: allocated by a claim, unpublished, MIG, tainted
+    dra_pinned: int = 0  # of those, the GPUs held only by an unallocated claim's pin: its own pod may have them
     dra_pods: frozenset[str] = frozenset()  # UIDs of the pods DRA claims on this node are reserved for
     dra_order: tuple[int, ...] | None = None  # its GPUs in the order DRA's allocator tries them; None: not DRA's
 

@@ -367,6 +367,14 @@ class KubernetesApi:
         return self._watch("watch resourceclaims", self._resource.list_resource_claim_for_all_namespaces,
                            resource_version, timeout_seconds)
 
+    def list_resource_claim_templates(self) -> tuple[list[dict], str]:
+        return self._list("list resourceclaimtemplates", self._resource.list_resource_claim_template_for_all_namespaces)
+
+    def watch_resource_claim_templates(self, resource_version: str, timeout_seconds: int) -> WatchStream:
+        return self._watch("watch resourceclaimtemplates",
+                           self._resource.list_resource_claim_template_for_all_namespaces, resource_version,
+                           timeout_seconds)
+
     # -- writes ------------------------------------------------------------------------------------------
 
     def get_pod(self, namespace: str, name: str) -> dict:
@@ -443,6 +451,19 @@ class KubernetesApi:
         except _TRANSPORT_ERRORS as exc:
             raise _translate(exc, what) from None
         return _checked(what, status, data, reason)
+
+    def create_resource_claim(self, namespace: str, claim: Mapping[str, Any]) -> dict:
+        """Create a ResourceClaim (the planner's pinned claims, extender/pinning/planner.py)."""
+        name = (claim.get("metadata") or {}).get("name")
+        return self._object(f"create resourceclaim {namespace}/{name}", "ResourceClaim",
+                            self._resource.create_namespaced_resource_claim, namespace, dict(claim))
+
+    def delete_resource_claim(self, namespace: str, name: str, uid: str, resource_version: str) -> None:
+        """Delete a claim only as it was (its UID and resourceVersion as preconditions): a 409 if it changed, as
+        when kube-scheduler allocated it meanwhile."""
+        self._call(f"delete resourceclaim {namespace}/{name}", self._resource.delete_namespaced_resource_claim, name,
+                   namespace, body={"preconditions": {"uid": uid, "resourceVersion": resource_version}},
+                   _request_timeout=(self.timeout, self.timeout))
 
     def label_pod(self, namespace: str, name: str, labels: Mapping[str, str | None]) -> None:
         """Merge-patch the labels of one pod (None removes a label). The leader marks its own Pod with it, so the

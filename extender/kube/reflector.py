@@ -46,6 +46,25 @@ class Sink(Protocol):
     def synced(self) -> None: ...
 
 
+class Tee:
+    """One watch delivered to several sinks, in order: two readers of a kind, one list and one watch."""
+
+    def __init__(self, *sinks: Sink) -> None:
+        self.sinks = sinks
+
+    def replace(self, items: list[dict]) -> None:
+        for sink in self.sinks:
+            sink.replace(items)
+
+    def apply(self, event_type: str, obj: dict) -> None:
+        for sink in self.sinks:
+            sink.apply(event_type, obj)
+
+    def synced(self) -> None:
+        for sink in self.sinks:
+            sink.synced()
+
+
 class Reflector:
     """One kind of object, kept in sync in a daemon thread.
 

@@ -1,3 +1,3 @@
 """The HTTP edge: uvicorn with per-connection limits and client pinning (`serve`), the routes that parse a body,
 call one service method and serialize (`app`), and the garbage collector's settling once caches are synced.
-Imports `verbs` and below."""
+Imports `pinning`, `verbs` and below."""

@@ -27,6 +27,7 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from extender.api.admission import parse_review, review_answer
 from extender.api.wire import (
     MAX_BODY_BYTES,
     BadRequest,
@@ -41,11 +42,13 @@ from extender.api.wire import (
     preemption_result,
     prioritize_result,
 )
+from extender.pinning.admission import admit
 from extender.verbs.answer_memo import Unknown
 from extender.verbs.service import ExtenderService
 
 log = logging.getLogger(__name__)
 JSON = b"application/json"
+ADMISSION_PATH = "/admission/pods"
 BIND_THREADS = 16  # binds on threads at once, each waiting on the API server; kube-scheduler binds in parallel
 
 Answer = Callable[[bytes, bool], bytes]  # (body, compute): see create_app
@@ -123,6 +126,10 @@ def create_app(service: ExtenderService, max_body_bytes: int = MAX_BODY_BYTES) -
     def do_preempt(body: bytes, compute: bool) -> bytes:
         return preemption_result(service.preempt(parse_preemption_args(body)))
 
+    def do_admit(body: bytes, compute: bool) -> bytes:
+        review = parse_review(body)
+        return review_answer(review.uid, admit(service.state, review) if service.pin_claims else [])
+
     filter_answer = _guarded(service, "filter", do_filter, filter_error)
     # prioritize and preempt answers have no Error field: a refused request is said in the log and the metric.
     prioritize_answer = _guarded(service, "prioritize", do_prioritize, lambda _: b"[]")
@@ -138,6 +145,11 @@ def create_app(service: ExtenderService, max_body_bytes: int = MAX_BODY_BYTES) -
     # (_bind_soon); a bind that would wait there runs on threads of its own. Neither holds up filters.
     verb_map["/bind"] = Verb(service, "bind", bind_answer, max_body_bytes, binds, None, False,
                              _bind_soon(service, binds))
+    # The admission webhook (scheduler-config/dra-pin-webhook.yaml): a failed review is answered in no
+    # AdmissionReview, which kube-apiserver takes as the webhook failing; its failurePolicy Ignore admits the pod
+    # as it was written.
+    verb_map[ADMISSION_PATH] = Verb(service, "admission", _guarded(service, "admission", do_admit, lambda _: b"{}"),
+                                    max_body_bytes, binds, None, False)
 
     @app.get("/healthz")
     async def healthz() -> PlainTextResponse:

@@ -101,7 +101,7 @@ def _pinned(state: ClusterState, pinned: frozenset[str], names: list[str]) -> Fi
         view = state.view(name)
         if view is None or not pinned <= view.index_of.keys():
             outcome.unresolvable.setdefault(PINNED_ELSEWHERE, []).append(name)
-        elif view.mask(pinned) & ~view.free:
+        elif view.mask(pinned) & ~(view.free | view.dra_pinned):  # its own claim's pin holds them against others
             outcome.failed.setdefault(PINNED_TAKEN, []).append(name)
         else:
             outcome.passed.append(name)

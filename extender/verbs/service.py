@@ -91,7 +91,10 @@ class ExtenderService:
     def __init__(self, state: ClusterState, kube: KubeApi, selector: Selector | None = None, *,
                  leader: Leadership | None = None, pods: Relister | None = None,
                  topology_wait: float = TOPOLOGY_WAIT_SECONDS, group_timeout: float = GROUP_TIMEOUT_SECONDS,
-                 group_age_bound: float | None = GROUP_AGE_BOUND_SECONDS, comm_share: float = COMM_SHARE) -> None:
+                 group_age_bound: float | None = GROUP_AGE_BOUND_SECONDS, comm_share: float = COMM_SHARE,
+                 pin_claims: bool = False) -> None:
+        """`pin_claims`: the admission webhook names pinnable template claims, for the planner that makes them
+        (extender/pinning/planner.py, run beside the service)."""
         if (leader is None) != (pods is None):
             raise ValueError("leader election needs the pod reflector, to rebuild the ledger on each win")
         self.state = state
@@ -103,6 +106,7 @@ class ExtenderService:
         self.groups = GroupPlacement(state, self.plans, self.selector, self.wait, self.drains, group_age_bound,
                                      comm_share)
         self.leader, self._pod_lists = leader, pods
+        self.pin_claims = pin_claims
         self._rebuild: tuple[int, int] | None = None  # (term, ticket of the pod list that rebuilds its ledger)
         if leader is not None:
             leader.on_new_term(self._new_term)

@@ -16,8 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 # extender's packages, lowest first; one rank may hold several that must not import each other.
-LAYERS: tuple[tuple[str, ...], ...] = (("api",), ("kube",), ("cache",), ("groups",), ("verbs",), ("server",),
-                                       ("kubectl", "demo"), ("cli",))
+LAYERS: tuple[tuple[str, ...], ...] = (("api",), ("kube",), ("cache",), ("groups",), ("verbs",), ("pinning",),
+                                       ("server",), ("kubectl", "demo"), ("cli",))
 RANK = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}
 EDGE_LIBRARIES = frozenset({"grpc", "pynvml", "kubernetes", "fastapi", "starlette", "uvicorn", "httpx", "urllib3",
                             "http", "extender"})

@@ -10,7 +10,11 @@ serves (core/v1 only):
     POST  /api/v1/namespaces/{ns}/pods/{name}/binding, /api/v1/namespaces/{ns}/bindings
     POST  /api/v1/namespaces/{ns}/events
     GET, PUT, DELETE /apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}; POST .../leases
-    GET   /apis/resource.k8s.io/v1/resourceslices, .../resourceclaims    list, or watch=true (DRA's objects)
+    GET   /apis/resource.k8s.io/v1/resourceslices, .../resourceclaims, .../resourceclaimtemplates
+                                                                          list, or watch=true (DRA's objects)
+    POST  /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims       create (409 AlreadyExists)
+    DELETE /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}
+                                                                          with DeleteOptions' preconditions (409)
 
 Semantics kept from the real server: one resourceVersion counter for everything (like etcd's revision);
 lists carry it in `metadata.resourceVersion`; a watch from version N streams every change after N as
@@ -48,12 +52,13 @@ import orjson
 import pytest
 
 NODES, PODS, LEASES = "nodes", "pods", "leases"
-SLICES, CLAIMS = "resourceslices", "resourceclaims"
-_KINDS = {NODES: "Node", PODS: "Pod", LEASES: "Lease", SLICES: "ResourceSlice", CLAIMS: "ResourceClaim"}
+SLICES, CLAIMS, TEMPLATES = "resourceslices", "resourceclaims", "resourceclaimtemplates"
+_KINDS = {NODES: "Node", PODS: "Pod", LEASES: "Lease", SLICES: "ResourceSlice", CLAIMS: "ResourceClaim",
+          TEMPLATES: "ResourceClaimTemplate"}
 COORDINATION = "coordination.k8s.io/v1"
 RESOURCE = "resource.k8s.io/v1"
-_API_VERSIONS = {SLICES: RESOURCE, CLAIMS: RESOURCE}  # the rest are "v1"
-_NAMESPACED = (PODS, LEASES, CLAIMS)
+_API_VERSIONS = {SLICES: RESOURCE, CLAIMS: RESOURCE, TEMPLATES: RESOURCE}  # the rest are "v1"
+_NAMESPACED = (PODS, LEASES, CLAIMS, TEMPLATES)
 # The fields the real API server lets a fieldSelector name (a typo is a 400 there, and here).
 _SELECTABLE = {
     NODES: {"metadata.name", "spec.unschedulable"},
@@ -70,6 +75,7 @@ _SELECTABLE = {
     # The fields kube-apiserver's resource strategies expose (pkg/registry/resource/*/strategy.go).
     SLICES: {"metadata.name", "spec.nodeName", "spec.driver"},
     CLAIMS: {"metadata.name", "metadata.namespace"},
+    TEMPLATES: {"metadata.name", "metadata.namespace"},
     # The fields kube-apiserver's event field selector takes (pkg/registry/core/event/strategy.go), but source.
     "events": {
         "involvedObject.kind",
@@ -394,13 +400,48 @@ current-context: test
         return self._get(PODS, (namespace, name))
 
     def put_dra(self, resource: str, obj: dict) -> dict:
-        """Create or replace a ResourceSlice (SLICES) or ResourceClaim (CLAIMS), as a driver or kube-scheduler."""
+        """Create or replace a ResourceSlice (SLICES), ResourceClaim (CLAIMS) or ResourceClaimTemplate (TEMPLATES),
+        as a driver, kube-scheduler or a user."""
         with self._lock:
             exists = self._key(resource, copy.deepcopy(obj)) in self._objects[resource]
             return self._put(resource, obj, create=not exists)
 
     def delete_dra(self, resource: str, namespace: str, name: str) -> dict:
         return self._delete(resource, (namespace, name))
+
+    def create_claim(self, namespace: str, claim: Any) -> dict:
+        """POST a ResourceClaim: 409 AlreadyExists for a name taken, as the real server answers."""
+        if not isinstance(claim, dict) or not isinstance(claim.get("metadata"), dict):
+            raise ApiError(400, "BadRequest", "the body is not a ResourceClaim")
+        claim = copy.deepcopy(claim)
+        claim["metadata"]["namespace"] = namespace
+        name = claim["metadata"].get("name") or ""
+        with self._lock:
+            if (namespace, name) in self._objects[CLAIMS]:
+                raise ApiError(409, "AlreadyExists", f'resourceclaims.resource.k8s.io "{name}" already exists',
+                               {"name": name, "group": "resource.k8s.io", "kind": "resourceclaims"})
+            return self._put(CLAIMS, claim, create=True)
+
+    def delete_claim(self, namespace: str, name: str, options: Any) -> dict:
+        """DELETE a ResourceClaim with DeleteOptions: its preconditions (uid, resourceVersion) checked as the real
+        server checks them (409 Conflict). A claim with finalizers (kube-scheduler's on an allocated claim) is only
+        marked for deletion."""
+        preconditions = (options or {}).get("preconditions") or {} if isinstance(options, dict) else {}
+        with self._lock:
+            old = self._objects[CLAIMS].get((namespace, name))
+            if old is None:
+                raise _not_found(CLAIMS, name)
+            for field, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+                wanted = preconditions.get(field)
+                if wanted and wanted != old["metadata"].get(field):
+                    raise _conflict("resourceclaims.resource.k8s.io", name,
+                                    f"Precondition failed: {label} in precondition: {wanted}, {label} in object meta: "
+                                    f"{old['metadata'].get(field)}")
+            if old["metadata"].get("finalizers"):
+                marked = copy.deepcopy(old)
+                marked["metadata"]["deletionTimestamp"] = now_rfc3339()
+                return self._commit(CLAIMS, "MODIFIED", marked, old)
+            return self._commit(CLAIMS, "DELETED", copy.deepcopy(old), old)
 
     def pods_on(self, node: str) -> list[dict]:
         """The pods bound to `node`, as the kubelet's pod source follows them (in-process, no HTTP)."""
@@ -881,9 +922,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._route_lease(method, parts[3:], body)
             return
         if parts[:3] == ["apis", *RESOURCE.split("/")]:
-            if method != "GET" or len(parts) != 4 or parts[3] not in (SLICES, CLAIMS):
-                raise ApiError(404, "NotFound", "the server could not find the requested resource")
-            self._list_or_watch(parts[3], None, query, watch)
+            match (method, parts[3:]):
+                case ("GET", [resource]) if resource in (SLICES, CLAIMS, TEMPLATES):
+                    self._list_or_watch(resource, None, query, watch)
+                case ("POST", ["namespaces", namespace, "resourceclaims"]):
+                    self._send(201, api.create_claim(namespace, body))
+                case ("DELETE", ["namespaces", namespace, "resourceclaims", name]):
+                    self._send(200, api.delete_claim(namespace, name, body))
+                case _:
+                    raise ApiError(404, "NotFound", "the server could not find the requested resource")
             return
         if parts[:2] != ["api", "v1"]:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")

@@ -177,7 +177,8 @@ def test_no_secret_material_is_committed() -> None:
 # prometheus-rule.yaml (the Prometheus Operator's); and where the API server has its kind: dra-claims-policy.yaml
 # (MutatingAdmissionPolicy, GA in Kubernetes 1.36), on DRA clusters; and into users' namespaces:
 # dra-claim-templates.yaml.
-OPTIONAL_FILES = {"cert-manager.yaml", "prometheus-rule.yaml", "dra-claims-policy.yaml", "dra-claim-templates.yaml"}
+OPTIONAL_FILES = {"cert-manager.yaml", "prometheus-rule.yaml", "dra-claims-policy.yaml", "dra-claim-templates.yaml",
+                  "dra-pin-webhook.yaml"}
 
 
 def test_kustomization_installs_every_manifest_but_the_optional_ones() -> None:
@@ -770,8 +771,9 @@ def test_extender_rbac_is_exactly_least_privilege() -> None:
     # What extender/kube/client.py calls: list_node (list and watch), list_pod_for_all_namespaces (list and watch),
     # read_namespaced_pod (get), create_namespaced_pod_binding, create_namespaced_event, and PodGroups of both kinds
     # (list_cluster_custom_object, list and watch: extender/groups/sizes.py), and DRA's ResourceSlices and
-    # ResourceClaims (list_resource_slice, list_resource_claim_for_all_namespaces: list and watch; read only, as
-    # kube-scheduler stays the one writer of status.allocation). No pod patch or update:
+    # ResourceClaims and ResourceClaimTemplates (list and watch), and the planner's claims (create_namespaced_resource_
+    # claim, delete_namespaced_resource_claim: claims only, never resourceclaims/status, as kube-scheduler stays the
+    # one writer of status.allocation). No pod patch or update:
     # the bind annotations travel in the Binding. No node get: Nodes come from the watch only.
     assert flatten_rules(role["rules"]) == {
         ("", "nodes", "list", ()),
@@ -789,6 +791,10 @@ def test_extender_rbac_is_exactly_least_privilege() -> None:
         ("resource.k8s.io", "resourceslices", "watch", ()),
         ("resource.k8s.io", "resourceclaims", "list", ()),
         ("resource.k8s.io", "resourceclaims", "watch", ()),
+        ("resource.k8s.io", "resourceclaims", "create", ()),
+        ("resource.k8s.io", "resourceclaims", "delete", ()),
+        ("resource.k8s.io", "resourceclaimtemplates", "list", ()),
+        ("resource.k8s.io", "resourceclaimtemplates", "watch", ()),
     }
     assert bindings_of("gpu-topology-extender") == {
         ("ClusterRoleBinding", None, "ClusterRole", "gpu-topology-extender"),

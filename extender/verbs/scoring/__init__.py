@@ -86,12 +86,12 @@ def _offer(selector: Selector, request: Request, key: NodeKey) -> Offer | None:
     if request.constrained:
         constrained = selector.select(key.compiled, given, request)
         if isinstance(constrained, Choice):
-            return _offered(selector, key, request.count, constrained, True)
+            return offered(selector, key, request.count, constrained, True)
     plain = selector.select(key.compiled, given, Request(request.count))
-    return _offered(selector, key, request.count, plain, not request.constrained) if isinstance(plain, Choice) else None
+    return offered(selector, key, request.count, plain, not request.constrained) if isinstance(plain, Choice) else None
 
 
-def _offered(selector: Selector, key: NodeKey, count: int, choice: Choice, meets_preferences: bool) -> Offer:
+def offered(selector: Selector, key: NodeKey, count: int, choice: Choice, meets_preferences: bool) -> Offer:
     healthy = key.compiled.full_mask & ~key.unhealthy
     return Offer(choice, meets_preferences, lost_gpus(selector, key.compiled, key.free, healthy, mask_of(choice.gpus)),
                  packing_score(key.compiled, key.free, key.unhealthy, count))
