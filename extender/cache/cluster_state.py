@@ -21,6 +21,7 @@ from extender.api.dra import GPU_CLASS, GPU_DRIVER
 from extender.api.pod_request import DEFAULT_GPU_RESOURCE, PodRequest, parse_pod
 from extender.cache.assignments import Assignment, Phase
 from extender.cache.domains import DomainIndex
+from extender.cache.dra_crosscheck import ClaimCheck
 from extender.cache.dra_inventory import DraInventory
 from extender.cache.ledger import BIND_OUTCOME_SECONDS, Ledger, NoClaims, SlotClaims
 from extender.cache.node_view import REFUSED, Key, KeyValue, NodeKey, NodeView, SharedKey, first_fit
@@ -103,6 +104,7 @@ class ClusterState:
         self.nodes = _Sink(self, "nodes", self._replace_nodes, self._apply_node)
         self.pods = _Sink(self, "pods", self._replace_pods, self._apply_pod)
         self.dra = DraInventory(gpu_drivers, gpu_classes, on_node=self._dra_changed)
+        self.claim_check = ClaimCheck(clock)
         self.slices = _Sink(self, "resourceslices", self._locked(self.dra.replace_slices),
                             self._locked(self.dra.apply_slice))
         self.claims = _Sink(self, "resourceclaims", self._locked(self.dra.replace_claims),
@@ -223,6 +225,7 @@ class ClusterState:
                 self.domains.remove(name)
                 self._observed.pop(name, None)
                 self.ledger.forget_node(name)
+                self.claim_check.forget(name)
                 self._restale(name, stale=False)
                 return name
             labels = metadata.get("labels") if isinstance(metadata.get("labels"), dict) else {}
@@ -231,6 +234,7 @@ class ClusterState:
             self.domains.update(name, view.domain.name, labels, doubt=view.domain.problem is not None)
             self._restale(name, stale=view.compiled is not None and self.is_stale(view, self.clock()))
             self.ledger.reported(view)
+            self._cross_check(view)
         return name
 
     def _locked(self, change: Callable[..., None]) -> Callable[..., None]:
@@ -260,6 +264,24 @@ class ClusterState:
                 view.dra_taken, view.dra_pinned, view.dra_pods, view.dra_order):
             self.store(current)
             self.ledger.refresh(node)
+        self._cross_check(current)
+
+    def _cross_check(self, view: NodeView) -> None:
+        """On a DRA node with a fresh report, what the kubelet shows held against what its claims hold
+        (extender/cache/dra_crosscheck.py); elsewhere nothing is checked."""
+        if view.dra_order is None or self.is_stale(view, self.clock()):
+            self.claim_check.forget(view.name)
+            return
+        claimed = frozenset(gpu for consumer in self.dra.pods_on(view.name)
+                            for gpu in self.dra.held_by(consumer, view.name))
+        self.claim_check.check(view, claimed)
+
+    def dra_unclaimed(self) -> dict[str, frozenset[str]]:
+        """DRA nodes whose fresh report has shown GPUs held that no allocated claim holds, for the check's grace or
+        more: they stay taken (extender/cache/dra_crosscheck.py)."""
+        stale = self.stale_names()
+        with self.ledger.lock:
+            return {node: gpus for node, gpus in self.claim_check.mismatched().items() if node not in stale}
 
     def store(self, view: NodeView) -> None:
         """Hold the node's view and its key (the ledger stores a new free mask here)."""

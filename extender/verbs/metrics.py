@@ -9,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from extender.cache.cluster_state import ClusterState
+from extender.cache.dra_crosscheck import GRACE_SECONDS
 from extender.cache.dra_inventory import NodeClass
 from extender.verbs.drains import Drains
 from topology.sharing import Sharing
@@ -85,12 +86,13 @@ class _RefusedNodes(Collector):
 
 class _DraNodes(Collector):
     """Nodes by where their GPUs come from (extender/cache/dra_inventory.py), the GPUs DRA nodes have free as the
-    extender counts them, and the DRA objects it refused or could not place, read at each scrape."""
+    extender counts them, the DRA objects it refused or could not place, and the GPUs node agents report held that no
+    claim holds (extender/cache/dra_crosscheck.py), read at each scrape."""
 
     def __init__(self, state: ClusterState) -> None:
         self._state = state
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         inventory = self._state.dra
         views = list(self._state.views().values())
         counts = dict.fromkeys(NodeClass, 0)
@@ -115,6 +117,14 @@ class _DraNodes(Collector):
         yield GaugeMetricFamily("gpu_topology_extender_dra_unknown_devices",
                                 "Devices allocated by a claim that no complete ResourceSlice pool publishes",
                                 value=inventory.unknown_devices())
+        yield GaugeMetricFamily("gpu_topology_extender_dra_unclaimed_gpus",
+                                f"GPUs of DRA nodes that the node agent has reported held for {GRACE_SECONDS:g} s or "
+                                "more while no allocated ResourceClaim holds them; they are kept taken",
+                                value=sum(len(gpus) for gpus in self._state.dra_unclaimed().values()))
+        yield CounterMetricFamily("gpu_topology_extender_dra_unclaimed_found",
+                                  "GPUs found held by the node agent's report and by no allocated ResourceClaim, for "
+                                  f"{GRACE_SECONDS:g} s or more (each counted once a spell)",
+                                  value=self._state.claim_check.found)
 
 
 class _SharedNodes(Collector):
