@@ -24,7 +24,7 @@ from extender.cache.domains import DomainIndex
 from extender.cache.dra_crosscheck import ClaimCheck
 from extender.cache.dra_inventory import DraInventory
 from extender.cache.ledger import BIND_OUTCOME_SECONDS, Ledger, NoClaims, SlotClaims
-from extender.cache.node_view import REFUSED, Key, KeyValue, NodeKey, NodeView, SharedKey, first_fit
+from extender.cache.node_view import REFUSED, Key, KeyValue, NodeKey, NodeView, SharedKey, allocator_pick
 from extender.cache.seal import Seal
 from topology.annotations import AnnotationKeys
 from topology.assignment import AssignmentError, decode_containers
@@ -296,7 +296,8 @@ class ClusterState:
             self._observed.pop(view.name, None)
         else:
             self._keys[view.name] = self._intern(view.compiled, view.free, view.unhealthy,
-                                                 view.name in self.domains.whole, view.dra_order)
+                                                 view.name in self.domains.whole, view.dra_order,
+                                                 pinned=view.dra_pinned & ~view.free)
             self._observed[view.name] = float("-inf") if view.observed is None else view.observed
         self._seen_keys[view.name] = self._held_key(view.name)
         self.domains.set_busy(view.name, view.compiled is not None and view.free != view.compiled.full_mask)
@@ -306,7 +307,7 @@ class ClusterState:
         key = self._keys.get(name)
         if isinstance(key, NodeKey):
             self._keys[name] = self._intern(key.compiled, key.free, key.unhealthy, name in self.domains.whole,
-                                            key.order)
+                                            key.order, pinned=key.pinned)
             self._seen_keys[name] = self._held_key(name)
 
     def key_without(self, key: NodeKey, gpus: int) -> NodeKey:
@@ -315,7 +316,8 @@ class ClusterState:
         if not key.free & gpus:
             return key
         with self.ledger.lock:
-            return self._intern(key.compiled, key.free & ~gpus, key.unhealthy, key.whole, key.order)
+            return self._intern(key.compiled, key.free & ~gpus, key.unhealthy, key.whole, key.order,
+                                pinned=key.pinned)
 
     def given_keys(self, count: int, verdict: bool = False) -> dict[NodeKey, NodeKey] | None:
         """For a request of `count` GPUs, each DRA node key -> the key of what its first fit gives (for filter's
@@ -324,8 +326,8 @@ class ClusterState:
         return table.get(count) if table else None
 
     def _intern(self, compiled: CompiledTopology, free: int, unhealthy: int, whole: bool = False,
-                order: tuple[int, ...] | None = None, given: int | None = None) -> NodeKey:
-        value: KeyValue = (compiled, free, unhealthy, whole, order, given)
+                order: tuple[int, ...] | None = None, given: int | None = None, pinned: int = 0) -> NodeKey:
+        value: KeyValue = (compiled, free, unhealthy, whole, order, given, pinned)
         key = self._interned.get(value)
         if key is not None:
             return key
@@ -334,10 +336,10 @@ class ClusterState:
             if len(self._interned) > _MAX_INTERNED or len(self._interned_boards) > self._boards_limit:
                 self._forget_dead_keys()
                 self._interned_boards.add(compiled)
-        key = self._interned[value] = NodeKey(compiled, free, unhealthy, whole, order, given)
+        key = self._interned[value] = NodeKey(compiled, free, unhealthy, whole, order, given, pinned)
         if order is not None:
             for count in range(1, compiled.size + 1):
-                given = first_fit(free, order, count)
+                given = allocator_pick(free, pinned, order, count)
                 self._given.setdefault(count, {})[key] = self._intern(compiled, free, unhealthy, whole, None, given)
                 self._verdicts.setdefault(count, {})[key] = self._intern(compiled, given, unhealthy, False, None,
                                                                          given)

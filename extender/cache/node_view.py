@@ -47,8 +47,8 @@ class NodeView:
         return tuple(gpu for index, gpu in enumerate(self.ids) if mask >> index & 1)
 
 
-KeyValue = tuple[CompiledTopology, int, int, bool, tuple[int, ...] | None, int | None]
-"""(board, free, unhealthy, whole, order, given): what a NodeKey is interned on."""
+KeyValue = tuple[CompiledTopology, int, int, bool, tuple[int, ...] | None, int | None, int]
+"""(board, free, unhealthy, whole, order, given, pinned): what a NodeKey is interned on."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -66,6 +66,7 @@ class NodeKey:
     whole: bool = False  # its NVLink domain (else innermost block) has every GPU free
     order: tuple[int, ...] | None = None  # a DRA node's GPUs in its slice's order: the allocator's first-fit
     given: int | None = None  # a DRA node's key for one request size: what its first fit gives (cluster_state.py)
+    pinned: int = 0  # a DRA node's GPUs held only by unallocated pins: not free to us, free to kube-scheduler
 
     def deliverable(self, count: int) -> int:
         """The free GPUs a pod of `count` GPUs can be given here: any free one where the extender picks the set
@@ -74,12 +75,20 @@ class NodeKey:
         GPUs with no constraint its first fit is those (research/dra.md §3.2)."""
         if self.given is not None:
             return self.given
-        return self.free if self.order is None else first_fit(self.free, self.order, count)
+        return self.free if self.order is None else allocator_pick(self.free, self.pinned, self.order, count)
 
     @property
     def value(self) -> KeyValue:
         """What makes two keys the same key (they are interned on it)."""
-        return self.compiled, self.free, self.unhealthy, self.whole, self.order, self.given
+        return self.compiled, self.free, self.unhealthy, self.whole, self.order, self.given, self.pinned
+
+
+def allocator_pick(free: int, pinned: int, order: tuple[int, ...], count: int) -> int:
+    """What kube-scheduler's allocator gives a claim of `count` whole GPUs: its first fit over the GPUs it sees free,
+    which include those an unallocated pin holds (extender/pinning/). A first fit that takes one of those would take
+    another pod's pinned GPU: nothing is deliverable then, until the pin is allocated and the first fit moves on."""
+    given = first_fit(free | pinned, order, count)
+    return 0 if given & pinned else given
 
 
 def first_fit(free: int, order: tuple[int, ...], count: int) -> int:

@@ -176,7 +176,7 @@ class PinPlanner:
         choice = choose_pin(self.state, self.selector, count, candidates) if attempt <= MAX_ATTEMPTS else None
         if choice is None and attempt <= MAX_ATTEMPTS and not excluded:
             return None  # no DRA node has the GPUs free now: asked again next round, as kube-scheduler would wait
-        pinned = choice is not None and choice.pin and inventory.gpu_driver(choice.node) is not None
+        pinned = choice is not None and inventory.gpu_driver(choice.node) is not None
         return _Made(choice.node if choice is not None else "", tuple(sorted(choice.gpus)) if pinned and choice else (),
                      self.clock(), attempts=attempt, excluded=excluded, pinned=pinned)
 
@@ -215,6 +215,9 @@ class PinPlanner:
                 return
             meta = created.get("metadata") or {}
             made.claims[name] = (str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
+            with self.state.ledger.lock:  # held at once, as the watch will tell: the next pod planned sees it taken
+                if self.state.dra.claim_state(pod.namespace, name) is None:
+                    self.state.dra.apply_claim("ADDED", created)
         if len(made.claims) == len(pod.claims):
             self.counts["pinned" if made.pinned else "unpinned"] += 1
             log.info("pod %s/%s: claims made%s", pod.namespace, pod.name,

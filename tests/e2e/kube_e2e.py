@@ -100,6 +100,9 @@ class ClusterSpec:
     namespace: str = NAMESPACE
     dra_nodes: frozenset[str] = frozenset()  # GPUs published by a DRA driver: no nvidia.com/gpu in allocatable
     controllers: tuple[str, ...] = ()  # kube-controller-manager's, from KUBE_BIN_DIR; none: it does not run
+    # kube-apiserver presents the webhook-client certificate to admission webhooks, which the extender accepts
+    # (--client-name), as scheduler-config/dra-pin-webhook.yaml says to set up
+    webhook_client: bool = False
 
 
 DEFAULT_SPEC = ClusterSpec(NODES)
@@ -357,6 +360,7 @@ class Pki:
 
 
 # name: (subject, extended key usage, subjectAltName or None)
+WEBHOOK_CLIENT = "kube-apiserver-webhook-client"
 LEAVES: dict[str, tuple[str, str, str | None]] = {
     "apiserver": ("/CN=kube-apiserver", "serverAuth",
                   f"IP:127.0.0.1, IP:{FIRST_SERVICE_IP}, DNS:localhost, DNS:kubernetes, DNS:kubernetes.default, "
@@ -365,6 +369,8 @@ LEAVES: dict[str, tuple[str, str, str | None]] = {
     "scheduler": ("/CN=system:kube-scheduler", "clientAuth", None),
     # Client usage too: the harness's readiness probe presents it to the extender's mTLS port.
     "extender": ("/CN=gpu-topology-extender", "serverAuth, clientAuth", "IP:127.0.0.1, DNS:localhost"),
+    # What kube-apiserver presents to admission webhooks (its AdmissionConfiguration, `admission_config`).
+    "webhook-client": (f"/CN={WEBHOOK_CLIENT}", "clientAuth", None),
 }
 
 
@@ -791,8 +797,25 @@ def feature_gates_flag(gates: Mapping[str, bool] | None) -> list[str]:
     return ["--feature-gates=" + ",".join(f"{name}={str(on).lower()}" for name, on in sorted(gates.items()))]
 
 
+def admission_config(workdir: Path, pki: Pki) -> Path:
+    """kube-apiserver's AdmissionConfiguration: to every admission webhook (the kubeconfig's user "*") it presents
+    the webhook-client certificate, so a webhook that asks for client certificates (the extender's) admits it."""
+    kubeconfig = workdir / "webhook-client.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "users": [
+        {"name": "*", "user": {"client-certificate": str(pki.cert("webhook-client")),
+                               "client-key": str(pki.key("webhook-client"))}}]}))
+    path = workdir / "admission-config.yaml"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration", "plugins": [
+            {"name": "MutatingAdmissionWebhook", "configuration": {
+                "apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
+                "kubeConfigFile": str(kubeconfig)}}]}))
+    return path
+
+
 def apiserver_argv(binary: Path, *, etcd_url: str, port: int, pki: Pki, cert_dir: Path,
-                   feature_gates: Mapping[str, bool] | None = None, runtime_config: Sequence[str] = ()) -> list[str]:
+                   feature_gates: Mapping[str, bool] | None = None, runtime_config: Sequence[str] = (),
+                   admission: Path | None = None) -> list[str]:
     return [
         str(binary),
         f"--etcd-servers={etcd_url}",
@@ -816,18 +839,19 @@ def apiserver_argv(binary: Path, *, etcd_url: str, port: int, pki: Pki, cert_dir
         "--v=2",
         *feature_gates_flag(feature_gates),
         *([f"--runtime-config={','.join(runtime_config)}"] if runtime_config else []),
+        *([f"--admission-control-config-file={admission}"] if admission is not None else []),
     ]
 
 
 def start_apiserver(binary: Path, workdir: Path, etcd_url: str, pki: Pki, stack: ExitStack, *,
                     feature_gates: Mapping[str, bool] | None = None,
-                    runtime_config: Sequence[str] = ()) -> tuple[Process, int]:
+                    runtime_config: Sequence[str] = (), admission: Path | None = None) -> tuple[Process, int]:
     (port,) = free_ports(1)
     cert_dir = workdir / "apiserver-cert-dir"
     cert_dir.mkdir(exist_ok=True)
     process = Process("kube-apiserver", apiserver_argv(binary, etcd_url=etcd_url, port=port, pki=pki,
                                                        cert_dir=cert_dir, feature_gates=feature_gates,
-                                                       runtime_config=runtime_config),
+                                                       runtime_config=runtime_config, admission=admission),
                       workdir / "logs" / "kube-apiserver.log")
     stack.callback(process.stop)
     wait_for_https(process, port, "/readyz", client_context(pki, "admin"))
@@ -982,7 +1006,8 @@ def start_cluster(binaries: KubeBinaries, workdir: Path, stack: ExitStack,
     pki = make_pki(workdir / "pki")
     etcd, etcd_url = start_etcd(binaries.etcd, workdir, stack)
     apiserver, api_port = start_apiserver(binaries.apiserver, workdir, etcd_url, pki, stack,
-                                          feature_gates=spec.feature_gates, runtime_config=spec.runtime_config)
+                                          feature_gates=spec.feature_gates, runtime_config=spec.runtime_config,
+                                          admission=admission_config(workdir, pki) if spec.webhook_client else None)
     server = f"https://127.0.0.1:{api_port}"
     admin_kubeconfig = write_kubeconfig(workdir / "admin.kubeconfig", server, pki, "admin")
     scheduler_kubeconfig = write_kubeconfig(workdir / "scheduler.kubeconfig", server, pki, "scheduler")
@@ -996,7 +1021,8 @@ def start_cluster(binaries: KubeBinaries, workdir: Path, stack: ExitStack,
     reporter = FakeReporter(kube, topologies).start()
     stack.callback(reporter.stop)
 
-    extender, extender_url = start_extender(workdir, admin_kubeconfig, pki, stack, spec.extender_args)
+    extender, extender_url = start_extender(workdir, admin_kubeconfig, pki, stack, (
+        *spec.extender_args, *(("--client-name", WEBHOOK_CLIENT) if spec.webhook_client else ())))
     managers = ([start_controller_manager(binaries.controller_manager, workdir, admin_kubeconfig, stack,
                                           spec.controllers)] if spec.controllers else [])
     source = yaml.safe_load(SCHEDULER_CONFIG_SOURCE.read_text())

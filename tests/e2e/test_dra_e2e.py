@@ -14,6 +14,7 @@ Runs only with real binaries (KUBE_BIN_DIR, as test_scheduling_e2e.py); otherwis
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 import time
 from typing import Any
 
@@ -41,10 +42,10 @@ DEVICE_CLASS = {
              "extendedResourceName": "nvidia.com/gpu"}}
 
 
-def _publish(cluster: Cluster) -> None:
+def _publish(cluster: Cluster, orders: Mapping[str, Sequence[int]] = ORDERS) -> None:
     """NVIDIA's chart's DeviceClass, and each node's slice as its kubelet plugin would publish it."""
     cluster.kube.create_cluster_object(*RESOURCE, "deviceclasses", DEVICE_CLASS)
-    for node, order in ORDERS.items():
+    for node, order in orders.items():
         uuids = [gpu.uuid or "" for gpu in cluster.topologies[node].gpus]
         devices = [gpu_device(index, uuids[index]) for index in order]
         cluster.kube.create_cluster_object(*RESOURCE, "resourceslices", gpu_slice(node, (), seed=None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from helpers.dra_board import CROSSED, PAIRED, dra_cluster, uuids
 
 from extender.demo.dra_objects import allocated_claim
@@ -15,17 +16,11 @@ def _indexes(node: str, gpus: tuple[str, ...]) -> set[int]:
     return {uuids(node).index(gpu) for gpu in gpus}
 
 
-def test_where_every_first_fit_crosses_sockets_the_nvlink_pair_is_pinned() -> None:
-    state = dra_cluster({"a": CROSSED, "b": CROSSED})
+@pytest.mark.parametrize("second", [CROSSED, PAIRED])
+def test_the_choice_is_an_nvlink_pair_whatever_the_first_fits_give(second: tuple[int, ...]) -> None:
+    state = dra_cluster({"a": CROSSED, "b": second})
     choice = choose_pin(state, Selector(), 2, ["a", "b"])
-    assert choice is not None and choice.pin
-    assert _indexes(choice.node, choice.gpus) in NVLINK_PAIRS
-
-
-def test_where_a_first_fit_gives_a_pair_already_no_pin_is_made() -> None:
-    state = dra_cluster({"a": CROSSED, "b": PAIRED})
-    choice = choose_pin(state, Selector(), 2, ["a", "b"])
-    assert choice is not None and not choice.pin
+    assert choice is not None and _indexes(choice.node, choice.gpus) in NVLINK_PAIRS
 
 
 def test_the_pin_avoids_taken_gpus_and_packs_a_broken_pair_first() -> None:

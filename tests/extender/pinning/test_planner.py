@@ -16,7 +16,7 @@ from extender.demo.cluster import DemoCluster
 from extender.demo.dra_objects import allocated_claim
 from extender.kube.client import KubeError
 from extender.pinning.planner import MAX_ATTEMPTS, POD_CLAIM_ANNOTATION, PinPlanner
-from extender.verbs.filter import PINNED_TAKEN
+from extender.verbs.filter import NOT_ENOUGH_FREE, PINNED_TAKEN
 from extender.verbs.service import ExtenderService
 from topology.select import Selector
 
@@ -26,8 +26,9 @@ NVLINK_PAIRS = ({0, 1}, {2, 3}, {4, 5}, {6, 7})
 class FakeApi:
     """Claims as the API server keeps them: a uid and resourceVersion each, a delete that checks both."""
 
-    def __init__(self, state: ClusterState) -> None:
+    def __init__(self, state: ClusterState, lag: bool = False) -> None:
         self.state = state
+        self.lag = lag  # the watch has not delivered what was created yet
         self.claims: dict[str, dict[str, Any]] = {}
         self.deleted: list[str] = []
         self.version = 0
@@ -41,7 +42,8 @@ class FakeApi:
         made = copy.deepcopy(claim)
         made["metadata"].update(uid=f"uid-{name}-{self.version}", resourceVersion=str(self.version))
         self.claims[name] = made
-        self.state.claims.apply("ADDED", made)  # the watch
+        if not self.lag:
+            self.state.claims.apply("ADDED", made)  # the watch
         return made
 
     def delete_resource_claim(self, namespace: str, name: str, uid: str, resource_version: str) -> None:
@@ -145,8 +147,9 @@ def test_the_pinned_pod_passes_filter_on_its_pair_while_another_pod_is_kept_off_
     assert service.filter(ExtenderArgs(_pod("p2", "other", ), ["a"], None)).failed == {PINNED_TAKEN: ["a"]}
 
 
-def test_two_pods_get_disjoint_pairs() -> None:
+def test_pods_planned_before_the_watch_shows_their_claims_get_disjoint_pairs() -> None:
     planner, api, _ = _planner({"a": CROSSED})
+    api.lag = True
     planner.pods.apply("ADDED", _pod("p1", "c1"))
     planner.pods.apply("ADDED", _pod("p2", "c2"))
     planner.tick()
@@ -154,12 +157,14 @@ def test_two_pods_get_disjoint_pairs() -> None:
     assert first in NVLINK_PAIRS and second in NVLINK_PAIRS and not first & second
 
 
-def test_where_a_first_fit_gives_a_pair_the_claim_is_made_unpinned() -> None:
-    planner, api, _ = _planner({"a": CROSSED, "b": PAIRED})
-    planner.pods.apply("ADDED", _pod())
+def test_a_claim_is_pinned_even_where_a_first_fit_gives_a_pair() -> None:
+    """An unpinned claim holds nothing until allocated: the next pods planned would count on the same first fit."""
+    planner, api, _ = _planner({"a": PAIRED})
+    for i in range(4):
+        planner.pods.apply("ADDED", _pod(f"p{i}", f"c{i}"))
     planner.tick()
-    assert "selectors" not in api.claims["train-gpus-x7k2p"]["spec"]["devices"]["requests"][0]["exactly"]
-    assert planner.counts["unpinned"] == 1
+    pairs = [_pinned(api, f"c{i}")[1] for i in range(4)]
+    assert sorted(map(sorted, pairs)) == [[0, 1], [2, 3], [4, 5], [6, 7]] and planner.counts["pinned"] == 4
 
 
 def test_a_pinned_gpu_allocated_to_another_claim_replans_on_another_node() -> None:
@@ -243,3 +248,29 @@ def test_a_claim_made_by_someone_else_is_left_alone() -> None:
     planner.pods.apply("ADDED", _pod())
     planner.tick()
     assert api.claims == {}
+
+
+def test_a_first_fit_that_would_take_a_pinned_gpu_is_not_promised_until_the_pin_is_allocated() -> None:
+    """kube-scheduler's allocator sees an unallocated pin's GPUs as free: where its first fit for another claim
+    would take one, the extender passes no node until the pin is allocated and that first fit moves on."""
+    planner, api, _ = _planner({"a": CROSSED})
+    service = ExtenderService(planner.state, DemoCluster(ClusterState(), []))
+    pin = allocated_claim("pin", "a", [])
+    pin["metadata"]["name"] = "pinned"
+    del pin["status"]
+    pin["spec"]["devices"]["requests"][0]["exactly"].update(
+        count=2, selectors=[pin_selector(GPU_DRIVER, [uuids("a")[0], uuids("a")[1]])])
+    planner.state.claims.apply("ADDED", pin)
+    plain = allocated_claim("plain", "a", [])
+    plain["metadata"]["name"] = "plain"
+    del plain["status"]
+    plain["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
+    planner.state.claims.apply("ADDED", plain)
+    pod = _pod("p9", "plain")
+    pod["metadata"]["annotations"] = {"gpu-topology.io/topology-wait": "0"}
+    outcome = service.filter(ExtenderArgs(pod, ["a"], None))
+    assert outcome.passed == [] and outcome.failed == {NOT_ENOUGH_FREE: ["a"]}  # its first fit is 0 and 5
+    pin["status"] = allocated_claim("pin", "a", ["gpu-0", "gpu-1"])["status"]
+    planner.state.claims.apply("MODIFIED", pin)
+    pod["metadata"]["resourceVersion"] = "2"
+    assert service.filter(ExtenderArgs(pod, ["a"], None)).passed == ["a"]  # now 5 and 2
