@@ -47,7 +47,7 @@ from extender.verbs.filter import FilterOutcome, Verdict, filter_nodes
 from extender.verbs.group_placement import GROUP_AGE_BOUND_SECONDS, GroupPlacement
 from extender.verbs.metrics import Metrics
 from extender.verbs.preempt import preempt_nodes
-from extender.verbs.scoring import Offer, prioritize_nodes
+from extender.verbs.scoring import Offer, ScoreBook, prioritize_nodes
 from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS, WAITING, WaitClock
 from topology.collectives import COMM_SHARE
 from topology.select import Selector
@@ -114,6 +114,7 @@ class ExtenderService:
                                drains=self.drains)
         self._verdicts: ShapeMemo[Verdict] = ShapeMemo()
         self._offers: ShapeMemo[Offer | None] = ShapeMemo()
+        self._scores = ScoreBook()
         self._pods: OrderedDict[str, tuple[str, PodRequest]] = OrderedDict()  # uid -> (resourceVersion, request)
         self._pods_lock = threading.Lock()
         self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
@@ -151,7 +152,8 @@ class ExtenderService:
         planned = self.groups.prioritize(pod, names) if pod.group_key is not None else None
         if planned is not None:
             return names, planned
-        return names, prioritize_nodes(self.state, self.selector, pod, names, self._offers, self.drains, compute)
+        return names, prioritize_nodes(self.state, self.selector, pod, names, self._offers, self.drains, compute,
+                                       self._scores)
 
     def _drain(self, pod: PodRequest, waiting: list[str]) -> None:
         """Every candidate refused the pod only to wait for a full set: drain the one nearest to free."""
