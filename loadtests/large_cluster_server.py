@@ -317,7 +317,7 @@ class LoadCluster(DemoCluster):
             gpus = self.first_fit(node, count)
             if gpus is None:
                 raise RuntimeError(f"node {node} has no {count} devices free")
-            self.claims[uid] = (node, gpus)
+            self.hold(uid, node, gpus)
             allocated = allocated_claim(uid, node, [f"gpu-{index}" for index in gpus], pods=[uid])
             self.state.claims.apply("MODIFIED", {**claim, "status": allocated["status"]})
 
@@ -326,7 +326,7 @@ class LoadCluster(DemoCluster):
         with self._lock:
             claim = self.made.pop(uid, None)
             if claim is not None:
-                self.claims.pop(uid, None)  # not the claim DemoCluster makes, which it would delete
+                self.release(uid)  # not the claim DemoCluster makes, which it would delete
             super().finish_pod(uid)
             if claim is not None:
                 self.state.claims.apply("DELETED", claim)

@@ -92,6 +92,10 @@ class ClusterState:
         # more than the GPUs given and the unhealthy ones, so its keys (`_verdicts`) keep only those: fewer still.
         self._given: dict[int, dict[NodeKey, NodeKey]] = {}
         self._verdicts: dict[int, dict[NodeKey, NodeKey]] = {}
+        # (size, verdict) -> each node's key as read for that request size: on a DRA node what its first fit gives,
+        # so that a request reads its names in one C pass, not one for the keys and one for what they give. Made
+        # on the first request of the size once a DRA node is known, kept as keys change, dropped with dead keys.
+        self._by_size: dict[tuple[int, bool], dict[str, Key]] = {}
         self._interned_boards: set[CompiledTopology] = set()
         self._boards_limit = MAX_DEAD_BOARDS
         self.key_epoch = 0  # bumped when keys are forgotten: memos of answers per key must be emptied
@@ -143,6 +147,25 @@ class ClusterState:
     def keys_for(self, names: list[str]) -> list[Key | None]:
         """Each node's key, None for a node never seen; one C pass (extender/api/_names.c) for thousands of names."""
         return lookup(names, self._keys)
+
+    def keys_given(self, names: list[str], count: int, verdict: bool = False) -> list[Key | None]:
+        """Each node's key, a DRA node's as what its first fit gives `count` GPUs (for filter's `verdict`, that
+        alone): `keys_for` and `given_keys` in one C pass."""
+        given = (self._verdicts if verdict else self._given).get(count)
+        if not given:
+            return lookup(names, self._keys)
+        table = self._by_size.get((count, verdict))
+        if table is None:
+            with self.ledger.lock:
+                table = self._by_size[(count, verdict)] = {name: given.get(key, key) if isinstance(key, NodeKey)
+                                                           else key for name, key in self._keys.items()}
+        return lookup(names, table)
+
+    def _set_key(self, name: str, key: Key) -> None:
+        self._keys[name] = key
+        for (count, verdict), table in self._by_size.items():
+            given = (self._verdicts if verdict else self._given).get(count, {})
+            table[name] = given.get(key, key) if isinstance(key, NodeKey) else key
 
     def keys_held_back(self, names: list[str]) -> list[Key | None]:
         """Each node's key as a pod sees it with the held-back GPUs (`hold_back`) not free: one C pass, as
@@ -221,6 +244,8 @@ class ClusterState:
             if kind == "DELETED":
                 self._views.pop(name, None)
                 self._keys.pop(name, None)
+                for table in self._by_size.values():
+                    table.pop(name, None)
                 self._seen_keys.pop(name, None)
                 self.domains.remove(name)
                 self._observed.pop(name, None)
@@ -245,13 +270,12 @@ class ClusterState:
 
     def _with_dra(self, view: NodeView) -> NodeView:
         """The view with what DRA allocates on the node (extender/cache/dra_inventory.py) taken from it."""
-        taken = self.dra.taken(view.name, view.ids) if view.compiled is not None else None
-        if taken is None:
+        found = self.dra.occupancy(view.name, view.ids) if view.compiled is not None else None
+        if found is None:
             return replace(view, dra_taken=0, dra_pinned=0, dra_pods=frozenset(), dra_order=None) if (
                 view.dra_taken or view.dra_pods or view.dra_order is not None) else view
         order = tuple(view.index_of[gpu] for gpu in self.dra.order(view.name) if gpu in view.index_of)
-        pinned = self.dra.pinned_only(view.name, view.ids)
-        return replace(view, dra_taken=view.mask(taken), dra_pinned=view.mask(pinned),
+        return replace(view, dra_taken=view.mask(found[0]), dra_pinned=view.mask(found[1]),
                        dra_pods=self.dra.pods_on(view.name), dra_order=order)
 
     def _dra_changed(self, node: str) -> None:
@@ -289,15 +313,15 @@ class ClusterState:
         self.version += 1
         if view.sharing.shared:
             # Its devices are replicas or slices: no free mask of ours means anything there, so it is never stale.
-            self._keys[view.name] = SharedKey(view.sharing)
+            self._set_key(view.name, SharedKey(view.sharing))
             self._observed.pop(view.name, None)
         elif view.compiled is None:
-            self._keys[view.name] = view.problem or "no GPU topology reported"
+            self._set_key(view.name, view.problem or "no GPU topology reported")
             self._observed.pop(view.name, None)
         else:
-            self._keys[view.name] = self._intern(view.compiled, view.free, view.unhealthy,
-                                                 view.name in self.domains.whole, view.dra_order,
-                                                 pinned=view.dra_pinned & ~view.free)
+            self._set_key(view.name, self._intern(view.compiled, view.free, view.unhealthy,
+                                                  view.name in self.domains.whole, view.dra_order,
+                                                  pinned=view.dra_pinned & ~view.free))
             self._observed[view.name] = float("-inf") if view.observed is None else view.observed
         self._seen_keys[view.name] = self._held_key(view.name)
         self.domains.set_busy(view.name, view.compiled is not None and view.free != view.compiled.full_mask)
@@ -306,8 +330,8 @@ class ClusterState:
         """The node's domain became whole, or stopped being whole: its key says so."""
         key = self._keys.get(name)
         if isinstance(key, NodeKey):
-            self._keys[name] = self._intern(key.compiled, key.free, key.unhealthy, name in self.domains.whole,
-                                            key.order, pinned=key.pinned)
+            self._set_key(name, self._intern(key.compiled, key.free, key.unhealthy, name in self.domains.whole,
+                                             key.order, pinned=key.pinned))
             self._seen_keys[name] = self._held_key(name)
 
     def key_without(self, key: NodeKey, gpus: int) -> NodeKey:
@@ -360,6 +384,7 @@ class ClusterState:
                     del keys[key]
         self._interned_boards = {key.compiled for key in live}
         self._boards_limit = len(self._interned_boards) + MAX_DEAD_BOARDS
+        self._by_size.clear()
         self.key_epoch += 1
 
     def _decode_node(self, name: str, annotations: Mapping[str, Any], labels: Mapping[str, Any]) -> NodeView:

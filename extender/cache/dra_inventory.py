@@ -170,20 +170,19 @@ class DraInventory:
 
     def taken(self, node: str, gpu_ids: Iterable[str]) -> frozenset[str] | None:
         """Of a DRA node's GPUs (by UUID), those no pod may be given now; None for a node DRA gives no GPU."""
+        found = self.occupancy(node, gpu_ids)
+        return None if found is None else found[0]
+
+    def occupancy(self, node: str, gpu_ids: Iterable[str]) -> tuple[frozenset[str], frozenset[str]] | None:
+        """(`taken`, and of those the GPUs held by nothing but the pin of a claim not allocated yet, which the one
+        pod whose claim pins them may still be given), in one pass; None for a node DRA gives no GPU."""
         found = self._usable(node)
         if found is None:
             return None
         usable, blocked = found
-        return frozenset(gpu for gpu in gpu_ids if gpu not in usable or gpu in blocked or gpu in self._pinned)
-
-    def pinned_only(self, node: str, gpu_ids: Iterable[str]) -> frozenset[str]:
-        """Of the GPUs `taken` gives, those held by nothing but the pin of a claim not allocated yet: the one pod
-        whose claim pins them may still be given them."""
-        found = self._usable(node)
-        if found is None:
-            return frozenset()
-        usable, blocked = found
-        return frozenset(gpu for gpu in gpu_ids if gpu in self._pinned and gpu in usable and gpu not in blocked)
+        pinned = self._pinned
+        taken = frozenset(gpu for gpu in gpu_ids if gpu not in usable or gpu in blocked or gpu in pinned)
+        return taken, frozenset(gpu for gpu in taken if gpu in pinned and gpu in usable and gpu not in blocked)
 
     def _usable(self, node: str) -> tuple[set[str], set[str]] | None:
         """(whole GPUs published untainted and unallocated, GPUs blocked by an allocation or a taint), by UUID."""

@@ -93,6 +93,7 @@ class DemoCluster:
         self._lock = threading.RLock()
         self.dra = dict(dra or {})
         self.claims: dict[str, tuple[str, tuple[int, ...]]] = {}  # pod uid -> (node, GPUs) its DRA claim holds
+        self._held: dict[str, set[int]] = {}  # node -> the GPUs claims hold there (what first_fit skips)
         state.nodes.replace([self._node(name) for name in self.topologies])
         state.nodes.synced()
         state.slices.replace([gpu_slice(name, (), seed=None, devices=[
@@ -147,7 +148,7 @@ class DemoCluster:
         """What kube-scheduler's DRA allocator gives a request of `count` whole GPUs on a DRA node: the first
         devices in the slice's order that no claim holds, or None where too few are free. Written apart from the
         extender's own prediction (cache/node_view.py `first_fit`), as the allocator it stands in for is."""
-        held = {index for where, gpus in self.claims.values() if where == node for index in gpus}
+        held = self._held.get(node, set())
         free = [index for index in self.dra[node] if index not in held]
         return tuple(free[:count]) if len(free) >= count else None
 
@@ -159,9 +160,21 @@ class DemoCluster:
             gpus = self.first_fit(node, count)
             if gpus is None:
                 raise RuntimeError(f"node {node} has no {count} devices free")
-            self.claims[uid] = (node, gpus)
+            self.hold(uid, node, gpus)
             self.state.claims.apply("ADDED", allocated_claim(uid, node, [f"gpu-{index}" for index in gpus],
                                                              pods=[uid], extended=True))
+
+    def hold(self, uid: str, node: str, gpus: tuple[int, ...]) -> None:
+        """The pod's claim holds these GPUs of the node."""
+        self.claims[uid] = (node, gpus)
+        self._held.setdefault(node, set()).update(gpus)
+
+    def release(self, uid: str) -> tuple[str, tuple[int, ...]] | None:
+        """The pod's claim lets its GPUs go: (node, GPUs) it held, if any."""
+        claim = self.claims.pop(uid, None)
+        if claim is not None:
+            self._held[claim[0]].difference_update(claim[1])
+        return claim
 
     def allocatable(self, node: str) -> int:
         """The node's devices of the GPU resource: its GPUs, or their replicas or slices on a shared node; none on
@@ -276,7 +289,7 @@ class DemoCluster:
             if pod["spec"].get("nodeName"):
                 self._on_node[pod["spec"]["nodeName"]].pop(uid, None)
             self.delivered.pop(uid, None)
-            claim = self.claims.pop(uid, None)
+            claim = self.release(uid)
             if claim is not None:
                 self.state.claims.apply("DELETED", allocated_claim(uid, claim[0], []))
             pod["status"]["phase"] = "Succeeded"

@@ -200,9 +200,12 @@ def keys_seen(state: ClusterState, names: list[str], drains: Drains | None, uid:
     GPUs drained for other pods hidden (but for the drains it backfills), a DRA node's as what its first fit gives
     `count` GPUs (for filter's `verdict`, only that), and `stale` in place of a node whose GPU state is too old.
     Passes over the names run in C (extender/api/_names.c)."""
-    keys = state.keys_for(names) if drains is None else drains.seen(names, uid, state.clock(), ends_by)
-    given = state.given_keys(count, verdict)
-    if given:
-        keys = lookup(keys, given, keys)
+    if drains is None or not len(drains):  # no drain in force, the common case: one C pass
+        keys = state.keys_given(names, count, verdict)
+    else:
+        keys = drains.seen(names, uid, state.clock(), ends_by)
+        given = state.given_keys(count, verdict)
+        if given:
+            keys = lookup(keys, given, keys)
     old = state.stale_names()
     return lookup(names, dict.fromkeys(old, stale), keys) if old else keys

@@ -39,3 +39,22 @@ def test_kept_scores_equal_scores_worked_out_anew(steps: list[tuple[list[str], s
                              "nvidia.com/gpu": str(count)}}}]}}, state.keys)
         kept = prioritize_nodes(state, selector, pod, names, memo, None, True, book)
         assert kept == prioritize_nodes(state, selector, pod, names)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(sorted(ORDERS)), st.integers(0, 7), st.booleans()), max_size=12),
+       st.integers(1, 8), st.booleans())
+def test_keys_by_size_are_the_keys_mapped_through_what_their_first_fits_give(
+        changes: list[tuple[str, int, bool]], count: int, verdict: bool) -> None:
+    """`ClusterState.keys_given` reads, in one pass, each node's key as its first fit of `count` gives it, kept as
+    claims take and free GPUs after the table was first made."""
+    state = reported_cluster({name: (platform, ()) for name, platform in NODES.items()})
+    for name, order in ORDERS.items():
+        ids = uuids(name)
+        state.slices.apply("ADDED", gpu_slice(name, (), seed=None, devices=[gpu_device(i, ids[i]) for i in order]))
+    names = sorted(NODES)
+    state.keys_given(names, count, verdict)
+    for node, gpu, take in changes:
+        state.claims.apply("ADDED" if take else "DELETED", allocated_claim(f"c-{node}-{gpu}", node, [f"gpu-{gpu}"]))
+        given = state.given_keys(count, verdict) or {}
+        assert state.keys_given(names, count, verdict) == [given.get(key, key) for key in state.keys_for(names)]
