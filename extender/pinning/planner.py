@@ -89,6 +89,7 @@ class PinPlanner:
         self._made: dict[str, _Made] = {}  # pod uid -> what the planner made for it
         self._lock = threading.Lock()
         self.counts: dict[str, int] = {"pinned": 0, "unpinned": 0, "replanned": 0}
+        self.on_count: Callable[[str], None] = lambda outcome: None  # the metric (cli.py)
         self.pods = _Feed(self._replace_pods, self._apply_pod)
         self.nodes = _Feed(self._replace_nodes, self._apply_node)
 
@@ -121,7 +122,7 @@ class PinPlanner:
             log.info("pod %s/%s: replanning its pinned claims on %s: %s", pod.namespace, pod.name, made.node, why)
             if not self._delete(pod, made):
                 return
-            self.counts["replanned"] += 1
+            self._count("replanned")
             excluded, attempt, made = made.excluded | {made.node}, made.attempts + 1, None
         if made is None:
             with self.state.ledger.lock:
@@ -136,6 +137,10 @@ class PinPlanner:
             with self.state.ledger.lock:
                 bodies = self._bodies(pod, made)
             self._create(pod, made, bodies)
+
+    def _count(self, outcome: str) -> None:
+        self.counts[outcome] += 1
+        self.on_count(outcome)
 
     def _replan_reason(self, pod: Awaiting) -> str | None:
         """Why the pod's pinned claims must be made again, if they must."""
@@ -219,7 +224,7 @@ class PinPlanner:
                 if self.state.dra.claim_state(pod.namespace, name) is None:
                     self.state.dra.apply_claim("ADDED", created)
         if len(made.claims) == len(pod.claims):
-            self.counts["pinned" if made.pinned else "unpinned"] += 1
+            self._count("pinned" if made.pinned else "unpinned")
             log.info("pod %s/%s: claims made%s", pod.namespace, pod.name,
                      f", pinned to {','.join(made.gpus)} on {made.node}" if made.pinned else ", unpinned")
 

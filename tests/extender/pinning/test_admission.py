@@ -106,7 +106,8 @@ def test_a_body_that_is_no_pod_review_is_refused(body: bytes, error: type[Except
 
 def test_the_route_answers_an_admission_review_whose_patch_applies_to_the_pod() -> None:
     state = _state()
-    client = TestClient(create_app(ExtenderService(state, DemoCluster(state), pin_claims=True)))
+    service = ExtenderService(state, DemoCluster(state), pin_claims=True)
+    client = TestClient(create_app(service))
     pod = _pod([{"name": "gpus", "resourceClaimTemplateName": "two-gpus"}])
     answer = client.post(ADMISSION_PATH, content=_review(pod)).json()
     assert answer["apiVersion"] == "admission.k8s.io/v1" and answer["kind"] == "AdmissionReview"
@@ -114,6 +115,7 @@ def test_the_route_answers_an_admission_review_whose_patch_applies_to_the_pod() 
     assert (response["uid"], response["allowed"], response["patchType"]) == ("r-1", True, "JSONPatch")
     patch = orjson.loads(base64.b64decode(response["patch"]))
     assert patch[0]["value"]["resourceClaimName"].startswith("train-gpus-")
+    assert service.metrics.decisions.labels("admission", "named")._value.get() == 1
     # Off (no --pin-claims): the pod is admitted as written.
     plain = TestClient(create_app(ExtenderService(state, DemoCluster(state))))
     assert plain.post(ADMISSION_PATH, content=_review(pod)).json()["response"] == {"uid": "r-1", "allowed": True}
