@@ -23,7 +23,7 @@ from extender.api.pod_request import PodRequest, parse_pod
 from extender.api.wire import BindingArgs
 from extender.cache.assignments import Assignment, Phase
 from extender.cache.cluster_state import ClusterState
-from extender.cache.node_view import NodeView, first_fit
+from extender.cache.node_view import NodeView, allocator_pick, first_fit
 from extender.groups.plans import GroupPlans
 from extender.kube.client import Conflict, KubeApi, KubeError
 from extender.verbs.filter import STALE
@@ -48,6 +48,7 @@ class Bound:
     gpus: tuple[str, ...]
     ring_gbps: float | None
     repeated: bool  # the pod was already bound here; nothing new was assigned
+    mispredicted: bool = False  # on a DRA node, its claims were given other GPUs than the first fit we judged by
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,7 @@ class Reservation:
     gpus: tuple[str, ...]  # in index order
     annotations: dict[str, str]
     ring_gbps: float | None
+    mispredicted: bool = False  # see Bound
 
 
 def begin_bind(state: ClusterState, plans: GroupPlans, selector: Selector, kube: KubeApi | None, args: BindingArgs,
@@ -101,7 +103,7 @@ def finish_bind(state: ClusterState, kube: KubeApi, args: BindingArgs, reservati
     key = reservation.assignment.pod_key
     if error is None:
         state.ledger.bound(reservation.assignment)
-        return Bound(reservation.gpus, reservation.ring_gbps, repeated=False)
+        return Bound(reservation.gpus, reservation.ring_gbps, repeated=False, mispredicted=reservation.mispredicted)
     if isinstance(error, Conflict):
         if _ours_committed(state, kube, args, reservation):
             return Bound(reservation.gpus, reservation.ring_gbps, repeated=True)
@@ -201,7 +203,11 @@ def _reserve(state: ClusterState, plans: GroupPlans, selector: Selector, pod: Po
         if dra:
             assert view.dra_order is not None
             chosen = own or (planned[1] if planned else first_fit(view.free & ~held, view.dra_order, pod.gpus))
-            return _dra_reservation(state, selector, pod, args, view, chosen)
+            # What filter and prioritize judged the node by, for a pod whose claims no selector of its own narrows:
+            # the first fit over what was free before its claims were allocated.
+            judged = allocator_pick((view.free | own) & ~held, view.dra_pinned & ~own, view.dra_order, pod.gpus)
+            mispredicted = bool(own) and not (pod.selected or pod.pinned) and own != judged
+            return _dra_reservation(state, selector, pod, args, view, chosen, mispredicted)
         if planned is not None:
             return _reservation(state, plans, selector, pod, args, planned[0], planned[1])
         count = device_count(pod.containers)
@@ -256,14 +262,15 @@ def _reservation(state: ClusterState, plans: GroupPlans, selector: Selector, pod
 
 
 def _dra_reservation(state: ClusterState, selector: Selector, pod: PodRequest, args: BindingArgs, view: NodeView,
-                     chosen: int) -> Reservation:
+                     chosen: int, mispredicted: bool) -> Reservation:
     """On a DRA node kube-scheduler's allocator has chosen the GPUs and written them to the pod's claims before
     this bind (its PreBind): the Binding carries no GPU of ours, and the ledger holds `chosen`: the claims' GPUs
     when they are seen already, else the set its first fit gives (a group's plan foresaw it the same way), until
     the claims count the pod (extender/cache/dra_inventory.py)."""
     ids = view.gpu_ids(chosen)
     assignment = state.ledger.reserve(args.pod_uid, pod.key, args.node, frozenset(ids))
-    return Reservation(assignment, ids, {}, _ring_of(selector, view, chosen) if chosen.bit_count() > 1 else None)
+    return Reservation(assignment, ids, {}, _ring_of(selector, view, chosen) if chosen.bit_count() > 1 else None,
+                       mispredicted)
 
 
 def _ring_of(selector: Selector, view: NodeView, gpus: int) -> float | None:

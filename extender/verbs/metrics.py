@@ -40,6 +40,11 @@ class Metrics:
         self.mismatches = Counter("gpu_topology_extender_allocation_mismatches_total",
                                   "Pods the kubelet gave other GPUs than they were bound to (the ledger followed it)",
                                   ["node"], registry=self.registry)
+        self.dra_mispredicted = Counter(
+            "gpu_topology_extender_dra_mispredicted_total",
+            "Pods bound to a DRA node whose claims kube-scheduler's allocator gave other GPUs than the first fit the "
+            "extender judged the node by (its in-flight allocations, which the extender cannot see, or a changed "
+            "allocator)", ["node"], registry=self.registry)
         ledger = Gauge("gpu_topology_extender_ledger_pods",
                        "Entries holding GPUs in the ledger: pods, and the open slots of group plans",
                        registry=self.registry)

@@ -294,6 +294,10 @@ class ExtenderService:
         self.drains.end(args.pod_uid)
         if bound.ring_gbps is not None and not bound.repeated:
             self.metrics.ring_gbps.observe(bound.ring_gbps)
+        if bound.mispredicted:
+            self.metrics.dra_mispredicted.labels(args.node).inc()
+            log.info("pod %s/%s on %s: DRA gave %s, not the first fit it was judged by", args.pod_namespace,
+                     args.pod_name, args.node, ",".join(bound.gpus))
         # At debug: one line a pod took 4% of the extender's time under kube-scheduler (py-spy, scheduler_throughput)
         # and says nothing new: the pod's annotations carry the GPUs, kube-scheduler logs the node (`--v=2`), the
         # metrics count every bind.

@@ -83,6 +83,7 @@ def test_claim_template_pods_reach_the_extender_and_get_the_nvlink_pair_it_predi
     pod = cluster.kube.get_pod("claim-0", cluster.namespace)
     assert pod["spec"]["containers"][0]["resources"]["limits"] == {CLAIMS_MARKER: "1"}
     assert cluster.extender_metric("gpu_topology_extender_decisions_total", verb="bind", outcome="bound") >= 2
+    assert cluster.extender_metric("gpu_topology_extender_dra_mispredicted_total") == 0  # the first fit, as judged
     wait_until(lambda: cluster.extender_metric("gpu_topology_extender_dra_free_gpus") == 16 - 4, 30,
                "the extender counting the claims", watch=cluster.processes.values())
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from extender.api.dra import GPU_DRIVER
 from extender.api.wire import BindingArgs, ExtenderArgs
 from extender.cache.cluster_state import ClusterState
@@ -189,3 +191,25 @@ def test_a_pod_whose_claim_pins_gpus_by_uuid_passes_only_the_node_that_has_them_
     service.state.claims.apply("ADDED", allocated_claim("other", NODES[1], ["gpu-3"]))
     outcome = service.filter(ExtenderArgs(_claim_pod("2"), NODES, None))
     assert outcome.passed == [] and outcome.failed == {PINNED_TAKEN: [NODES[1]]}
+
+
+@pytest.mark.parametrize("as_predicted", [True, False])
+def test_a_claim_given_other_gpus_than_the_first_fit_judged_by_is_counted_at_bind(as_predicted: bool) -> None:
+    """The first fit is what filter and prioritize judged the node by; kube-scheduler's in-flight allocations, which
+    the extender cannot see, can make its allocator give others. Bind counts that, by node."""
+    service = _service()
+    pod = _claim_pod()
+    service.kube = _Binder(service.state, pod)  # type: ignore[assignment]
+    key = service.state.keys_for([NODES[1]])[0]
+    assert isinstance(key, NodeKey) and key.order is not None
+    gpus = list(key.order[:2]) if as_predicted else list(key.order[2:4])
+    allocated = _template_claim()
+    allocated["status"] = allocated_claim("c1", NODES[1], [f"gpu-{gpu}" for gpu in gpus], pods=["p1"])["status"]
+    service.state.claims.apply("ADDED", allocated)  # allocated at kube-scheduler's PreBind, before our bind
+    service.state.pods.apply("ADDED", pod)
+    assert service.bind(BindingArgs("train", "ml", "p1", NODES[1])) == ""
+    counted = service.metrics.dra_mispredicted.labels(NODES[1])._value.get()
+    assert counted == (0 if as_predicted else 1)
+    held = service.state.ledger.get("p1")
+    view = service.state.view(NODES[1])
+    assert held is not None and view is not None and held.gpus == {view.ids[gpu] for gpu in gpus}
