@@ -12,6 +12,7 @@ from extender.verbs.filter import NOT_ENOUGH_FREE
 from extender.verbs.service import ExtenderService
 from extender.verbs.wait import WAITING
 from helpers.reported_nodes import ManualClock, reported_cluster
+from topology.full_sets import full_set_masks
 from topology.select import Selector
 
 WAIT = 300.0
@@ -120,3 +121,49 @@ def test_many_drained_nodes_are_hidden_from_every_other_pod_and_shown_to_their_o
     clock.now += WAIT  # every drain's wait is over: nothing is held back any more
     assert service.filter(ExtenderArgs(_pod("pair", 2), names, None)).passed == names
     assert len(service.drains) == 0
+
+
+SOCKET_0 = 0b00001111
+
+
+def test_a_groups_sets_that_share_a_gpu_with_a_drain_in_force_are_refused_whole() -> None:
+    """README: drains never overlap. A group's sets come from the planner's view, where other drains' free GPUs are
+    hidden but their busy ones are not: a pod's drain of socket 4-7 on node a holds busy GPU7 too. A group whose sets
+    share any GPU with it drains nothing, on no node, and the pod's drain keeps what it holds."""
+    clock = Clock()
+    state = reported_cluster({"a": ("pcie-l40s", (0, 1, 2, 7)), "b": ("pcie-l40s", ())}, clock=clock)
+    drains = Drains(state)
+    (key,) = state.keys_for(["a"])
+    assert isinstance(key, NodeKey)
+    pod = drains.start("pod", [("a", key)], Selector(), 4, clock.now + WAIT, clock.now)
+    assert pod is not None and pod.targets == (("a", SOCKET_1),)
+    (seen,) = drains.seen(["a"], "group", clock.now)
+    assert isinstance(seen, NodeKey) and seen.free == 0b00001000  # GPU7 is busy, not hidden: the planner may pick it
+    assert drains.start_sets("group", [("b", SOCKET_0), ("a", SOCKET_1)], clock.now + WAIT, clock.now) is None
+    assert drains.in_force() == [pod]
+    assert drains.held("a", "someone", clock.now) == SOCKET_1 and drains.held("b", "someone", clock.now) == 0
+    # Sets clear of every drain are drained.
+    group = drains.start_sets("group", [("b", SOCKET_0), ("a", SOCKET_0)], clock.now + WAIT, clock.now)
+    assert group is not None and group.nodes == {"a", "b"}
+    assert drains.held("a", "someone", clock.now) == SOCKET_0 | SOCKET_1
+
+
+def test_two_groups_never_drain_the_same_gpus() -> None:
+    """Groups of 2-GPU members: a second group's pairs that share one GPU with the first group's are refused whole;
+    the first keeps its own. The pairs are the board's full-bandwidth sets of two (a socket's GPUs)."""
+    clock = Clock()
+    state = reported_cluster({"a": ("pcie-l40s", ()), "b": ("pcie-l40s", ())}, clock=clock)
+    (key,) = state.keys_for(["a"])
+    assert isinstance(key, NodeKey)
+    pairs = list(full_set_masks(Selector(), key.compiled, key.compiled.full_mask, 2))
+    assert 0b0011 in pairs and 0b0110 in pairs and 0b1100 in pairs
+    drains = Drains(state)
+    first = drains.start_sets("first", [("a", 0b0011), ("b", 0b0011)], clock.now + WAIT, clock.now)
+    assert first is not None
+    assert drains.start_sets("second", [("a", 0b1100), ("b", 0b0110)], clock.now + WAIT, clock.now) is None  # GPU1
+    assert drains.in_force() == [first]
+    assert [drains.held(node, "someone", clock.now) for node in ("a", "b")] == [0b0011, 0b0011]
+    assert drains.held("b", "first", clock.now) == 0  # its own sets are not held from its members
+    second = drains.start_sets("second", [("a", 0b1100), ("b", 0b1100)], clock.now + WAIT, clock.now)
+    assert second is not None and len(drains) == 2
+    assert [drains.held(node, "someone", clock.now) for node in ("a", "b")] == [0b1111, 0b1111]
