@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import os
 import re
@@ -1605,10 +1606,13 @@ def test_dockerfile_runs_as_a_numeric_non_root_user_on_8443() -> None:
 
 
 def test_dockerfile_entrypoint_is_the_packages_console_script() -> None:
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"].get("scripts", {})
-    if "gpu-topology-extender" not in scripts:
-        pytest.skip("pyproject.toml does not declare the gpu-topology-extender console script yet")
-    assert scripts["gpu-topology-extender"].split(":")[0].startswith("extender")
+    """The image runs the command that `pip install .` makes of pyproject's console script: the extender's main."""
+    (entrypoint,) = _final("ENTRYPOINT")
+    (command,) = yaml.safe_load(entrypoint)
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert command in scripts, f"pyproject.toml declares no console script {command}"
+    module, function = scripts[command].split(":")
+    assert module.split(".")[0] == "extender" and callable(getattr(importlib.import_module(module), function))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1872,7 +1876,6 @@ def test_the_real_extender_runs_the_deployments_command_line_with_mtls(certs: tu
                                                                        tmp_path: Path) -> None:
     """The Deployment's own args, with --demo for --in-cluster, loopback for 0.0.0.0 and the files of
     make-certs.sh for the Secret, start the real server; kube-scheduler's client and the probes get in."""
-    pytest.importorskip("extender.cli")
     _, printed = certs
     extender_files = secret_files(printed, EXTENDER_TLS_SECRET)
     scheduler_files = secret_files(printed, SCHEDULER_TLS_SECRET)
