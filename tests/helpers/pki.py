@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.tools import required
+
 # name: (subject, subjectAltName)
 CERTIFICATES = {
     "server": ("/CN=gpu-topology-extender", "IP:127.0.0.1"),
@@ -23,6 +25,7 @@ def _openssl(directory: Path, *args: str) -> None:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    required("openssl")
     directory = tmp_path_factory.mktemp("pki")
     _openssl(directory, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
              "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=test-ca")

@@ -21,7 +21,6 @@ import importlib
 import json
 import os
 import re
-import shutil
 import stat
 import socket
 import ssl
@@ -78,6 +77,7 @@ from helpers.kube_scheduler_rules import (
     parse_go_duration,
     plugin_set,
 )
+from helpers.tools import required
 
 from extender.api.dra import CLAIMS_MARKER, ClaimAsk
 from extender.cache.dra_inventory import DraInventory
@@ -201,11 +201,9 @@ def test_kustomization_installs_every_manifest_but_the_optional_ones() -> None:
 
 @pytest.fixture(scope="module")
 def rendered() -> list[Doc]:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl (which carries kustomize) is not installed")
+    required("kubectl")  # it carries kustomize
     out = subprocess.run(
-        [kubectl, "kustomize", str(CONFIG)], check=True, capture_output=True, text=True, timeout=120
+        ["kubectl", "kustomize", str(CONFIG)], check=True, capture_output=True, text=True, timeout=120
     ).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc is not None]
 
@@ -1624,8 +1622,7 @@ MAKE_CERTS = CONFIG / "make-certs.sh"
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    if shutil.which("openssl") is None or shutil.which("bash") is None:
-        pytest.skip("openssl and bash are needed to run make-certs.sh")
+    required("openssl", "bash")
     out = tmp_path_factory.mktemp("certs") / "out"
     result = subprocess.run(
         ["bash", str(MAKE_CERTS), str(out)], check=False, capture_output=True, text=True, timeout=60
@@ -1763,8 +1760,7 @@ def test_the_cert_manager_path_documents_the_same_seal_secret(tmp_path: Path) ->
 
 
 def test_make_certs_refuses_a_git_work_tree(tmp_path: Path) -> None:
-    if shutil.which("openssl") is None or shutil.which("git") is None:
-        pytest.skip("openssl and git are needed")
+    required("openssl", "git")
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True, timeout=30)
     result = subprocess.run(
         ["bash", str(MAKE_CERTS), str(tmp_path / "certs")], check=False, capture_output=True, text=True, timeout=60

@@ -5,7 +5,6 @@ client's own pool where a proxy stands between."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
 import ssl
 import threading
@@ -170,7 +169,6 @@ def test_a_server_that_never_answers_times_out() -> None:
         _writer(server.port).post("/a", b"{}", {}, 0.3)
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_mutual_tls_as_the_client_configuration_says(pki: Path) -> None:
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(pki / "ca.crt"))
     tls.load_cert_chain(pki / "server.crt", pki / "server.key")
@@ -241,7 +239,6 @@ def test_post_soon_refuses_what_post_refuses(answer: bytes, error: type[Exceptio
         assert _soon(writer, b"3") is None, "a connection that failed is not kept"
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_post_soon_over_mutual_tls(pki: Path) -> None:
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(pki / "ca.crt"))
     tls.load_cert_chain(pki / "server.crt", pki / "server.key")

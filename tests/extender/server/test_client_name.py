@@ -3,7 +3,6 @@ the same CA gets 403 before a route runs, with a log line and a count. Real cert
 
 from __future__ import annotations
 
-import shutil
 import socket
 import ssl
 from pathlib import Path
@@ -19,8 +18,6 @@ from helpers.extender_server import running_server
 from helpers.pki import pki
 
 __all__ = ["pki"]  # the fixture: the CA and the certificates, made with openssl
-
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
 PINNED = ("kube-scheduler", "gpu-topology-extender.gpu-topology-system.svc")
 
