@@ -30,6 +30,7 @@ import math
 import os
 import platform
 import random
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -37,9 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the packages, not tests/'s folders of their names
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "loadtests"))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # the packages, not tests/'s folders of their names
 
 from helpers import hostile_boards  # noqa: E402
 import topology.select  # noqa: E402
@@ -48,13 +50,16 @@ from topology.budget import WORK_BUDGET, WorkBudget  # noqa: E402
 from topology.compiled import CompiledTopology, compile_topology  # noqa: E402
 from topology.levels import Interconnect  # noqa: E402
 from topology.platforms import PLATFORMS  # noqa: E402
-from topology.select import Choice, Request, Selector, ring_gbps  # noqa: E402
+from topology.select import Choice, NoFitReason, Request, Selector, ring_gbps  # noqa: E402
 
 NODES_8 = ("dgx1-v100", "rtx-a6000-pairs", "pcie-8gpu-switch-tree")
 NODE_16 = "dgx2-v100"
 # topo -m hides the PCIe level of NVLink pairs; for the DGX-1V the baseline gets NVIDIA's own model of them.
 HIDDEN_PCIE = {"dgx1-v100": DGX1V_HIDDEN_PCIE}
 BEGIN, END = "<!-- bench_select:begin -->", "<!-- bench_select:end -->"
+PRODUCT_PATHS = ("extender", "topology", "loadtests", ":(exclude)loadtests/plots", "scheduler-config",
+                 "pyproject.toml")
+"""What a benchmark runs: a change there makes a section's commit `+dirty` (the plots are what runs write)."""
 COLD_P99_TARGET_MS = 5.0
 PRECOMPUTE_TARGET_S = 1.0
 
@@ -126,8 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="only time cold queries on boards built to be hard for the search")
     args = parser.parse_args(argv)
     if args.adversarial:
-        print(adversarial_table(args.repeat))
-        return 0
+        table, inexact = adversarial_table(args.repeat)
+        print(table)
+        return verdict("bench_select --adversarial", [f"the honest board answered inexactly: {query}"
+                                                      for query in inexact])
 
     started = time.perf_counter()
     gc.disable()  # no collector pauses inside the timed loops; collected explicitly between nodes
@@ -144,13 +151,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         gc.enable()
 
     elapsed = time.perf_counter() - started
-    body = "\n\n".join([summary(per_k, precompute), latency_table(per_k), all_free_table(NODE_16, per_k[NODE_16]),
-                         precompute_table(precompute), ring_table(rings)])
+    found = Targets.of(per_k, precompute, rings)
+    body = "\n\n".join([summary(found, per_k, precompute), latency_table(per_k),
+                         all_free_table(NODE_16, per_k[NODE_16]), precompute_table(precompute), ring_table(rings)])
     print(body)
     print(f"\n(run took {elapsed:.0f} s)")
     if args.write:
         write_section(Path(args.write), header(argv, args, elapsed) + "\n\n" + body)
-    return 0
+    return verdict("bench_select", found.missed())
+
+
+@dataclass(frozen=True, slots=True)
+class Targets:
+    """What a run is judged on: the cold 16-GPU p99, the slowest precompute of an 8-GPU node, and the queries
+    where the baseline's ring beat ours (ours is exact on the ring, so each is a wrong answer of ours)."""
+
+    cold_p99_ms: float
+    precompute_s: float
+    baseline_better: int
+
+    @classmethod
+    def of(cls, per_k: dict[str, dict[int, list[Query]]], precompute: dict[str, dict[str, float]],
+           rings: dict[str, RingComparison]) -> Targets:
+        return cls(percentile(_flat(per_k[NODE_16], lambda q: q.cold_ns), 0.99) / 1e6,
+                   max(result["max_s"] for result in precompute.values()),
+                   sum(ring.better for ring in rings.values()))
+
+    @property
+    def cold_met(self) -> bool:
+        return self.cold_p99_ms <= COLD_P99_TARGET_MS
+
+    @property
+    def precompute_met(self) -> bool:
+        return self.precompute_s < PRECOMPUTE_TARGET_S
+
+    def missed(self) -> list[str]:
+        missed = []
+        if not self.cold_met:
+            missed.append(f"cold 16-GPU p99 {self.cold_p99_ms:.3f} ms, target <= {COLD_P99_TARGET_MS:g} ms")
+        if not self.precompute_met:
+            missed.append(f"slowest precompute {self.precompute_s:.3f} s, target < {PRECOMPUTE_TARGET_S:g} s")
+        if self.baseline_better:
+            missed.append(f"the baseline's ring beat our exact selector's on {self.baseline_better} queries")
+        return missed
 
 
 class _CountedBudget(WorkBudget):
@@ -168,11 +211,17 @@ class _CountedBudget(WorkBudget):
         super().spend(steps)
 
 
-def adversarial_table(repeat: int) -> str:
-    """Cold queries (fresh compiled caches, fresh selector) on hostile boards: steps, time, exactness."""
+HONEST_BOARD = "16 bridge pairs (honest)"
+"""The one plausible real board among the hostile ones: it must stay exact within the budget (topology/budget.py)."""
+
+
+def adversarial_table(repeat: int) -> tuple[str, list[str]]:
+    """Cold queries (fresh compiled caches, fresh selector) on hostile boards: steps, time, exactness; and the
+    queries on HONEST_BOARD that were answered inexactly or ran out of the budget."""
     boards = {"bipartite 20x20 NVLink, 40 GPUs": hostile_boards.bipartite(), "full mesh NV18, 64 GPUs":
               hostile_boards.mesh(), "ties on every pair, 64 GPUs": hostile_boards.ties(),
-              "16 bridge pairs (honest)": hostile_boards.bridge_pairs()}
+              HONEST_BOARD: hostile_boards.bridge_pairs()}
+    inexact = []
     lines = [f"Work budget {WORK_BUDGET:,} steps per query. Cold: fresh compiled caches and selector; median of "
              f"{repeat}. Steps are the most one query of the call spent (a constrained miss runs three).", "",
              "| board | k | interconnect | steps | ms | exact | answer |", "|---|---:|---|---:|---:|---|---|"]
@@ -194,11 +243,13 @@ def adversarial_table(repeat: int) -> str:
                         exact, answer = ("yes" if result.exact else "no"), f"ring {result.ring_gbps:g} GB/s"
                     else:
                         exact, answer = "-", f"no fit ({result.reason.value})"
+                    if name == HONEST_BOARD and (exact == "no" or answer == f"no fit ({NoFitReason.BUDGET.value})"):
+                        inexact.append(f"k={count} {interconnect.value}: {answer}, {steps:,} steps")
                     lines.append(f"| {name} | {count} | {interconnect.value} | {steps:,} | "
                                  f"{median(times) / 1e6:.1f} | {exact} | {answer} |")
     finally:
         topology.select.WorkBudget = WorkBudget
-    return "\n".join(lines)
+    return "\n".join(lines), inexact
 
 
 def run_queries(name: str, masks: int, seed: int, repeat: int, budget_ns: int) -> dict[int, list[Query]]:
@@ -323,20 +374,20 @@ def _flat(by_k: dict[int, list[Query]], take: Callable[[Query], list[float]]) ->
     return [value for queries in by_k.values() for query in queries for value in take(query)]
 
 
-def summary(per_k: dict[str, dict[int, list[Query]]], precompute: dict[str, dict[str, float]]) -> str:
+def summary(found: Targets, per_k: dict[str, dict[int, list[Query]]], precompute: dict[str, dict[str, float]]) -> str:
     cold16 = _flat(per_k[NODE_16], lambda q: q.cold_ns)
-    p99_ms = percentile(cold16, 0.99) / 1e6
     worst_k, worst_k_p99 = max(((k, percentile([ns for q in qs for ns in q.cold_ns], 0.99) / 1e6)
                                 for k, qs in per_k[NODE_16].items()), key=lambda item: item[1])
-    worst_precompute = max(result["max_s"] for result in precompute.values())
     lines = ["### Summary", "",
              f"- Cold 16-GPU query ({NODE_16}, {len(cold16)} samples over every k): median "
-             f"{median(cold16) / 1e6:.3f} ms, p99 {p99_ms:.3f} ms, max {max(cold16) / 1e6:.3f} ms; target p99 <= "
-             f"{COLD_P99_TARGET_MS:g} ms: **{'met' if p99_ms <= COLD_P99_TARGET_MS else 'NOT met'}**. "
+             f"{median(cold16) / 1e6:.3f} ms, p99 {found.cold_p99_ms:.3f} ms, max {max(cold16) / 1e6:.3f} ms; "
+             f"target p99 <= {COLD_P99_TARGET_MS:g} ms: "
+             f"**{'met' if found.cold_met else 'NOT met'}**. "
              f"Slowest k: {worst_k}, p99 {worst_k_p99:.3f} ms.",
              f"- Every (free mask, k) of an 8-GPU node, `Selector().precompute()`: slowest of "
-             f"{', '.join(precompute)} {worst_precompute:.3f} s; target < {PRECOMPUTE_TARGET_S:g} s: "
-             f"**{'met' if worst_precompute < PRECOMPUTE_TARGET_S else 'NOT met'}**."]
+             f"{', '.join(precompute)} {found.precompute_s:.3f} s; target < {PRECOMPUTE_TARGET_S:g} s: "
+             f"**{'met' if found.precompute_met else 'NOT met'}**.",
+             f"- Queries where the baseline's ring beat ours (a wrong answer of ours): {found.baseline_better}."]
     lines.append("- Baseline time / our time on the same queries (above 1: ours is faster):")
     for name, by_k in per_k.items():
         queries = [q for qs in by_k.values() for q in qs]
@@ -419,7 +470,7 @@ def ring_table(rings: dict[str, RingComparison]) -> str:
 
 def run_header(title: str, script: str, argv: Sequence[str] | None, elapsed: float,
                machine_more: str = "") -> list[str]:
-    """A section's title, then its date, machine and command lines."""
+    """A section's title, then its date, machine, commit and command lines (the command last)."""
     command = f"python loadtests/{script} " + " ".join(sys.argv[1:] if argv is None else argv)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return [
@@ -427,7 +478,48 @@ def run_header(title: str, script: str, argv: Sequence[str] | None, elapsed: flo
         f"- Date: {now}; run time {elapsed:.0f} s.",
         f"- Machine: {os.cpu_count()} CPUs (nproc), {platform.machine()}, {platform.system()} {platform.release()}; "
         f"Python {platform.python_version()} ({platform.python_implementation()}){machine_more}.",
+        f"- Commit: {measured_commit()}.",
         f"- Command: `{command.strip()}`"]
+
+
+def measured_commit() -> str:
+    """The commit a run measured, `+dirty` when the work tree changed what runs (PRODUCT_PATHS), so that a
+    section's figures can be traced to the code that gave them."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True,
+                              timeout=30).stdout.strip()
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        changed = git("status", "--porcelain", "--", *PRODUCT_PATHS)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (not a git work tree)"
+    return f"`{head}+dirty` (uncommitted changes to what runs)" if changed else f"`{head}`"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """A target as a run judged it: a row of a `| target | measured | verdict |` table, and a miss if not met."""
+
+    target: str
+    measured: str
+    met: bool
+    verdict: str = ""
+    """The verdict cell, where it says more than met or missed."""
+
+    def row(self) -> str:
+        return f"| {self.target} | {self.measured} | {self.verdict or ('**met**' if self.met else '**missed**')} |"
+
+
+def missed(checks: Sequence[Check]) -> list[str]:
+    """The checks not met, as `verdict` says them."""
+    return [f"{check.target}: {check.measured}" for check in checks if not check.met]
+
+
+def verdict(script: str, misses: Sequence[str]) -> int:
+    """A benchmark's exit status: 1 when it missed a target or met an error (each said on stderr), else 0."""
+    for what in misses:
+        print(f"{script}: missed: {what}", file=sys.stderr)
+    return 1 if misses else 0
 
 
 def header(argv: Sequence[str] | None, args: argparse.Namespace, elapsed: float) -> str:
