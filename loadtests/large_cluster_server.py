@@ -37,12 +37,12 @@ same JSON kube-scheduler would send. The pod is shaped like the pod kube-schedul
 `shared/kube-scheduler/annotated-nvlink--filter.json`.
 
 Added to the product app, under /loadtest/ only, for the generator's report: `GET /loadtest/stats` (time spent
-in the in-process API server, churn counts, garbage-collector pauses, plans in force, claims allocated), for the
-generator's cycles `POST /loadtest/prebind` (kube-scheduler's DRA PreBind for a pod about to be bound to a DRA
-node: its claim allocated, or why not), `POST /loadtest/profile/start|stop` (cProfile of the event-loop thread,
-and of the service's filter and prioritize where they run on a thread of their own), for the soak
-`POST /loadtest/replace-board` (a node with no pods gets a board the extender has not seen), and with
-`--hostile FILE` `POST /loadtest/hostile-rotate` (the hostile node publishes another set of used GPUs).
+in the in-process API server, churn counts, garbage-collector pauses, plans in force, claims allocated, errors the
+process logged: ErrorCount), for the generator's cycles `POST /loadtest/prebind` (kube-scheduler's DRA PreBind for
+a pod about to be bound to a DRA node: its claim allocated, or why not), `POST /loadtest/profile/start|stop`
+(cProfile of the event-loop thread, and of the service's filter and prioritize where they run on a thread of their
+own), for the soak `POST /loadtest/replace-board` (a node with no pods gets a board the extender has not seen), and
+with `--hostile FILE` `POST /loadtest/hostile-rotate` (the hostile node publishes another set of used GPUs).
 
     python loadtests/large_cluster_server.py --nodes 5000 [--fill 0.45] [--window 2000] [--port 0]
         [--leaf-nodes 20 [--plans 1000]] [--dra-share 0.5]
@@ -57,6 +57,7 @@ import gc
 import hashlib
 import itertools
 import json
+import logging
 import pstats
 import queue
 import random
@@ -552,7 +553,7 @@ def serve(service: ExtenderService, cluster: LoadCluster, churn: Churn, facts: d
         return JSONResponse({"api_calls": cluster.api_calls, "api_seconds": cluster.api_seconds,
                              "pending_created": churn.created, "pods_ended": churn.ended,
                              "running": len(churn.running), "boards_replaced": cluster.boards_replaced,
-                             "dra_claims": len(cluster.claims),
+                             "dra_claims": len(cluster.claims), "errors_logged": ERRORS.count,
                              **plans_in_force(service),
                              "gc": [{"runs": n, "seconds": total, "longest": longest}
                                     for n, total, longest in pauses.runs],
@@ -599,10 +600,26 @@ def serve(service: ExtenderService, cluster: LoadCluster, churn: Churn, facts: d
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     config = server_config(service, ServeOptions(log_level="warning"), app)
+    logging.getLogger("uvicorn").addHandler(ERRORS)  # set up by server_config; it does not pass records to the root
     settle_when_synced(service.state)  # as `gpu-topology-extender serve` does once its watches have synced
     churn.thread.start()
     print("READY " + json.dumps({**facts, "port": sock.getsockname()[1], "http": _http_impl(config)}), flush=True)
     uvicorn.Server(config).run(sockets=[sock])
+
+
+class ErrorCount(logging.Handler):
+    """Records at ERROR and above: the extender logs every verb that failed, whose answer to kube-scheduler was an
+    Error (or prioritize's `[]`, which says nothing), so a run whose server counts one met an error answer."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+
+
+ERRORS = ErrorCount()
 
 
 class VerbProfile:
@@ -673,6 +690,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="share of the nodes whose GPUs a DRA driver publishes, with the load's pods DRA pods "
                              "(default 0)")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)  # to stderr, as Python's last resort printed them, beside the count
+    logging.getLogger().addHandler(ERRORS)
     service, cluster, churn, facts = build(args.nodes, args.fill, args.window, args.seed, args.hostile,
                                            args.leaf_nodes, args.plans, args.drains, args.dra_share)
     serve(service, cluster, churn, facts, args.port)
