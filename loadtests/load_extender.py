@@ -1,5 +1,5 @@
 """Load test: filter, prioritize and bind over HTTP against the real extender server on a large cluster, with
-a bare FastAPI echo server as the floor, in one run (DESIGN.md §9).
+a floor that answers through the extender's serving path with none of its work, in one run (DESIGN.md §9).
 
 Three processes besides this one (five with plans and DRA nodes, as by default), all on 127.0.0.1:
 - the extender: `loadtests/large_cluster_server.py` (`extender.server.app.create_app` on a DemoCluster of N nodes
@@ -9,7 +9,8 @@ Three processes besides this one (five with plans and DRA nodes, as by default),
   so N group plans hold their open slots against every other pod (issue 17);
 - with `--dra-share S` (0.5 by default), one more extender built alike but with that share of its nodes DRA nodes,
   its fill's GPUs there held by claims (`large_cluster_server.py --dra-share`), sent DRA pods (issue 30);
-- the floor: `loadtests/floor_server.py` (FastAPI, uvicorn, orjson: parses the same body, echoes the names);
+- the floor: `loadtests/floor_server.py` (the extender's server and protocol, its answers' shape and serializers:
+  filter passes every name, prioritize leaves out one host in five, as the extender leaves out its least scored);
 - the load generator: this script's `client` command, in its own interpreter, playing kube-scheduler: one
   keep-alive connection per server with TCP_NODELAY (as Go's net/http has), one request at a time.
 
@@ -786,7 +787,7 @@ class Report:
             lines.append(
                 f"- {name}: HTTP {_ms(v['http_p50'])} ms = the verb's own {_ms(v['server_p50'])} ms + "
                 f"{_ms(v['http_p50'] - v['server_p50'])} ms of HTTP, framework and transport, against the floor's "
-                f"{_ms(v['floor_p50'])} ms in all (whose own work is parsing the body and echoing the names). "
+                f"{_ms(v['floor_p50'])} ms in all (whose own work is parsing the body and answering the names). "
                 f"Within {FLOOR_RATIO_TARGET:g}x of the floor the verb would have "
                 f"{_ms(max(0.0, FLOOR_RATIO_TARGET * v['floor_p50'] - (v['http_p50'] - v['server_p50'])))} ms; "
                 f"its server-side p99 is {v['server_p99'] / v['server_p50']:.1f}x its median.")
@@ -857,7 +858,8 @@ class Report:
     def latency_table(self) -> str:
         rows = ["### Latency per verb and size (ms)", "",
                 "Server: the verb's own time (`Server-Timing`). HTTP: the client's send-to-last-byte time on a "
-                "keep-alive connection. Floor: the same bodies to the bare echo server. Ratio: ours / floor, HTTP.",
+                "keep-alive connection. Floor: the same bodies to the floor (`floor_server.py`: the extender's "
+                "server, protocol and answer shape, none of its work). Ratio: ours / floor, HTTP.",
                 "",
                 "| verb | names | samples | server p50 | server p99 | server max | HTTP p50 | HTTP p99 | HTTP max "
                 "| floor p50 | floor p99 | floor max | ratio p50 | ratio p99 |",
