@@ -10,6 +10,10 @@ GPUs (a free count uniform in 0..n, not timed), so no remembered answer helps: e
 cold selection on it. Pods ask for 1 to 8 GPUs, one in three with NVLink preferred and one in three with NVLink
 required, and every request's candidates include the hostile node.
 
+The run exits 1 when an answer took kube-scheduler's timeout or longer, or when the extender answered an Error
+(filter) or logged one (a prioritize that failed answers `[]`, no Error): either way a pod would not be placed as the
+extender decides, however fast the answer came.
+
     python loadtests/hostile_node.py [--cycles 300] [--write BENCHMARKS.md]
 """
 
@@ -31,9 +35,9 @@ import orjson
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_select import percentile, run_header, write_section  # noqa: E402
+from bench_select import Check, missed, percentile, run_header, verdict, write_section  # noqa: E402
 from large_cluster_server import HOSTILE_NODE, KEYS, load_pod, node_names  # noqa: E402
-from load_extender import Samples, Server, _connect, _post  # noqa: E402
+from load_extender import Samples, Server, _connect, _post, stats  # noqa: E402
 
 from extender.demo.cluster import with_uuids  # noqa: E402
 from topology.codec import CodecError, decode_topology, encode_topology  # noqa: E402
@@ -75,15 +79,24 @@ SHAPES: dict[str, tuple[str, Callable[[], Topology]]] = {
 
 
 @dataclass(frozen=True, slots=True)
+class Measured:
+    """What one configuration's cycles gave."""
+
+    samples: Samples
+    hostile_passed: int  # cycles the hostile node passed filter
+    errors: list[str]  # filter's Error answers
+    logged: int  # errors the extender logged
+
+
+@dataclass(frozen=True, slots=True)
 class Run:
     shape: str
     accepted: bool
     reason: str
     gpus: int = 0
     annotation_bytes: int = 0
-    samples: Samples | None = None
+    measured: Measured | None = None
     cycles: int = 0
-    hostile_passed: int = 0
 
 
 def hostile_pod(index: int) -> dict:
@@ -102,13 +115,14 @@ def hostile_pod(index: int) -> dict:
     return pod
 
 
-def measure(server: Server, cycles: int, with_hostile: bool) -> tuple[Samples, int]:
-    """`cycles` filter + prioritize cycles over 5,000 names (the hostile node among them)."""
-    connection = _connect(server.port)
+def measure(port: int, cycles: int, with_hostile: bool) -> Measured:
+    """`cycles` filter + prioritize cycles over 5,000 names (the hostile node among them), on the server at `port`."""
+    connection = _connect(port)
     names = node_names(NAMES - 1) + [HOSTILE_NODE] if with_hostile else node_names(NAMES)
     names_json = orjson.dumps(names)
     samples = Samples()
     passed_hostile = 0
+    errors = []
     gc.disable()
     try:
         for index in range(cycles):
@@ -116,15 +130,19 @@ def measure(server: Server, cycles: int, with_hostile: bool) -> tuple[Samples, i
                 _post(connection, "/loadtest/hostile-rotate", b"", None, "")
             pod_json = orjson.dumps(hostile_pod(index))
             body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + names_json + b"}"
-            passed = orjson.loads(_post(connection, "/filter", body, samples, "filter"))["NodeNames"] or []
+            answer = orjson.loads(_post(connection, "/filter", body, samples, "filter"))
+            if answer["Error"]:
+                errors.append(answer["Error"])
+            passed = answer["NodeNames"] or []
             passed_hostile += HOSTILE_NODE in passed
             if passed:
                 body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + orjson.dumps(passed) + b"}"
                 _post(connection, "/prioritize", body, samples, "prioritize")
+        logged = stats(connection)["errors_logged"]
     finally:
         gc.enable()
         connection.close()
-    return samples, passed_hostile
+    return Measured(samples, passed_hostile, errors, logged)
 
 
 def run_shape(name: str, cycles: int, logs: Path) -> Run:
@@ -140,10 +158,10 @@ def run_shape(name: str, cycles: int, logs: Path) -> Run:
                      "--hostile", str(path)], logs / f"{name}.log")
     try:
         server.wait_ready("/readyz")
-        samples, passed = measure(server, cycles, with_hostile=True)
+        measured = measure(server.port, cycles, with_hostile=True)
     finally:
         server.stop()
-    return Run(name, True, "", topology.size, len(text), samples, cycles, passed)
+    return Run(name, True, "", topology.size, len(text), measured, cycles)
 
 
 def run_baseline(cycles: int, logs: Path) -> Run:
@@ -151,10 +169,10 @@ def run_baseline(cycles: int, logs: Path) -> Run:
                     logs / "baseline.log")
     try:
         server.wait_ready("/readyz")
-        samples, _ = measure(server, cycles, with_hostile=False)
+        measured = measure(server.port, cycles, with_hostile=False)
     finally:
         server.stop()
-    return Run("(no hostile node)", True, "", 0, 0, samples, cycles)
+    return Run("(no hostile node)", True, "", 0, 0, measured, cycles)
 
 
 def render(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float, runs: Sequence[Run]) -> str:
@@ -171,28 +189,43 @@ def render(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float,
         f"timeout is {TIMEOUT_MS / 1000:g} s. Configurations run one after the other, each on a fresh server.",
         "",
         "| configuration | GPUs | annotation bytes | filter p50 / p99 / max ms | prioritize p50 / p99 / max ms | "
-        "HTTP max ms | cycles the hostile node passed filter |",
-        "|---|---:|---:|---:|---:|---:|---:|"]
+        "HTTP max ms | cycles the hostile node passed filter | error answers / errors logged |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for run in runs:
-        if not run.accepted:
-            lines.append(f"| {run.shape} | refused by the codec: {run.reason} | | | | | |")
+        if run.measured is None:
+            lines.append(f"| {run.shape} | refused by the codec: {run.reason} | | | | | | |")
             continue
-        assert run.samples is not None
+        found = run.measured
         cells = []
         for verb in ("filter", "prioritize"):
-            values = run.samples.server_ms[verb]
+            values = found.samples.server_ms[verb]
             cells.append(f"{percentile(values, 0.5):.3f} / {percentile(values, 0.99):.3f} / {max(values):.3f}"
                          if values else "-")
-        http_max = max((max(v) for v in run.samples.http_ns.values() if v), default=0) / 1e6
-        hostile = f"{run.hostile_passed} of {run.cycles}" if run.gpus else "-"
+        hostile = f"{found.hostile_passed} of {run.cycles}" if run.gpus else "-"
         lines.append(f"| {run.shape} | {run.gpus or '-'} | {run.annotation_bytes or '-'} | {cells[0]} | {cells[1]} | "
-                     f"{http_max:.1f} | {hostile} |")
+                     f"{slowest_ms(found):.1f} | {hostile} | {len(found.errors)} / {found.logged} |")
     lines += ["", "Shapes:", ""] + [f"- `{name}`: {what}." for name, (what, _) in SHAPES.items()]
-    worst = max((max(max(v) for v in run.samples.http_ns.values() if v) / 1e6
-                 for run in runs if run.samples is not None), default=0.0)
-    lines += ["", f"Slowest answer of the run, over HTTP: {worst:.1f} ms, against kube-scheduler's "
-              f"{TIMEOUT_MS:.0f} ms: **{'within' if worst < TIMEOUT_MS else 'over'}**."]
+    lines += ["", "| target | measured | verdict |", "|---|---:|---|", *(check.row() for check in checks(runs))]
+    errors = [f"{run.shape}: {run.measured.errors[0]}" for run in runs if run.measured and run.measured.errors]
+    if errors:
+        lines += ["", "First error answer of each configuration that had one: " + "; ".join(errors) + "."]
     return "\n".join(lines)
+
+
+def slowest_ms(found: Measured) -> float:
+    """The slowest answer over HTTP, in ms."""
+    return max((max(values) for values in found.samples.http_ns.values() if values), default=0) / 1e6
+
+
+def checks(runs: Sequence[Run]) -> list[Check]:
+    """Every answer within kube-scheduler's timeout, and none an error."""
+    measured = [run.measured for run in runs if run.measured is not None]
+    worst = max(map(slowest_ms, measured), default=0.0)
+    errors, logged = sum(len(found.errors) for found in measured), sum(found.logged for found in measured)
+    return [Check(f"slowest answer over HTTP < kube-scheduler's {TIMEOUT_MS:.0f} ms", f"{worst:.1f} ms",
+                  worst < TIMEOUT_MS, "**within**" if worst < TIMEOUT_MS else "**over**"),
+            Check("no error answer (filter's Error) and no error logged by the extender",
+                  f"{errors} error answers, {logged} errors logged", errors == 0 and logged == 0)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -212,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(body)
     if args.write:
         write_section(Path(args.write), body, BEGIN, END)
-    return 0
+    return verdict("hostile_node", missed(checks(runs)))
 
 
 if __name__ == "__main__":

@@ -220,8 +220,7 @@ class Client:
 
     def stats(self) -> dict[str, Any]:
         self.resume()
-        self.ours.request("GET", "/loadtest/stats")
-        found = json.loads(self.ours.getresponse().read())
+        found = stats(self.ours)
         self.last[0] = time.monotonic()
         return found
 
@@ -235,6 +234,12 @@ class Client:
         if self.floor is not None and now - self.last[1] > IDLE_SECONDS:
             self.floor.close()
             self.floor = _connect(self.ports[1])
+
+
+def stats(connection: http.client.HTTPConnection) -> dict[str, Any]:
+    """The load test server's /loadtest/stats (large_cluster_server.py)."""
+    connection.request("GET", "/loadtest/stats")
+    return json.loads(connection.getresponse().read())
 
 
 def _connect(port: int) -> http.client.HTTPConnection:
