@@ -37,7 +37,9 @@ stopped and the pods and events deleted. Per round:
     python loadtests/scheduler_throughput.py [--nodes 1000] [--pods 2000] [--rounds 3] [--write BENCHMARKS.md]
         [--null-extender BINARY]
 
-Without the binaries it prints that it skipped, and why, and exits 0.
+It exits 1 when it misses one of issue 18's targets (or cannot judge them), when a round leaves a pod unbound, gives a
+GPU twice or a node more than its GPUs, or when the extender logs an error; without the binaries it says why it did
+not run and exits 2.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests" / "e2e"))
 
-from bench_select import run_header, write_section  # noqa: E402
+from bench_select import Check, missed, run_header, verdict, write_section  # noqa: E402
 from kube_e2e import (  # noqa: E402
     SCHEDULER_CONFIG_SOURCE,
     Kube,
@@ -123,6 +125,9 @@ SCHEDULER_BIND = "scheduler_framework_extension_point_duration_seconds"
 DROPS = re.compile(r"client rate limiter Wait returned an error|Server rejected event|Unable to write event|"
                    r"dropped event|event.*(?:dropped|discarded)", re.IGNORECASE)
 ROLES = ("kube-apiserver", "etcd", "kube-scheduler", "extender")
+# A record at ERROR or above in the extender's log (extender/cli.py's format: date, time, level, logger): each verb
+# that failed, its answer an Error or, for prioritize, `[]`. The null extender's log has none.
+EXTENDER_ERROR = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?:ERROR|CRITICAL) ")
 # With --pprof, by default: longer than the slowest round here (the extender's, 12 to 16 s), so each profile
 # holds a whole round and profiles of different configurations compare per pod bound (their samples / pods).
 PPROF_SECONDS = 20
@@ -295,6 +300,7 @@ class RoundResult:
     connections: float  # connections either extender accepted in the round (kube-scheduler's, each a TLS handshake)
     event_lags: list[float]  # seconds from each pod's bind to its Scheduled Event's creation (to within 1 s)
     ring: tuple[float, ...]  # (sum, count) of the ring bandwidth the extender granted multi-GPU pods, GB/s
+    extender_errors: list[str] = field(default_factory=list)  # ERROR lines of the extender's log in the round
 
     @property
     def window(self) -> float:
@@ -308,6 +314,21 @@ class RoundResult:
         if not (self.first and self.last) or role not in self.first.cpu or self.bound < 2:
             return None
         return 1000 * (self.last.cpu[role] - self.first.cpu[role]) / (self.bound - 1)
+
+
+class LogTail:
+    """The lines a log file gains from now on."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = path.stat().st_size if path.exists() else 0
+
+    def new_lines(self) -> list[str]:
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as log:
+            log.seek(self.offset)
+            return log.read().decode(errors="replace").splitlines()
 
 
 @dataclass
@@ -419,6 +440,7 @@ class Bench:
         with ExitStack() as stack:
             roles = {"kube-apiserver": self.processes["kube-apiserver"], "etcd": self.processes["etcd"]}
             extender_url = None
+            extender_log = LogTail(self.workdir / "logs" / "extender.log")  # start_extender's; it grows by round
             if config == "extender":
                 extender, extender_url = start_extender(self.workdir, self.admin, self.pki, stack,
                                                         ("--stale-after", STALE_AFTER))
@@ -468,9 +490,10 @@ class Bench:
                      if DROPS.search(line)]
         qps = str(scheduler_config["clientConnection"].get("qps", 50))
         double, over = check_gpus(bound_pods, exact=config == "extender")
+        errors = [line for line in extender_log.new_lines() if EXTENDER_ERROR.match(line)] if extender_url else []
         return RoundResult(config, round_, len(pods), len(watch.bound), snapshots[0] if snapshots else None,
                            snapshots[-1] if len(snapshots) > 1 else None, makespan, verbs, scheduler_bind, double, over,
-                           events, drops, qps, connections, event_lags, tuple(ring))
+                           events, drops, qps, connections, event_lags, tuple(ring), errors)
 
     def _start_null_extender(self, stack: ExitStack) -> tuple[Process, str]:
         """loadtests/null_extender on a free port, with the extender's certificate and kube-scheduler's CA, binding
@@ -685,30 +708,51 @@ def _ring(rounds: Sequence[RoundResult]) -> str:
 
 
 def ratios(results: Sequence[RoundResult]) -> list[str]:
-    """The issue's acceptance figures, from this run's medians. The two ratios carry three decimals: at two, a
+    """The table of `checks`."""
+    return ["| target | measured | met |", "|---|---:|---|", *(check.row() for check in checks(results))]
+
+
+def checks(results: Sequence[RoundResult]) -> list[Check]:
+    """Issue 18's targets, from this run's medians (missed when the run has no `extender` or no `alone-qps5000`
+    round to judge them by), then what every round must hold: each pod bound, no GPU given twice or node over its
+    count in any configuration, no error in the extender's log. The two ratios carry three decimals: at two, a
     ratio just over its line read as on it (a run gave "1.30x" and "no")."""
     grouped = by_config(results)
-    if not {"extender", "alone-qps5000"} <= set(grouped):
-        return []
-    ours, fast = grouped["extender"], grouped["alone-qps5000"]
-    rate, cpu = _against_alone(ours, fast)
-    extender = _median_cpu(ours, "extender")
-    verbs: dict[str, dict[float, float]] = {}
-    for r in ours:
-        add(verbs, r.verbs)
-    bind = quantile(verbs.get("bind", {}), 0.99)
-    double = sum(len(r.double_given) for r in ours)
-    dropped = sum(len(r.drop_lines) for r in ours) + sum(r.bound - r.scheduled_events for r in ours)
-    return ["| target (issue 18) | measured | met |", "|---|---:|---|",
-            f"| extender CPU <= 1.5 ms per pod | {_num(extender)} ms "
-            f"| {_yes(extender is not None and extender <= 1.5)} |",
-            f"| bind p99 <= 50 ms (extender, server side) | {_ms(bind)} ms "
-            f"| {_yes(bind is not None and bind <= 0.05)} |",
-            f"| pods/s with the extender >= 0.6x alone at qps {FAST_QPS} | {rate:.3f}x | {_yes(rate >= 0.6)} |",
-            f"| kube-scheduler CPU per pod with the extender <= 1.3x alone (qps {FAST_QPS}, same profile) "
-            f"| {cpu:.3f}x | {_yes(cpu <= 1.3)} |",
-            f"| no GPU given twice, no event dropped | {double} twice, {dropped} dropped | "
-            f"{_yes(double == 0 and dropped == 0)} |"]
+    found = []
+    if {"extender", "alone-qps5000"} <= set(grouped):
+        ours, fast = grouped["extender"], grouped["alone-qps5000"]
+        rate, cpu = _against_alone(ours, fast)
+        extender = _median_cpu(ours, "extender")
+        verbs: dict[str, dict[float, float]] = {}
+        for r in ours:
+            add(verbs, r.verbs)
+        bind = quantile(verbs.get("bind", {}), 0.99)
+        double = sum(len(r.double_given) for r in ours)
+        dropped = sum(len(r.drop_lines) for r in ours) + sum(r.bound - r.scheduled_events for r in ours)
+        found += [_check("extender CPU <= 1.5 ms per pod", f"{_num(extender)} ms",
+                         extender is not None and extender <= 1.5),
+                  _check("bind p99 <= 50 ms (extender, server side)", f"{_ms(bind)} ms",
+                         bind is not None and bind <= 0.05),
+                  _check(f"pods/s with the extender >= 0.6x alone at qps {FAST_QPS}", f"{rate:.3f}x",
+                         rate >= 0.6),
+                  _check(f"kube-scheduler CPU per pod with the extender <= 1.3x alone (qps {FAST_QPS}, same profile)",
+                         f"{cpu:.3f}x", cpu <= 1.3),
+                  _check("no GPU given twice, no event dropped", f"{double} twice, {dropped} dropped",
+                         double == 0 and dropped == 0)]
+    else:
+        found.append(_check("issue 18's targets", "not measured: they need an extender and an alone-qps5000 round",
+                            False))
+    unbound = [f"{r.config} round {r.round} {r.bound}/{r.pods}" for r in results if r.bound < r.pods]
+    wrong = sum(len(r.double_given) + len(r.overcommitted) for r in results)
+    errors = sum(len(r.extender_errors) for r in results)
+    return found + [
+        _check("every pod bound in every round", "; ".join(unbound) or f"{len(results)} rounds", not unbound),
+        _check("no GPU given twice, no node over its GPUs, in any round", f"{wrong} found", wrong == 0),
+        _check("no error in the extender's log", f"{errors} lines", errors == 0)]
+
+
+def _check(target: str, measured: str, met: bool) -> Check:
+    return Check(target, measured, met, _yes(met))
 
 
 def floor(results: Sequence[RoundResult]) -> list[str]:
@@ -803,9 +847,8 @@ def section(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float
         "holding more than 8 GPUs by count; `Scheduled` Events against pods bound; lines of kube-scheduler's log "
         "saying a request was refused by the client rate limiter or an event was given up.", "",
         *tables(results)]
-    acceptance = ratios(results)
-    if acceptance:
-        lines += ["", "### Against issue 18's targets (medians of this run)", "", *acceptance]
+    lines += ["", "### Targets (issue 18's from the medians of this run) and checks of every round", "",
+              *ratios(results)]
     floor_lines = floor(results)
     if floor_lines:
         lines += ["", "### The floor the extender protocol sets: the null extender (medians of this run)", "",
@@ -884,9 +927,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     binaries, problem = find_kube_binaries()
     if binaries is None:
-        print(f"scheduler_throughput: skipped: {problem}. It needs kube-apiserver and kube-scheduler (v1.36) in "
-              "KUBE_BIN_DIR, and etcd there or on PATH.")
-        return 0
+        print(f"scheduler_throughput: not run: {problem}. It needs kube-apiserver and kube-scheduler (v1.36) in "
+              "KUBE_BIN_DIR, and etcd there or on PATH.", file=sys.stderr)
+        return 2
     began, load_before, others = time.monotonic(), load_average(), other_work()
     results: list[RoundResult] = []
     with ExitStack() as stack:
@@ -918,8 +961,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(text)
     if args.write:
         write_section(args.write, text, BEGIN, END)
-    failed = [r for r in results if r.double_given or r.overcommitted]
-    return 1 if failed else 0
+    return verdict("scheduler_throughput", missed(checks(results)))
 
 
 if __name__ == "__main__":

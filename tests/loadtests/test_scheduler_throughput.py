@@ -1,5 +1,6 @@
 """What loadtests/scheduler_throughput.py computes without a cluster: quantiles from histogram buckets as Prometheus
-computes them, the GPU checks, the three scheduler configurations, and the skip without binaries."""
+computes them, the GPU checks, the three scheduler configurations, the verdict that makes a run exit 1 (issue 18's
+targets and every round's checks), and the exit without binaries."""
 
 from __future__ import annotations
 
@@ -84,11 +85,11 @@ def test_percentage_sets_every_configurations_profiles_alike(tmp_path: Path) -> 
         assert [profile["percentageOfNodesToScore"] for profile in profiles] == [0] * len(profiles)
 
 
-def test_without_binaries_it_says_it_skipped_and_exits_0() -> None:
+def test_without_binaries_it_says_it_did_not_run_and_exits_2() -> None:
     done = subprocess.run([sys.executable, str(LOADTESTS / "scheduler_throughput.py")], cwd=ROOT,
                           env={"PATH": "/nonexistent"}, capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("scheduler_throughput: skipped: KUBE_BIN_DIR is not set")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("scheduler_throughput: not run: KUBE_BIN_DIR is not set")
 
 
 def test_a_profile_runs_a_whole_round_by_default_and_its_length_is_bounded() -> None:
@@ -110,14 +111,15 @@ def test_the_null_extender_runs_only_when_its_binary_is_given() -> None:
             throughput.parse_args(wrong)
 
 
-def _round(config: str, rate: float, cpu: dict[str, float], connections: float = 0.0) -> throughput.RoundResult:
-    """A round of 1,001 pods bound over 1,000 / rate seconds, with `cpu` ms per pod of each role (so many CPU
-    seconds over the 1,000 pods after the first)."""
+def _round(config: str, rate: float, cpu: dict[str, float], connections: float = 0.0, bound: int = 1001,
+           errors: tuple[str, ...] = ()) -> throughput.RoundResult:
+    """A round of 1,001 pods, `bound` of them bound over 1,000 / rate seconds, with `cpu` ms per pod of each role
+    (so many CPU seconds over the 1,000 pods after the first), and its bind p99 at 10 ms."""
     window = 1000 / rate
     return throughput.RoundResult(
-        config, 0, 1001, 1001, throughput.Snapshot(0.0, dict.fromkeys(cpu, 0.0)),
-        throughput.Snapshot(window, dict(cpu)), window, {}, {}, [], [], 1001, [], "300",
-        connections, [], (0.0, 0.0))
+        config, 0, 1001, bound, throughput.Snapshot(0.0, dict.fromkeys(cpu, 0.0)),
+        throughput.Snapshot(window, dict(cpu)), window, {"bind": {0.01: 1001.0, float("inf"): 1001.0}}, {}, [], [],
+        bound, [], "300", connections, [], (0.0, 0.0), list(errors))
 
 
 def test_connections_per_pod_are_shown_for_both_extenders_and_not_for_kube_scheduler_alone() -> None:
@@ -146,3 +148,44 @@ def test_the_floor_compares_both_extenders_with_kube_scheduler_alone() -> None:
         "| pods/s | 0.60x | 0.50x |", "| kube-scheduler CPU per pod | 1.50x | 1.60x |",
         "| the extender's own CPU, ms per pod | 1.50 | 1.00 |"]
     assert throughput.floor(results[:2]) == []
+
+
+def _met() -> list[throughput.RoundResult]:
+    return [_round("alone-qps5000", 300.0, {"kube-scheduler": 3.0}),
+            _round("extender", 200.0, {"kube-scheduler": 3.6, "extender": 1.4})]
+
+
+def test_a_run_meeting_every_target_passes_and_each_miss_fails_it() -> None:
+    assert throughput.missed(throughput.checks(_met())) == []
+    cpu = {"kube-scheduler": 3.6, "extender": 1.4}
+    misses = {
+        "extender CPU <= 1.5 ms per pod: 1.60 ms": _round("extender", 200.0, {**cpu, "extender": 1.6}),
+        "every pod bound in every round: extender round 0 1000/1001": _round("extender", 200.0, cpu, bound=1000),
+        "no error in the extender's log: 1 lines": _round(
+            "extender", 200.0, cpu, errors=("2026-01-01 00:00:00,000 ERROR x: prioritize failed",))}
+    for miss, extender in misses.items():
+        assert throughput.missed(throughput.checks([_met()[0], extender])) == [miss]
+    over = _met()
+    over[0].overcommitted.append("n3: 9 GPUs")  # kube-scheduler alone: checked too
+    assert throughput.missed(throughput.checks(over)) == [
+        "no GPU given twice, no node over its GPUs, in any round: 1 found"]
+
+
+def test_a_run_that_cannot_judge_issue_18_fails() -> None:
+    alone = [_round("alone-qps50", 100.0, {"kube-scheduler": 3.0}), _round("alone-qps5000", 300.0,
+                                                                            {"kube-scheduler": 3.0})]
+    assert throughput.missed(throughput.checks(alone)) == [
+        "issue 18's targets: not measured: they need an extender and an alone-qps5000 round"]
+
+
+def test_the_extenders_errors_are_read_from_its_log_round_by_round(tmp_path: Path) -> None:
+    log = tmp_path / "extender.log"
+    tail = throughput.LogTail(log)
+    assert tail.new_lines() == []
+    log.write_text("2026-01-01 00:00:00,000 ERROR extender.server.app: filter failed\n")
+    tail = throughput.LogTail(log)  # the next round's: what came before is not its
+    with log.open("a") as sink:
+        sink.write("2026-01-01 00:00:01,000 WARNING extender.x: slow\n"
+                   "2026-01-01 00:00:02,000 ERROR extender.server.app: prioritize failed\nTraceback (most recent)\n")
+    assert [line for line in tail.new_lines() if throughput.EXTENDER_ERROR.match(line)] == [
+        "2026-01-01 00:00:02,000 ERROR extender.server.app: prioritize failed"]
