@@ -2,8 +2,9 @@
 
 Four parts, every request over HTTP to the real server (uvicorn, `extender.server.serve`'s limits) on loopback:
 1. schemathesis against `extender.api.openapi` (positive and negative bodies for the four verbs and the probes);
-2. the real kube-scheduler bodies (tests/fixtures/kube-scheduler) with one field set to a value of each wrong
-   shape, at seeded random places;
+2. the real kube-scheduler bodies (tests/fixtures/kube-scheduler), and AdmissionReviews of their pods asking GPUs
+   through the shipped claim templates (to the webhook, with --pin-claims), with one field set to a value of each
+   wrong shape, at seeded random places;
 3. hypothesis on the parsers and the codec in process (topology.nvidia_smi, topology.codec, extender.api.wire,
    extender.api.pod_request): each input parses or is refused with its own error type, nothing else;
 4. adversarial topologies (hostile_node.SHAPES and seeded random boards within the NVLink budget) published by a
@@ -42,6 +43,7 @@ from urllib.parse import urlsplit
 
 import orjson
 import uvicorn
+import yaml
 from hypothesis import HealthCheck, given, seed, settings, strategies as st
 
 HERE = Path(__file__).resolve().parent
@@ -56,6 +58,7 @@ from extender.api.pod_request import parse_pod  # noqa: E402
 from extender.api.wire import BadRequest, NotJson, parse_binding_args, parse_extender_args, parse_preemption_args  # noqa: E402
 from extender.cache.cluster_state import ClusterState  # noqa: E402
 from extender.demo.cluster import DemoCluster, with_uuids  # noqa: E402
+from extender.server.app import ADMISSION_PATH  # noqa: E402
 from extender.server.serve import ServeOptions, server_config  # noqa: E402
 from extender.verbs.service import ExtenderService  # noqa: E402
 from topology import bounds  # noqa: E402
@@ -68,6 +71,7 @@ from topology.platforms import PLATFORMS  # noqa: E402
 
 SEEDS = (9, 23)  # make fuzz runs both: FUZZING.md holds a section for each
 CAPTURES = HERE.parent / "tests" / "fixtures" / "kube-scheduler"
+TEMPLATES = HERE.parent / "scheduler-config" / "dra-claim-templates.yaml"
 NODES = (("node-a", "dgx-h100"), ("node-b", "dgx-h100"), ("node-c", "dgx-a100"), ("v100", "dgx1-v100"))
 WRONG = [None, True, -1, 2**63, 1.5, "", "x" * 300, "2", [], {}, [1], {"a": {"b": []}}, ["x"], [[]], [{}], "\x00"]
 H100 = "NVIDIA H100 80GB HBM3"
@@ -267,26 +271,49 @@ def _paths(document_: Any, prefix: tuple = ()) -> Iterator[tuple]:
             yield from _paths(value, prefix + (index,))
 
 
+def shipped_templates() -> list[dict[str, Any]]:
+    """The ResourceClaimTemplates of scheduler-config/, in the namespace the fuzzed pods are made in."""
+    templates = list(yaml.safe_load_all(TEMPLATES.read_text()))
+    for template in templates:
+        template["metadata"]["namespace"] = "default"
+    return templates
+
+
+def admission_review(pod: dict[str, Any], template: str) -> dict[str, Any]:
+    """kube-apiserver's review of `pod`'s creation, its GPUs asked through `template`: with --pin-claims the
+    webhook names the claim (extender/pinning/admission.py)."""
+    pod = copy.deepcopy(pod)
+    pod["metadata"]["namespace"] = "default"
+    pod["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": template}]
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "fuzz", "namespace": "default", "operation": "CREATE", "object": pod}}
+
+
 def run_mutations(port: int, seed_value: int, count: int) -> Part:
-    """Real bodies, one field replaced by a value of a wrong shape."""
+    """Real bodies, one field replaced by a value of a wrong shape: kube-scheduler's to the verbs, and reviews of
+    the same pods to the admission webhook."""
     rng = random.Random(seed_value)
-    captured = [(path.name.split("--")[1].split(".")[0], orjson.loads(path.read_bytes()))
+    captured = [(f"/{path.name.split('--')[1].split('.')[0]}", orjson.loads(path.read_bytes()))
                 for path in sorted(CAPTURES.glob("*--*.json")) if "response" not in path.name]
-    bodies = [(verb, body, list(_paths(body))[1:]) for verb, body in captured]  # every field, walked once
+    templates = [template["metadata"]["name"] for template in shipped_templates()]
+    captured += [(ADMISSION_PATH, admission_review(body["Pod"], templates[index % len(templates)]))
+                 for index, (path, body) in enumerate(list(captured)) if path == "/filter"]
+    bodies = [(path, body, list(_paths(body))[1:]) for path, body in captured]  # every field, walked once
     client = Client(port)
-    verbs: Counter[str] = Counter()
+    sent: Counter[str] = Counter()
     for _ in range(count):
-        verb, body, fields = rng.choice(bodies)
+        path, body, fields = rng.choice(bodies)
         where = rng.choice(fields)
         mutated = copy.deepcopy(body)
         target = mutated
         for step in where[:-1]:
             target = target[step]
         target[where[-1]] = copy.deepcopy(rng.choice(WRONG))
-        client.post(f"/{verb}", json.dumps(mutated).encode())
-        verbs[verb] += 1
-    return Part("real kube-scheduler bodies, one field of a wrong shape", f"random.Random({seed_value})", count,
-                client.sent, client.received, ", ".join(f"{verb} {n:,}" for verb, n in sorted(verbs.items())))
+        client.post(path, json.dumps(mutated).encode())
+        sent[path] += 1
+    return Part("real kube-scheduler bodies and admission reviews, one field of a wrong shape",
+                f"random.Random({seed_value})", count, client.sent, client.received,
+                ", ".join(f"{path} {n:,}" for path, n in sorted(sent.items())))
 
 
 def run_parsers(seed_value: int, examples: int) -> Counter[str]:
@@ -458,7 +485,9 @@ def planned(scale: float, full: int) -> int:
 
 def run_seed(seed_value: int, scale: float) -> SeedRun:
     state = ClusterState()
-    service = ExtenderService(state, DemoCluster(state, NODES))
+    service = ExtenderService(state, DemoCluster(state, NODES), pin_claims=True)
+    for template in shipped_templates():
+        state.templates.apply("ADDED", template)
     tap, port, stop = start_server(service)  # before the handlers: uvicorn's Config sets up its loggers anew
     with Tracebacks() as tracebacks:
         try:

@@ -48,7 +48,7 @@ def test_a_clean_quick_run_passes_with_every_part_counted_on_both_sides(runs: li
             for part in run.parts] == [True, True, True]
     assert run.tap.total == sum(part.answered for part in run.parts)
     verbs = {path for path, status in run.tap.answers if status == 200}
-    assert {"/filter", "/prioritize", "/bind", "/preempt"} <= verbs
+    assert {"/filter", "/prioritize", "/bind", "/preempt", "/admission/pods"} <= verbs
     assert all(run.parsed[module] >= run.parser_examples > 0 for module in fuzz.PARSERS)
 
 
