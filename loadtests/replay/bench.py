@@ -8,6 +8,10 @@ under its multi-node mix at 0.8 and 0.9;
 and policy (5), the extender over HTTP, against (4) on a sample. `--write BENCHMARKS.md` replaces the section between
 `<!-- replay:begin -->` and `<!-- replay:end -->`; the plots go to loadtests/plots/replay/ under fixed names.
 
+It exits 1 when a run at load 0.8 or 0.9 falls short of its acceptance (`acceptance`, `group_acceptance`) or
+policy (5) over HTTP placed a job otherwise than (4) in-process. A `--quick` run is a smoke run of far fewer jobs
+than the targets are set for: its verdicts are shown, not judged; only the HTTP check fails it.
+
     python -m loadtests.replay.bench [--write BENCHMARKS.md] [--quick]
 """
 
@@ -26,7 +30,7 @@ from statistics import NormalDist
 
 from tqdm import tqdm
 
-from loadtests.bench_select import run_header, write_section
+from loadtests.bench_select import run_header, verdict, write_section
 from loadtests.replay.boards import board_key
 from loadtests.replay.clusters import alibaba_fleet, mixed_fleet, nvl72_fleet, pool_capacity
 from loadtests.replay.engine import Run, replay
@@ -63,6 +67,8 @@ QUICK_FLEET_JOBS = 1_000
 """A quick run's job counts: enough GPUs asked for to reach load 0.9 of the mixed fleet (192 GPUs) and of the
 Alibaba fleet at scale 0.1 (628 GPUs); the trace and inflation are cut to QUICK_JOBS."""
 QUICK_SAMPLE = 40
+FULL_SHARE_TARGET = 0.99
+"""Issues 10 and 17: (4)'s multi-GPU pods at full bandwidth efficiency, and its groups in one NVLink domain."""
 HTTP_SAMPLE = 400
 HTTP_SAMPLE_OF = "mixed-synthetic-stress-mix-load0.9"
 """Policy (5) replays the first jobs of the stress mix at 0.9: half of them multi-GPU, many of them waiting for a
@@ -101,6 +107,8 @@ class Result:
     seconds: float
     plots: tuple[Path, ...]
     verdict: str | None
+    met: bool | None
+    """Whether the verdict's targets were met; None where the run has none."""
     pools: str | None
     curve: str | None
     groups: tuple[GroupSummary, ...]
@@ -197,33 +205,55 @@ def run_spec(spec: Spec, plots: Path, published_curve: bool) -> tuple[Result, tu
         published = read_published() if published_curve else ()
         paths.append(write_inflation_plot(curves, published, plots, spec.key))
         curve = curve_table(curves, published_curve)
-    verdict = (group_acceptance(groups) if groups else acceptance(summaries)) if spec.load in (0.8, 0.9) else None
+    judged = spec.load in (0.8, 0.9)
+    said = (group_acceptance(groups) if groups else acceptance(summaries)) if judged else None
+    met = (group_met(groups) if groups else acceptance_met(summaries)) if judged else None
     mixed_at_09 = spec.cluster == "mixed" and spec.workload == "synthetic" and spec.load == 0.9
     pools = pool_table(runs) if mixed_at_09 else None
     result = Result(spec, len(cluster), sum(pool_capacity(cluster).values()), describe(jobs), summaries,
-                    time.perf_counter() - started, tuple(paths), verdict, pools, curve, groups)
+                    time.perf_counter() - started, tuple(paths), said, met, pools, curve, groups)
     return result, jobs, cluster
 
 
 def acceptance(summaries: Sequence[Summary]) -> str:
     """The gap between (3) and (4) on "at 100%", and whether (4) reached >= 99 % of multi-GPU pods at full
     bandwidth efficiency with GPU utilization and p95 pending time no worse than (1) and (2)."""
-    one, two, three, four = summaries
-    if not four.multi_gpu:
+    _, _, three, four = summaries
+    checks = acceptance_checks(summaries)
+    if checks is None:
         return "No multi-GPU pod was placed: nothing to judge on bandwidth."
     gap = 100 * (four.efficiency_full_share - three.efficiency_full_share)
-    checks = [(four.efficiency_full_share >= 0.99, f"at 100% {percent(four.efficiency_full_share)} (target >= 99%)"),
-              (four.gpu_utilization >= max(one.gpu_utilization, two.gpu_utilization),
-               f"GPU utilization {four.gpu_utilization:.2%} against {one.gpu_utilization:.2%} (1) and "
-               f"{two.gpu_utilization:.2%} (2)"),
-              (four.pending_p95_s <= min(one.pending_p95_s, two.pending_p95_s),
-               f"p95 pending {four.pending_p95_s:,.0f} s against {one.pending_p95_s:,.0f} s (1) and "
-               f"{two.pending_p95_s:,.0f} s (2)")]
     short = [text for ok, text in checks if not ok]
-    verdict = ("meets the acceptance: " + "; ".join(text for _, text in checks) if not short
-               else "falls short: " + "; ".join(short))
+    said = ("meets the acceptance: " + "; ".join(text for _, text in checks) if not short
+            else "falls short: " + "; ".join(short))
     return (f"(4) against (3) at 100%: {percent(four.efficiency_full_share)} against "
-            f"{percent(three.efficiency_full_share)} ({gap:+.2f} points). (4) {verdict}.")
+            f"{percent(three.efficiency_full_share)} ({gap:+.2f} points). (4) {said}.")
+
+
+def acceptance_checks(summaries: Sequence[Summary]) -> list[tuple[bool, str]] | None:
+    """`acceptance`'s targets, each met or not with its figures; None when no multi-GPU pod was placed."""
+    one, two, _, four = summaries
+    if not four.multi_gpu:
+        return None
+    return [(four.efficiency_full_share >= FULL_SHARE_TARGET,
+             f"at 100% {percent(four.efficiency_full_share)} (target >= {FULL_SHARE_TARGET:.0%})"),
+            (four.gpu_utilization >= max(one.gpu_utilization, two.gpu_utilization),
+             f"GPU utilization {four.gpu_utilization:.2%} against {one.gpu_utilization:.2%} (1) and "
+             f"{two.gpu_utilization:.2%} (2)"),
+            (four.pending_p95_s <= min(one.pending_p95_s, two.pending_p95_s),
+             f"p95 pending {four.pending_p95_s:,.0f} s against {one.pending_p95_s:,.0f} s (1) and "
+             f"{two.pending_p95_s:,.0f} s (2)")]
+
+
+def acceptance_met(summaries: Sequence[Summary]) -> bool:
+    """Every target of `acceptance` met; a run with no multi-GPU pod placed cannot meet them."""
+    checks = acceptance_checks(summaries)
+    return checks is not None and all(ok for ok, _ in checks)
+
+
+def group_met(groups: Sequence[GroupSummary]) -> bool:
+    """`group_acceptance`'s target: (4) required puts >= 99 % of the groups that fit one NVLink domain into one."""
+    return groups[3].groups_in_one_domain_share >= FULL_SHARE_TARGET
 
 
 def group_acceptance(groups: Sequence[GroupSummary]) -> str:
@@ -231,12 +261,13 @@ def group_acceptance(groups: Sequence[GroupSummary]) -> str:
     one; its GPU utilization and p95 pending are set beside (1)'s, (6)'s and (7)'s, and (4) preferred is named
     too."""
     one, kueue, slurm, ours, preferred = groups
-    met = ours.groups_in_one_domain_share >= 0.99
+    met = group_met(groups)
     classes = ", ".join(f"{name}: {_seconds(ours, name)} against {_seconds(one, name)} (1), "
                         f"{_seconds(kueue, name)} (6) and {_seconds(slurm, name)} (7)"
                         for name in ours.pending_p95_s_by_pods)
     return (f"{ours.policy} puts {percent(ours.groups_in_one_domain_share)} of the "
-            f"{ours.groups_fitting_one_domain:,} started groups that fit one NVLink domain into one (target >= 99%: "
+            f"{ours.groups_fitting_one_domain:,} started groups that fit one NVLink domain into one (target >= "
+            f"{FULL_SHARE_TARGET:.0%}: "
             f"{'met' if met else 'not met'}); {preferred.policy} {percent(preferred.groups_in_one_domain_share)}, "
             f"(1) {percent(one.groups_in_one_domain_share)}, (6) {percent(kueue.groups_in_one_domain_share)}, "
             f"(7) {percent(slurm.groups_in_one_domain_share)}. GPU utilization of running jobs "
@@ -335,7 +366,7 @@ def render(bench: Bench, root: Path, times: bool = True) -> str:
     ]
     if bench.quick:
         lines.append(f"- **Quick run**: {QUICK_FLEET_JOBS:,} synthetic jobs on the Alibaba fleet, every other workload "
-                     f"cut to {QUICK_JOBS} jobs; not the standard set.")
+                     f"cut to {QUICK_JOBS} jobs; not the standard set, and its verdicts are not judged.")
     if times:
         lines.append(f"- Total wall time {bench.seconds:,.0f} s (" + ", ".join(
             f"{result.spec.key} {result.seconds:,.0f} s" for result in bench.results)
@@ -384,7 +415,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_section(args.write, body, BEGIN, END)
     else:
         print(body)
-    return 0 if bench.http.matches else 1
+    return verdict("replay/bench", missed(bench))
+
+
+def missed(bench: Bench) -> list[str]:
+    """The runs that fell short of their targets (not judged in a quick run), and a mismatch of policy (5)."""
+    misses = [f"{result.spec.title}: {result.verdict}" for result in bench.results
+              if result.met is False and not bench.quick]
+    if not bench.http.matches:
+        misses.append(f"policy (5) over HTTP: {bench.http.summary()}")
+    return misses
 
 
 if __name__ == "__main__":
