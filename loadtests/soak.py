@@ -17,6 +17,12 @@ scheduling cycles, as a busy cluster's queue gives), not flat out, and every int
 - Every `--interval` seconds: the extender's RSS (VmRSS), each verb's server-side p50/p99 (its `Server-Timing`)
   and HTTP p99, the cycles done and their outcomes.
 
+Its verdict (`checks`), on the intervals after the first minute split in halves: no leak (RSS grows by at most
+RSS_SLOPE_LIMIT MB a minute over the second half: a cache filling up flattens out, a leak does not), no tail that
+drifts (each verb's median p99 over the second half at most P99_DRIFT_LIMIT times the first half's), the pace
+held (PACE_SHARE of the cycles asked for done), and no error answer or error the extender logged. It exits 1 on a
+miss.
+
     python loadtests/soak.py [--nodes 1000] [--seconds 600] [--rate 20] [--write BENCHMARKS.md]
 
 The plot (`--plot`, default loadtests/plots/soak.png) needs matplotlib: `pip install -e '.[harness]'`
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import shutil
 import sys
 import tempfile
@@ -39,13 +46,19 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from bench_select import percentile, run_header, write_section  # noqa: E402
-from load_extender import VERBS, Client, Samples, Server, _loadavg, _post  # noqa: E402
+from bench_select import Check, missed, percentile, run_header, verdict, write_section  # noqa: E402
+from load_extender import BOUND, VERBS, Client, Samples, Server, _loadavg, _post  # noqa: E402
 
 from loadtests.replay.kube_scores import feasible_nodes_to_find  # noqa: E402
 
 BEGIN, END = "<!-- soak:begin -->", "<!-- soak:end -->"
 WARMUP_SECONDS = 60.0  # RSS slope is fitted after this: the first minute fills caches that then stay
+RSS_SLOPE_LIMIT = 0.5
+"""MB a minute the extender's RSS may grow over the second half: a leak at this rate adds 30 MB an hour."""
+P99_DRIFT_LIMIT = 1.5
+"""A verb's median p99 over the second half against the first half's: beyond this the tail drifts."""
+PACE_SHARE = 0.95
+"""Of the cycles `--rate` asks for, the share done: fewer, and the load was not the one the figures claim."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +73,7 @@ class Interval:
     server_p99_ms: dict[str, float]
     http_p99_ms: dict[str, float]
     boards_replaced: int
+    errors_logged: int  # by the extender since it started
 
 
 def names_per_cycle(nodes: int) -> int:
@@ -106,7 +120,7 @@ def run_load(args: argparse.Namespace, server: Server) -> list[Interval]:
             server_p50_ms={verb: _pct(samples.server_ms[verb], 0.50) for verb in VERBS},
             server_p99_ms={verb: _pct(samples.server_ms[verb], 0.99) for verb in VERBS},
             http_p99_ms={verb: _pct(samples.http_ns[verb], 0.99) / 1e6 for verb in VERBS},
-            boards_replaced=int(stats.get("boards_replaced", 0))))
+            boards_replaced=int(stats.get("boards_replaced", 0)), errors_logged=stats["errors_logged"]))
         gc.collect()
         last = intervals[-1]
         print(f"{last.at:6.0f} s  rss {last.rss_mb:7.1f} MB  cycles {cycles:4d}  "
@@ -127,6 +141,35 @@ def slope_mb_per_minute(intervals: Sequence[Interval]) -> float:
     mean_r = sum(r for _, r in points) / len(points)
     spread = sum((t - mean_t) ** 2 for t, _ in points)
     return 60 * sum((t - mean_t) * (r - mean_r) for t, r in points) / spread if spread else 0.0
+
+
+def halves(intervals: Sequence[Interval]) -> tuple[list[Interval], list[Interval]]:
+    """The intervals after the first minute (all of them in a shorter run), in two halves."""
+    steady = [i for i in intervals if i.at > WARMUP_SECONDS] or list(intervals)
+    return steady[:len(steady) // 2], steady[len(steady) // 2:]
+
+
+def checks(args: argparse.Namespace, intervals: Sequence[Interval]) -> list[Check]:
+    """What the soak is for: no leak, no drifting tail, the pace held, no error. A figure that could not be taken
+    (too few intervals, a verb never answered) is missed."""
+    first, second = halves(intervals)
+    slope = slope_mb_per_minute(second) if len(second) >= 2 else math.inf
+    found = [Check(f"RSS slope over the second half after the first minute <= {RSS_SLOPE_LIMIT:g} MB/min",
+                   f"{slope:+.2f} MB/min" if len(second) >= 2 else "not measured", slope <= RSS_SLOPE_LIMIT)]
+    for verb in VERBS:
+        before, after = (_median([i.server_p99_ms[verb] for i in half]) for half in (first, second))
+        drift = after / before if before > 0 else math.nan
+        found.append(Check(f"{verb}: median p99 of the second half <= {P99_DRIFT_LIMIT:g}x the first half's",
+                           f"{drift:.2f}x ({before:.3f} / {after:.3f} ms)", drift <= P99_DRIFT_LIMIT))
+    cycles, asked = sum(i.cycles for i in intervals), args.rate * args.seconds
+    found.append(Check(f"cycles done >= {PACE_SHARE:.0%} of {args.rate:g}/s over {args.seconds:g} s",
+                       f"{cycles:,} of {asked:,.0f}", cycles >= PACE_SHARE * asked))
+    errors = sum(count for i in intervals for outcome, count in i.outcomes.items()
+                 if outcome not in BOUND and outcome != "unschedulable")
+    logged = intervals[-1].errors_logged if intervals else 0
+    found.append(Check("no error answer (filter, bind) and no error logged by the extender",
+                       f"{errors} error answers, {logged} errors logged", errors == 0 and logged == 0))
+    return found
 
 
 def plot(intervals: Sequence[Interval], path: Path, title: str, interval: float) -> None:
@@ -162,9 +205,9 @@ def render(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float,
     for interval in intervals:
         for outcome, count in interval.outcomes.items():
             outcomes[outcome] = outcomes.get(outcome, 0) + count
-    steady = [i for i in intervals if i.at > WARMUP_SECONDS] or list(intervals)
+    first, second = halves(intervals)
+    steady = first + second
     slope = slope_mb_per_minute(steady)
-    halves = steady[:len(steady) // 2], steady[len(steady) // 2:]
     rss = [i.rss_mb for i in steady]
     lines = run_header("Soak: steady load, arrivals, departures and new boards", "soak.py", argv, elapsed,
                        "; the extender and its in-process cluster in one process, this script in another")
@@ -182,16 +225,18 @@ def render(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float,
         "### Figures",
         "",
         f"- RSS after the first minute: {min(rss):.1f} to {max(rss):.1f} MB; least-squares slope "
-        f"**{slope:+.2f} MB/min**; over the first half of that time {slope_mb_per_minute(halves[0]):+.2f} MB/min, "
-        f"over the second half **{slope_mb_per_minute(halves[1]):+.2f} MB/min** (a cache filling up flattens out, a "
+        f"**{slope:+.2f} MB/min**; over the first half of that time {slope_mb_per_minute(first):+.2f} MB/min, "
+        f"over the second half **{slope_mb_per_minute(second):+.2f} MB/min** (a cache filling up flattens out, a "
         "leak does not).",
     ]
     for verb in VERBS:
         p99 = [i.server_p99_ms[verb] for i in steady]
-        first, second = p99[:len(p99) // 2], p99[len(p99) // 2:]
         lines.append(f"- {verb}, server-side p99 per interval after the first minute: median "
                      f"{_median(p99):.3f} ms, range {min(p99):.3f} to {max(p99):.3f} ms; median of the first half "
-                     f"{_median(first):.3f} ms, of the second half {_median(second):.3f} ms.")
+                     f"{_median([i.server_p99_ms[verb] for i in first]):.3f} ms, of the second half "
+                     f"{_median([i.server_p99_ms[verb] for i in second]):.3f} ms.")
+    lines += ["", "### Targets", "", "| target | measured | verdict |", "|---|---:|---|",
+              *(check.row() for check in checks(args, intervals))]
     if plot_path is not None:
         lines += ["", f"![soak: RSS and p99 per interval]({plot_path.as_posix()})"]
     lines += ["", "### Every interval", "",
@@ -250,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(logs)
     if args.write:
         write_section(Path(args.write), body, BEGIN, END)
-    return 0
+    return verdict("soak", missed(checks(args, intervals)))
 
 
 if __name__ == "__main__":
