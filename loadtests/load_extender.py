@@ -978,6 +978,10 @@ class Report:
                  "Python-level calls far more than C "
                  "builtins, so read the shares, not the absolute times. The functions with the most own time:"]
         for thread, rows in threads.items():
+            if not rows:
+                lines += ["", f"No call of {thread} was profiled on its thread in these cycles: the event loop "
+                          "answered them all."]
+                continue
             lines += ["", f"| function ({thread}) | calls per cycle | own ms per cycle | cumulative ms per cycle |",
                       "|---|---:|---:|---:|"]
             for function in sorted(rows, key=lambda function: -rows[function][1])[:top]:

@@ -153,3 +153,12 @@ def test_a_tiny_run_exits_1_on_an_injected_miss(monkeypatch: pytest.MonkeyPatch,
     assert code == 1
     assert "load_extender: missed: filter: server-side p99 <= 0.001 ms" in err
     assert "error answer" not in err and "cycles/s" not in err  # the rest was met: only the injected miss
+
+
+def test_a_profile_with_nothing_on_the_verbs_thread_writes_no_empty_table() -> None:
+    rows = [{"function": "verbs/filter.py:1 filter_nodes", "calls": 10, "own": 0.01, "cumulative": 0.02}]
+    report = _report(profile={"size": 5000, "cycles": 10, "rows": rows, "verbs": []})
+    table = report.profile_table()
+    assert "| `verbs/filter.py:1 filter_nodes` | 1 | 1.000 | 2.000 |" in table
+    assert "| function (filter and prioritize)" not in table
+    assert "No call of filter and prioritize was profiled on its thread in these cycles" in table
