@@ -189,7 +189,12 @@ class Client:
             keep_alive = False
         else:
             self.statuses[status] += 1
-        if not keep_alive and self.connection is not None:
+        if not keep_alive:
+            self.close()
+
+    def close(self) -> None:
+        """At a part's end too: a connection left open would be closed by the server in a later part."""
+        if self.connection is not None:
             self.connection.close()
             self.connection = None
 
@@ -311,6 +316,7 @@ def run_mutations(port: int, seed_value: int, count: int) -> Part:
         target[where[-1]] = copy.deepcopy(rng.choice(WRONG))
         client.post(path, json.dumps(mutated).encode())
         sent[path] += 1
+    client.close()
     return Part("real kube-scheduler bodies and admission reviews, one field of a wrong shape",
                 f"random.Random({seed_value})", count, client.sent, client.received,
                 ", ".join(f"{path} {n:,}" for path, n in sorted(sent.items())))
@@ -445,6 +451,7 @@ def run_topologies(state: ClusterState, port: int, seed_value: int, boards: int)
                 started = time.perf_counter()
                 client.post(f"/{verb}", body)
                 slowest = max(slowest, time.perf_counter() - started)
+    client.close()
     return Part("adversarial topologies through filter and prioritize", f"random.Random({seed_value})",
                 (len(shapes) + boards) * PODS_PER_BOARD * 2, client.sent, client.received,
                 f"{len(shapes)} of {len(SHAPES)} hostile shapes and {len(randoms)} random boards accepted by the "
