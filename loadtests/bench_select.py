@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return verdict("bench_select --adversarial", [f"the honest board answered inexactly: {query}"
                                                       for query in inexact])
 
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), load_average()
     gc.disable()  # no collector pauses inside the timed loops; collected explicitly between nodes
     try:
         per_k: dict[str, dict[int, list[Query]]] = {}
@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(body)
     print(f"\n(run took {elapsed:.0f} s)")
     if args.write:
-        write_section(Path(args.write), header(argv, args, elapsed) + "\n\n" + body)
+        write_section(Path(args.write), header(argv, args, elapsed, (load_before, load_average())) + "\n\n" + body)
     return verdict("bench_select", found.missed())
 
 
@@ -482,6 +482,11 @@ def run_header(title: str, script: str, argv: Sequence[str] | None, elapsed: flo
         f"- Command: `{command.strip()}`"]
 
 
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages: how busy the shared machine was around a run."""
+    return " ".join(Path("/proc/loadavg").read_text(encoding="ascii").split()[:3])
+
+
 def measured_commit() -> str:
     """The commit a run measured, `+dirty` when the work tree changed what runs (PRODUCT_PATHS), so that a
     section's figures can be traced to the code that gave them."""
@@ -522,8 +527,9 @@ def verdict(script: str, misses: Sequence[str]) -> int:
     return 1 if misses else 0
 
 
-def header(argv: Sequence[str] | None, args: argparse.Namespace, elapsed: float) -> str:
-    return "\n".join(run_header("Selection", "bench_select.py", argv, elapsed) + [
+def header(argv: Sequence[str] | None, args: argparse.Namespace, elapsed: float, loads: tuple[str, str]) -> str:
+    return "\n".join(run_header("Selection", "bench_select.py", argv, elapsed,
+                                f"; load average (1, 5, 15 min) {loads[0]} before, {loads[1]} after") + [
         f"- Queries: per k, the all-free mask and up to {args.masks} (8 GPUs) / {args.masks16} (16 GPUs) random free "
         f"masks (a free count uniform in k..n, then the GPUs uniformly), seed {args.seed}; {args.repeat} timed runs "
         "per query (one for a baseline search over 50 ms); "

@@ -75,7 +75,7 @@ import orjson
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_select import Check, missed, percentile, run_header, verdict, write_section  # noqa: E402
+from bench_select import Check, load_average, missed, percentile, run_header, verdict, write_section  # noqa: E402
 from large_cluster_server import (CLAIMS_MARKER, KEYS, LEAF, LOAD_NAMESPACE, SPINE, claims_only,  # noqa: E402
                                   dra_names, load_pod, node_names, pod_uid, training_pod)
 
@@ -623,7 +623,7 @@ def orchestrate(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
         raise SystemExit("--dra-share must be 0 to 1")
     started = time.perf_counter()
     args.idle_note = wait_for_idle(args.wait_idle)
-    loadavg_before = _loadavg()
+    loadavg_before = load_average()
     logs = Path(tempfile.mkdtemp(prefix="load_extender-"))
     cluster = [sys.executable, str(HERE / "large_cluster_server.py"), "--nodes", str(args.nodes), "--fill",
                str(args.fill), "--leaf-nodes", str(args.leaf_nodes)]
@@ -667,7 +667,7 @@ def orchestrate(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     finally:
         for server in servers.values():
             server.stop()
-    loadavg_after = _loadavg()
+    loadavg_after = load_average()
     elapsed = time.perf_counter() - started
     report = Report(args, result, extender.facts, planned.facts if planned is not None else None,
                     dra.facts if dra is not None else None)
@@ -713,11 +713,6 @@ def wait_for_idle(seconds: float, busy_below: float = 0.25, window: float = 2.0)
             verdict = "idle" if busy < busy_below else "still busy, started anyway"
             return (f"waited {time.monotonic() - waited:.0f} s for an idle machine ({verdict}: "
                     f"{busy:.2f} CPUs busy over the last {window:g} s)")
-
-
-def _loadavg() -> str:
-    with open("/proc/loadavg", encoding="ascii") as stat:
-        return " ".join(stat.read().split()[:3])
 
 
 # ---- reporting ----

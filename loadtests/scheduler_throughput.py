@@ -73,7 +73,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests" / "e2e"))
 
-from bench_select import Check, missed, run_header, verdict, write_section  # noqa: E402
+from bench_select import Check, load_average, missed, run_header, verdict, write_section  # noqa: E402
 from kube_e2e import (  # noqa: E402
     SCHEDULER_CONFIG_SOURCE,
     Kube,
@@ -800,11 +800,6 @@ def other_work() -> str:
         if re.search(r"loadtests/|loadtests\.|pytest", text):
             found.append(text[:100])
     return "; ".join(sorted(found)[:5])
-
-
-def load_average() -> str:
-    """The 1, 5 and 15 minute load averages, as `uptime` prints them."""
-    return ", ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def section(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float, results: Sequence[RoundResult],

@@ -46,8 +46,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from bench_select import Check, missed, percentile, run_header, verdict, write_section  # noqa: E402
-from load_extender import BOUND, VERBS, Client, Samples, Server, _loadavg, _post  # noqa: E402
+from bench_select import Check, load_average, missed, percentile, run_header, verdict, write_section  # noqa: E402
+from load_extender import BOUND, VERBS, Client, Samples, Server, _post  # noqa: E402
 
 from loadtests.replay.kube_scores import feasible_nodes_to_find  # noqa: E402
 
@@ -268,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write", metavar="PATH", help="rewrite the soak section of this Markdown file")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    loadavg_before = _loadavg()
+    loadavg_before = load_average()
     logs = Path(tempfile.mkdtemp(prefix="soak-"))
     server = Server([sys.executable, str(HERE / "large_cluster_server.py"), "--nodes", str(args.nodes),
                      "--fill", str(args.fill)], logs / "extender.log")
@@ -287,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     shown = None
     if plot_path is not None and args.write:
         shown = Path(plot_path).resolve().relative_to(Path(args.write).resolve().parent)
-    body = render(args, argv, elapsed, server.facts, intervals, shown, (loadavg_before, _loadavg()))
+    body = render(args, argv, elapsed, server.facts, intervals, shown, (loadavg_before, load_average()))
     print(body)
     if any(log.stat().st_size for log in logs.iterdir()):
         print(f"\n(the extender wrote to {logs})")
