@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench bench-select bench-bind bench-dra loadtest throughput hostile soak failover fuzz clean
+.PHONY: demo test bench bench-select bench-bind bench-dra loadtest throughput hostile soak failover fuzz mutate clean
 
 # Rebuilt when the C extension's source changes too: `pip install -e` compiles it into extender/.
 $(BIN)/activate: pyproject.toml extender/api/_names.c
@@ -48,6 +48,10 @@ failover: $(BIN)/activate
 fuzz: $(BIN)/activate
 	$(BIN)/pip install --quiet -e '.[fuzz]'
 	$(BIN)/python loadtests/fuzz.py --write FUZZING.md
+
+mutate: $(BIN)/activate  # mutmut over selection, the ledger, bind, filter, preempt, drains, the group planner
+	$(BIN)/pip install --quiet -e '.[mutate]'
+	nice -n 10 $(BIN)/python loadtests/mutation_score.py --write BENCHMARKS.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info extender/_names.*.so

@@ -1,0 +1,371 @@
+"""Mutation testing of the modules whose mistakes give a GPU twice or place a pod wrongly (issue 31).
+
+Each module of MODULES is mutated by mutmut (pinned in pyproject's `mutate` extra) in a scratch copy of the
+commit, never in this work tree, which others' test runs share. mutmut first runs the module's test folders once
+to learn which tests call which function; each mutant then runs only the tests that call its function, stopping
+at the first failure. A module gets a time bound: when it is hit, the mutants not yet checked are counted as such
+and the score is over those checked.
+
+    python loadtests/mutation_score.py [--module bind ...] [--jobs 2] [--write BENCHMARKS.md]
+    python loadtests/mutation_score.py --worktree --module ledger --keep /tmp/mutate   # uncommitted tests too
+
+Score: (killed + timeout) / mutants checked; a timeout is a mutant the tests noticed (mutmut's CPU limit, about
+30 times the covering tests' own time). "No tests": no test of the module's folders calls the mutated function,
+counted as not killed. Exit 1 when a module's score is below its floor, or mutmut fails (its clean run, say).
+With `--keep DIR` the scratch copy stays: `cd DIR && mutmut results` / `mutmut show NAME` list the survivors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "loadtests"))
+
+from bench_select import measured_commit, run_header, write_section  # noqa: E402
+
+BEGIN, END = "<!-- mutation_score:begin -->", "<!-- mutation_score:end -->"
+TOOL = "mutmut"
+
+
+@dataclass(frozen=True)
+class Module:
+    """A module as mutated: its files, the test folders that exercise it, its time bound and its score floor."""
+
+    name: str
+    files: tuple[str, ...]
+    tests: tuple[str, ...]
+    bound_s: int
+    floor: float
+    """The lowest score (0..1) a run may give; set from the first measurement (BENCHMARKS.md says how)."""
+
+
+VERBS, GROUPS, CACHE = "tests/extender/verbs", "tests/extender/groups", "tests/extender/cache"
+KUBE, SERVER = "tests/extender/kube", "tests/extender/server"
+MODULES = (
+    # The budget's fallback (_without_search, _greedy) is reached only by the hostile boards' tests.
+    Module("selection", ("topology/select.py",), ("tests/topology", f"{VERBS}/test_hostile_topology.py"), 900, 0.0),
+    Module("ledger", ("extender/cache/ledger.py", "extender/cache/assignments.py"),
+           (CACHE, VERBS, GROUPS, KUBE, SERVER), 900, 0.0),
+    Module("bind", ("extender/verbs/bind.py",), (VERBS, GROUPS, KUBE, SERVER), 900, 0.0),
+    Module("filter", ("extender/verbs/filter.py",), (VERBS, GROUPS, SERVER), 600, 0.0),
+    Module("preempt", ("extender/verbs/preempt.py",), (VERBS,), 300, 0.0),
+    Module("drains", ("extender/verbs/drains.py",), (VERBS, GROUPS), 600, 0.0),
+    Module("group planner",
+           ("extender/verbs/group_placement.py", "extender/groups/layouts.py", "extender/groups/plans.py"),
+           (GROUPS, VERBS, KUBE), 900, 0.0),
+)
+
+EQUIVALENT: dict[tuple[str, str], str] = {}
+"""Survivors judged equivalent, by (file, the mutated line as mutmut shows it after `+`): why no test can see them."""
+
+DETECTED = ("killed", "timeout", "segfault")
+"""mutmut's statuses of a mutant the tests noticed (`segfault` is also its name for a worker killed at its limit)."""
+
+
+@dataclass
+class Result:
+    module: Module
+    statuses: Counter[str] = field(default_factory=Counter)
+    survivors: list[tuple[str, str]] = field(default_factory=list)
+    """(mutant name, its diff) of each survivor and each mutant no test calls."""
+    seconds: float = 0.0
+    bounded: bool = False
+    error: str = ""
+
+    @property
+    def checked(self) -> int:
+        return sum(n for status, n in self.statuses.items() if status not in ("not checked", "skipped"))
+
+    @property
+    def detected(self) -> int:
+        return sum(self.statuses[status] for status in DETECTED)
+
+    @property
+    def score(self) -> float:
+        return self.detected / self.checked if self.checked else 0.0
+
+    def equivalent(self) -> list[tuple[str, str, str]]:
+        """(mutant name, mutated line, why) of the survivors EQUIVALENT names."""
+        found = []
+        for name, diff in self.survivors:
+            for path in self.module.files:
+                for line in _added_lines(diff):
+                    why = EQUIVALENT.get((path, line))
+                    if why:
+                        found.append((name, line, why))
+        return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--module", action="append", choices=[m.name for m in MODULES],
+                        help="only this module (repeatable); default every one")
+    parser.add_argument("--jobs", type=int, default=2, help="mutmut's workers (default 2)")
+    parser.add_argument("--bound-scale", type=float, default=1.0, help="multiply every module's time bound")
+    parser.add_argument("--worktree", action="store_true",
+                        help="mutate this work tree's files (tracked and untracked) instead of HEAD's")
+    parser.add_argument("--keep", metavar="DIR", help="keep the scratch copy in DIR (emptied first)")
+    parser.add_argument("--write", metavar="PATH", help="rewrite the mutation_score section of this Markdown file")
+    args = parser.parse_args(argv)
+    modules = [m for m in MODULES if not args.module or m.name in args.module]
+
+    started = time.monotonic()
+    if args.keep:
+        scratch = Path(args.keep).resolve()
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir(parents=True)
+    else:
+        scratch = Path(tempfile.mkdtemp(prefix="mutate-"))
+    try:
+        commit = _populate(scratch, args.worktree)
+        results = []
+        for module in modules:
+            results.append(_run_module(scratch, module, args.jobs, args.bound_scale))
+            for name, diff in results[-1].survivors:
+                print(f"\n# {module.name}: {name}\n{diff}", flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+    elapsed = time.monotonic() - started
+
+    print(_table(results, commit.split()[0]))
+    misses = [f"{r.module.name}: {r.error}" for r in results if r.error]
+    misses += [f"{r.module.name}: score {r.score:.1%} below its floor {r.module.floor:.0%}"
+               for r in results if not r.error and r.score < r.module.floor]
+    if args.write:
+        path = Path(args.write)
+        write_section(path, _section(argv, elapsed, commit, args, results, _previous(path)), BEGIN, END)
+    for miss in misses:
+        print(f"mutation_score.py: missed: {miss}", file=sys.stderr)
+    return 1 if misses else 0
+
+
+def _populate(scratch: Path, worktree: bool) -> str:
+    """Copy the code and tests into `scratch` and build the C extension there; the commit line to report."""
+    if worktree:
+        files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "-co", "--exclude-standard"],
+                               capture_output=True, check=True).stdout.decode().split("\0")
+        for name in filter(None, files):
+            source = ROOT / name
+            if source.is_file():
+                (scratch / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, scratch / name)
+        commit = measured_commit()
+    else:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "HEAD"], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(scratch)], input=archive.stdout, check=True)
+        commit = f"`{head}` (its tree, copied by `git archive`)"
+    # pyproject's ext-modules, as `pip install -e` builds them, into the copy's extender/api/.
+    subprocess.run([sys.executable, "-c", "import setuptools; setuptools.setup()", "build_ext", "--inplace", "-q"],
+                   cwd=scratch, check=True, capture_output=True)
+    return commit
+
+
+def _config(scratch: Path, module: Module) -> str:
+    """mutmut's setup.cfg for one module (pyproject.toml has no [tool.mutmut], so mutmut reads setup.cfg)."""
+    sources = ("topology", "extender")
+    also = sorted(p.name for p in scratch.iterdir()
+                  if p.name not in (*sources, "tests", "mutants", "setup.cfg", "pyproject.toml", "build"))
+
+    def lines(values: Sequence[str]) -> str:
+        return "".join(f"\n    {v}" for v in values)
+
+    return (f"[mutmut]\nsource_paths ={lines(sources)}\nonly_mutate ={lines(module.files)}\n"
+            f"also_copy ={lines(also)}\npytest_add_cli_args_test_selection ={lines(module.tests)}\n")
+
+
+def _run_module(scratch: Path, module: Module, jobs: int, bound_scale: float) -> Result:
+    """One mutmut run over one module in `scratch`, stopped at the module's time bound."""
+    result = Result(module)
+    shutil.rmtree(scratch / "mutants", ignore_errors=True)
+    (scratch / "setup.cfg").write_text(_config(scratch, module), encoding="utf-8")
+    names = [_dotted(path) + ".*" for path in module.files]
+    mutmut = Path(sys.executable).with_name("mutmut")
+    command = [str(mutmut), "run", "--max-children", str(jobs), *names]
+    bound = module.bound_s * bound_scale
+    print(f"mutation_score.py: {module.name}: {' '.join(command[1:])} (bound {bound:.0f} s)", flush=True)
+    log = scratch / f"mutmut-{module.name.replace(' ', '-')}.log"
+    started = time.monotonic()
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, cwd=scratch, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True, preexec_fn=lambda: os.nice(10))
+        try:
+            code = process.wait(timeout=bound)
+        except subprocess.TimeoutExpired:
+            result.bounded = True
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            code = 0
+    result.seconds = time.monotonic() - started
+    if code != 0:
+        tail = log.read_text(errors="replace")[-2000:].replace("\r", "\n").splitlines()
+        result.error = f"mutmut exited {code}: " + " | ".join(line for line in tail[-5:] if line.strip())
+    _collect(scratch, result)
+    if not result.error and not result.checked:
+        result.error = "no mutant was checked"
+    return result
+
+
+def _collect(scratch: Path, result: Result) -> None:
+    """The statuses of the module's mutants from mutmut's meta files, and the survivors' diffs."""
+    from mutmut.stats import status_by_exit_code
+
+    undetected = []
+    for path in result.module.files:
+        meta = scratch / "mutants" / (path + ".meta")
+        if not meta.exists():
+            continue
+        exit_codes = json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"]
+        for name, code in exit_codes.items():
+            status = status_by_exit_code[code]
+            result.statuses[status] += 1
+            if status in ("survived", "no tests"):
+                undetected.append((name, path))
+    if undetected:
+        result.survivors = _diffs(scratch, undetected)
+
+
+def _diffs(scratch: Path, mutants: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """mutmut's diff of each mutant, as `mutmut show` prints it, read in one child process."""
+    code = ("import json, sys\nfrom mutmut.mutation.diff_apply import get_diff_for_mutant\n"
+            "print(json.dumps([get_diff_for_mutant(n, path=p) for n, p in json.load(sys.stdin)]))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=scratch, input=json.dumps(mutants), text=True,
+                         capture_output=True, check=True).stdout
+    return [(name, diff) for (name, _), diff in zip(mutants, json.loads(out))]
+
+
+def _added_lines(diff: str) -> list[str]:
+    return [line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+
+
+def _removed_lines(diff: str) -> list[str]:
+    return [line[1:].strip() for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
+
+
+def _dotted(path: str) -> str:
+    return path.removesuffix(".py").replace("/", ".")
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
+
+
+def _table_head() -> list[str]:
+    return ["| module | files | test folders | mutants | killed | timeout | survived | no tests | not checked "
+            "| score | floor | run time | commit |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+
+
+def _row(r: Result, commit: str) -> str:
+    s = r.statuses
+    killed = s["killed"] + s["segfault"]
+    bounded = " (bound hit)" if r.bounded else ""
+    score = "error" if r.error else f"{r.score:.1%}" + (" **below**" if r.score < r.module.floor else "")
+    return (f"| {r.module.name} | {', '.join(f'`{f}`' for f in r.module.files)} "
+            f"| {', '.join(t.removeprefix('tests/') for t in r.module.tests)} | {sum(s.values())} | {killed} "
+            f"| {s['timeout']} | {s['survived']} | {s['no tests']} | {s['not checked']} | {score} "
+            f"| {r.module.floor:.0%} | {_minutes(r.seconds)}{bounded} | {commit} |")
+
+
+def _table(results: Sequence[Result], commit: str = "") -> str:
+    return "\n".join(_table_head() + [_row(r, commit) for r in results])
+
+
+def _survivor_line(name: str, diff: str) -> str:
+    function = name.rsplit(".", 1)[-1].split("__mutmut_")[0].removeprefix("x_").replace("ǁ", ".").strip(".")
+    removed, added = _removed_lines(diff), _added_lines(diff)
+    return f"`{function}`: `{' / '.join(removed)}` → `{' / '.join(added)}`"
+
+
+def _section(argv: Sequence[str] | None, elapsed: float, commit: str, args: argparse.Namespace,
+             results: Sequence[Result], previous: str) -> str:
+    """The section: this run's modules, and the rows and lists of the modules it did not run from `previous`
+    (the section as it stood), each row naming the commit it measured."""
+    import importlib.metadata
+
+    version = importlib.metadata.version(TOOL)
+    short = commit.split()[0]
+    ran = {r.module.name for r in results}
+    kept = [m.name for m in MODULES if m.name not in ran and _old_row(previous, m.name)]
+    head = run_header("Mutation testing", "mutation_score.py", argv, elapsed)
+    head = [f"- Commit: {commit}" + (f"; the rows of {', '.join(kept)} are kept from an earlier run, at the commit "
+                                     "their row names." if kept else ".") if line.startswith("- Commit:") else line
+            for line in head]
+    lines = head + [
+        f"- Tool: mutmut {version}, {args.jobs} workers at nice 10, in a scratch copy. Each mutant runs only the "
+        "tests of its module's folders that call the mutated function (mutmut's stats run), `-x`; `make mutate` "
+        "runs this script.",
+        "- Score = (killed + timeout) / mutants checked. Killed counts a worker mutmut killed at its CPU limit "
+        "(its `segfault`); no tests: no test of those folders calls the function. Floor: the lowest score a run "
+        "may give (exit 1 below it); run time includes mutmut's stats run over the test folders.",
+        ""] + _table_head()
+    by_name = {r.module.name: r for r in results}
+    for module in MODULES:
+        if module.name in by_name:
+            lines.append(_row(by_name[module.name], short))
+        elif module.name in kept:
+            lines.append(_old_row(previous, module.name))
+    for r in results:
+        if r.error:
+            lines += ["", f"**{r.module.name}: {r.error}**"]
+    lines += ["", "### Survivors judged equivalent", ""]
+    equivalent = [f"- {r.module.name}: `{line}` (`{name}`): {why}" for r in results for name, line, why in
+                  r.equivalent()]
+    equivalent += [line for line in _old_block(previous, "### Survivors judged equivalent").splitlines()
+                   if line.startswith("- ") and line[2:].split(":", 1)[0] in kept]
+    lines += equivalent or ["None listed."]
+    for module in MODULES:
+        if module.name in by_name and by_name[module.name].survivors:
+            r = by_name[module.name]
+            lines += ["", f"<details><summary>{r.module.name}: {len(r.survivors)} survivors (survived or no tests)"
+                      "</summary>", ""]
+            lines += [f"- {_survivor_line(name, diff)}" for name, diff in r.survivors]
+            lines += ["", "</details>"]
+        elif module.name in kept:
+            block = _old_block(previous, f"<details><summary>{module.name}: ")
+            if block:
+                lines += ["", block]
+    return "\n".join(lines)
+
+
+def _previous(path: Path) -> str:
+    """The section as it stands in `path`, or ''."""
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    return text.split(BEGIN, 1)[1].split(END, 1)[0] if BEGIN in text and END in text else ""
+
+
+def _old_row(previous: str, name: str) -> str:
+    return next((line for line in previous.splitlines() if line.startswith(f"| {name} |")), "")
+
+
+def _old_block(previous: str, start: str) -> str:
+    """From the line starting with `start` to `</details>` or the next blank line after a list, in `previous`."""
+    if start not in previous:
+        return ""
+    block = start + previous.split(start, 1)[1]
+    if start.startswith("<details>"):
+        return block.split("</details>", 1)[0] + "</details>"
+    return block.split("\n\n", 2)[1] if block.count("\n\n") >= 1 else ""
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
