@@ -195,3 +195,58 @@ def test_a_pending_reservation_whose_gpus_the_kubelet_gave_away_still_counts() -
     taken = sorted(_indices(state, state.view("n1").mask(seconds)))
     _report(cluster, state, {"default/first": taken}, time.time() + 0.01)
     assert state.view("n1").free.bit_count() == 4
+
+
+# Found by mutation testing (make mutate, BENCHMARKS.md): each fails on the ledger mutant its docstring names.
+
+
+def test_a_bind_that_did_not_happen_frees_no_gpu_the_kubelet_reports_used() -> None:
+    """Its reservation goes, but no release is recorded: the kubelet gave those GPUs to another pod meanwhile
+    (a plugin that ignores us), and its report says so. Recorded as released (`release` without `freed`), they
+    would count as free past that report, and go to a second pod."""
+    state, cluster, service = _demo("rtx-a6000-pairs")
+    ids = [gpu.uuid for gpu in cluster.topologies["n1"].gpus]
+    state.ledger.reserve("failed-uid", "default/failed", "n1", frozenset(ids[:2]))
+    _report(cluster, state, {"default/other": [0, 1]}, time.time() - 1)
+    assert _indices(state, state.view("n1").free) == {4, 5, 6, 7}, "the pending reservation counts as 2 more"
+    state.ledger.release("failed-uid", freed=False)  # its Binding was refused
+    assert state.ledger.get("failed-uid") is None
+    assert _indices(state, state.view("n1").free) == {2, 3, 4, 5, 6, 7}, "the other pod's GPUs are not free"
+    # A pod that ended frees its GPUs even before a report shows it: that release is recorded.
+    state.ledger.reserve("ended-uid", "default/ended", "n1", frozenset(ids[2:4]))
+    state.ledger.release("ended-uid", freed=True)
+    assert _indices(state, state.view("n1").free) == {2, 3, 4, 5, 6, 7}
+
+
+def test_a_lost_answer_turns_only_a_binding_in_flight_uncertain() -> None:
+    """`uncertain` after a bound pod's answer (a retried POST, the watch first) must not reopen its outcome: an
+    UNCERTAIN entry is released by the sweep when the watch does not show the pod placed, and its GPUs given
+    again. Nor may it fail for a pod the ledger no longer holds (deleted while its Binding was in flight)."""
+    state = ClusterState(bind_outcome_seconds=0.0)  # an UNCERTAIN entry's wait is over at once
+    cluster = DemoCluster(state, (("n1", "dgx-h100"),))
+    ids = [gpu.uuid for gpu in cluster.topologies["n1"].gpus]
+    assignment = state.ledger.reserve("bound-uid", "default/bound", "n1", frozenset(ids[:2]))
+    state.ledger.bound(assignment)
+    state.ledger.uncertain("bound-uid")
+    assert state.ledger.get("bound-uid").phase is Phase.BOUND
+    state.ledger.sweep()  # the watch has not shown the pod: an UNCERTAIN entry would be released here
+    assert state.ledger.get("bound-uid") is not None
+    assert state.view("n1").free.bit_count() == 6
+    state.ledger.uncertain("gone-uid")
+    assert state.ledger.get("gone-uid") is None
+
+
+def test_a_deleted_node_takes_its_reservations_with_it() -> None:
+    """A node deleted forgets what the ledger held there: registered again under its name, what its report
+    shows counts, not reservations of the node that went."""
+    state, cluster, service = _demo("dgx-h100")
+    pod = cluster.create_pod("first", 2)
+    assert _bind(service, pod) == ""
+    assert state.view("n1").free.bit_count() == 6
+    node = cluster.list_nodes()[0][0]
+    state.nodes.apply("DELETED", node)
+    assert state.ledger.get(pod["metadata"]["uid"]) is None
+    assert state.ledger.entries("n1") == []
+    state.nodes.apply("ADDED", node)
+    # The pod is still bound there by the API server: its 2 GPUs count once, as the node's report shows them.
+    assert state.view("n1").free.bit_count() == 6
