@@ -250,3 +250,24 @@ def test_a_deleted_node_takes_its_reservations_with_it() -> None:
     state.nodes.apply("ADDED", node)
     # The pod is still bound there by the API server: its 2 GPUs count once, as the node's report shows them.
     assert state.view("n1").free.bit_count() == 6
+
+
+def test_an_entry_replaced_on_other_gpus_or_another_node_moves_what_is_taken() -> None:
+    """`record` skips recomputing a node only when the new entry holds exactly what the old one did. A plan's
+    slot held again (same owner, same time) on other GPUs, then on another node, must free what it held and take
+    what it holds now; a skipped recompute would leave the new GPUs free to a second pod."""
+    state = ClusterState()
+    cluster = DemoCluster(state, (("n1", "dgx-h100"), ("n2", "dgx-h100")))
+    ids = [gpu.uuid for gpu in cluster.topologies["n1"].gpus]
+    ids2 = [gpu.uuid for gpu in cluster.topologies["n2"].gpus]
+
+    def taken(node: str) -> set[int]:
+        view = state.view(node)
+        return {i for i in range(view.size) if not view.free >> i & 1}
+
+    state.ledger.hold("slot-0", "plan:default/g", "n1", frozenset(ids[:2]), 100.0)
+    assert taken("n1") == {0, 1}
+    state.ledger.hold("slot-0", "plan:default/g", "n1", frozenset(ids[2:4]), 100.0)
+    assert taken("n1") == {2, 3}
+    state.ledger.hold("slot-0", "plan:default/g", "n2", frozenset(ids2[2:4]), 100.0)
+    assert taken("n1") == set() and taken("n2") == {2, 3}
