@@ -29,6 +29,7 @@ def _check_against_brute_force(name: str, free: tuple[int, ...], interconnect: I
         assert isinstance(got, Choice), (name, free, k, got, expected)
         subset, (ring, total, numa, cut) = expected
         assert got.gpus == subset, (name, free, k)
+        assert got.exact is True, "every bundled board is searched whole within the work budget"
         assert got.ring_gbps == (None if k == 1 else ring / 1000)
         assert round(got.total_gbps * 1000) == total
         assert got.numa_nodes == numa
