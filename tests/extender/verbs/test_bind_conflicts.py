@@ -1,0 +1,81 @@
+"""A Binding the API server refuses 409: only a pod bound here with our own assignment is ours (bind.py).
+
+Each test fails on a mutant of extender/verbs/bind.py that survived `make mutate` (BENCHMARKS.md): a 409 read as
+ours when another scheduler bound the pod, and a 409 whose pod cannot be read taken as committed or forgotten.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from extender.api.wire import BindingArgs
+from extender.cache.cluster_state import ClusterState
+from extender.cache.ledger import Phase
+from extender.demo.cluster import DemoCluster
+from extender.kube.client import KubeError
+from extender.verbs.service import ExtenderService
+
+
+class _UnreadableAfterConflict(DemoCluster):
+    """The API server refuses the Binding, then cannot be read (the GET after the 409 fails)."""
+
+    unreadable = False
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        if self.unreadable:
+            raise KubeError("the API server is unreachable", None)
+        return super().get_pod(namespace, name)
+
+
+def _service(cluster_type: type[DemoCluster] = DemoCluster) -> tuple[ClusterState, DemoCluster, ExtenderService]:
+    state = ClusterState()
+    cluster = cluster_type(state, (("n1", "dgx-h100"), ("n2", "dgx-h100")))
+    return state, cluster, ExtenderService(state, cluster)
+
+
+def _bind(service: ExtenderService, pod: dict, node: str) -> str:
+    metadata = pod["metadata"]
+    return service.bind(BindingArgs(metadata["name"], metadata["namespace"], metadata["uid"], node))
+
+
+def _bound_by_another_scheduler(cluster: DemoCluster, pod: dict, node: str) -> None:
+    metadata = pod["metadata"]
+    cluster.bind(metadata["namespace"], metadata["name"], metadata["uid"], node, {})
+
+
+def test_a_pod_another_scheduler_bound_here_is_not_taken_for_ours() -> None:
+    """Bound to this very node, but without our assignment: the 409 is a refusal, and the GPUs we reserved go
+    back. Taken for ours, the ledger would hold GPUs the kubelet never gives the pod, and miss those it does."""
+    state, cluster, service = _service()
+    pod = cluster.create_pod("taken", 2)
+    service.pod_request(pod)
+    _bound_by_another_scheduler(cluster, pod, "n1")
+    answer = _bind(service, pod, "n1")
+    assert "conflicted" in answer, answer
+    assert state.ledger.get(pod["metadata"]["uid"]) is None
+    assert state.view("n1").free.bit_count() == 6, "the 2 GPUs the kubelet gave it, as the node reports them"
+
+
+def test_a_plain_pod_bound_elsewhere_is_not_bound_here() -> None:
+    """A pod without GPUs gets a plain Binding; after its 409 the pod read back is ours only with our UID on this
+    node. Bound to another node meanwhile, the bind fails: kube-scheduler must not believe it placed the pod."""
+    state, cluster, service = _service()
+    elsewhere = cluster.create_pod("elsewhere", 0)
+    service.pod_request(elsewhere)
+    _bound_by_another_scheduler(cluster, elsewhere, "n2")
+    answer = _bind(service, elsewhere, "n1")
+    assert "conflicted" in answer, answer
+
+
+def test_a_conflict_whose_pod_cannot_be_read_keeps_the_gpus_reserved_as_uncertain() -> None:
+    """The 409 may hide our own earlier Binding: unable to read the pod, bind fails but keeps the reservation
+    UNCERTAIN, for the watch or the wait to settle. Not a success, and not a reservation left BINDING forever."""
+    state, cluster, service = _service(_UnreadableAfterConflict)
+    pod = cluster.create_pod("unread", 4)
+    service.pod_request(pod)
+    _bound_by_another_scheduler(cluster, pod, "n1")
+    cluster.unreadable = True
+    answer = _bind(service, pod, "n1")
+    assert "conflicted" in answer, answer
+    entry = state.ledger.get(pod["metadata"]["uid"])
+    assert entry is not None and entry.phase is Phase.UNCERTAIN and len(entry.gpus) == 4
