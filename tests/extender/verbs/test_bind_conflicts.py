@@ -38,18 +38,22 @@ def _bind(service: ExtenderService, pod: dict, node: str) -> str:
     return service.bind(BindingArgs(metadata["name"], metadata["namespace"], metadata["uid"], node))
 
 
-def _bound_by_another_scheduler(cluster: DemoCluster, pod: dict, node: str) -> None:
+def _bound_by_another_scheduler(cluster: DemoCluster, service: ExtenderService, name: str, gpus: int,
+                                node: str) -> dict:
+    """A pod in the watch that another scheduler has bound to `node` (a plain Binding, none of our annotations)
+    before our bind posts its own."""
+    pod = cluster.create_pod(name, gpus)
+    service.pod_request(pod)
     metadata = pod["metadata"]
     cluster.bind(metadata["namespace"], metadata["name"], metadata["uid"], node, {})
+    return pod
 
 
 def test_a_pod_another_scheduler_bound_here_is_not_taken_for_ours() -> None:
     """Bound to this very node, but without our assignment: the 409 is a refusal, and the GPUs we reserved go
     back. Taken for ours, the ledger would hold GPUs the kubelet never gives the pod, and miss those it does."""
     state, cluster, service = _service()
-    pod = cluster.create_pod("taken", 2)
-    service.pod_request(pod)
-    _bound_by_another_scheduler(cluster, pod, "n1")
+    pod = _bound_by_another_scheduler(cluster, service, "taken", 2, "n1")
     answer = _bind(service, pod, "n1")
     assert "conflicted" in answer, answer
     assert state.ledger.get(pod["metadata"]["uid"]) is None
@@ -60,9 +64,7 @@ def test_a_plain_pod_bound_elsewhere_is_not_bound_here() -> None:
     """A pod without GPUs gets a plain Binding; after its 409 the pod read back is ours only with our UID on this
     node. Bound to another node meanwhile, the bind fails: kube-scheduler must not believe it placed the pod."""
     state, cluster, service = _service()
-    elsewhere = cluster.create_pod("elsewhere", 0)
-    service.pod_request(elsewhere)
-    _bound_by_another_scheduler(cluster, elsewhere, "n2")
+    elsewhere = _bound_by_another_scheduler(cluster, service, "elsewhere", 0, "n2")
     answer = _bind(service, elsewhere, "n1")
     assert "conflicted" in answer, answer
 
@@ -71,9 +73,7 @@ def test_a_conflict_whose_pod_cannot_be_read_keeps_the_gpus_reserved_as_uncertai
     """The 409 may hide our own earlier Binding: unable to read the pod, bind fails but keeps the reservation
     UNCERTAIN, for the watch or the wait to settle. Not a success, and not a reservation left BINDING forever."""
     state, cluster, service = _service(_UnreadableAfterConflict)
-    pod = cluster.create_pod("unread", 4)
-    service.pod_request(pod)
-    _bound_by_another_scheduler(cluster, pod, "n1")
+    pod = _bound_by_another_scheduler(cluster, service, "unread", 4, "n1")
     cluster.unreadable = True
     answer = _bind(service, pod, "n1")
     assert "conflicted" in answer, answer
