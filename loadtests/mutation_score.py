@@ -9,9 +9,9 @@ and the score is over those checked.
     python loadtests/mutation_score.py [--module bind ...] [--jobs 2] [--write BENCHMARKS.md]
     python loadtests/mutation_score.py --worktree --module ledger --keep /tmp/mutate   # uncommitted tests too
 
-Score: (killed + timeout) / mutants checked; a timeout is a mutant the tests noticed (mutmut's CPU limit, about
-30 times the covering tests' own time). "No tests": no test of the module's folders calls the mutated function,
-counted as not killed. Exit 1 when a module's score is below its floor, or mutmut fails (its clean run, say).
+Score: (killed + timeout) / mutants checked; a timeout is a mutant the tests noticed (mutmut's CPU limit, here
+10 times the covering tests' own CPU time plus 10 s). "No tests": no test of the module's folders calls the mutated
+function, counted as not killed. Exit 1 when a module's score is below its floor, or mutmut fails (its clean run, say).
 With `--keep DIR` the scratch copy stays: `cd DIR && mutmut results` / `mutmut show NAME` list the survivors.
 """
 
@@ -201,8 +201,11 @@ def _config(scratch: Path, module: Module) -> str:
     def lines(values: Sequence[str]) -> str:
         return "".join(f"\n    {v}" for v in values)
 
+    # A mutant's CPU limit is 2 x multiplier x (its tests' own time + 1 s): mutmut's 15 lets a mutant that
+    # loops (a budget that never runs out) hold a worker for minutes; 5 still leaves 10 times the tests' CPU time.
     return (f"[mutmut]\nsource_paths ={lines(sources)}\nonly_mutate ={lines(module.files)}\n"
-            f"also_copy ={lines(also)}\npytest_add_cli_args_test_selection ={lines(module.tests)}\n")
+            f"also_copy ={lines(also)}\npytest_add_cli_args_test_selection ={lines(module.tests)}\n"
+            "timeout_multiplier = 5\n")
 
 
 def _run_module(scratch: Path, module: Module, jobs: int, bound_scale: float) -> Result:
@@ -330,8 +333,9 @@ def _section(argv: Sequence[str] | None, elapsed: float, commit: str, args: argp
         f"- Tool: mutmut {version}, {args.jobs} workers at nice 10, in a scratch copy. Each mutant runs only the "
         "tests of its module's folders that call the mutated function (mutmut's stats run), `-x`; `make mutate` "
         "runs this script.",
-        "- Score = (killed + timeout) / mutants checked. Killed counts a worker mutmut killed at its CPU limit "
-        "(its `segfault`); no tests: no test of those folders calls the function. Floor: the lowest score a run "
+        "- Score = (killed + timeout) / mutants checked. Timeout: past mutmut's CPU limit, 10 times the covering "
+        "tests' own CPU time plus 10 s; killed counts a worker killed at that limit (mutmut's `segfault`); no "
+        "tests: no test of those folders calls the function. Floor: the lowest score a run "
         "may give (exit 1 below it); run time includes mutmut's stats run over the test folders.",
         ""] + _table_head()
     by_name = {r.module.name: r for r in results}
