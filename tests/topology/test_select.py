@@ -158,3 +158,38 @@ def test_a_ring_of_the_kind_that_misses_only_the_bandwidth_is_reported_as_bandwi
     result = Selector().select(compiled, compiled.full_mask, Request(4, Interconnect.NVLINK, 1000.0))
     assert isinstance(result, NoFit) and result.reason is NoFitReason.BANDWIDTH
     assert "needs 4 GPUs" not in result.message and "the pod needs at least 1000.0 GB/s" in result.message
+
+
+def _greedy_by_its_rule(mbps, free: tuple[int, ...], k: int) -> tuple[int, ...]:
+    """select.py's documented fallback, written out plainly: first the GPU with the fastest link, then each time
+    the one whose slowest link to those picked is fastest, then with the most bandwidth to them, then the lowest."""
+    chosen = [max(free, key=lambda i: (max((mbps[i][j] for j in free if j != i), default=0), -i))]
+    while len(chosen) < k:
+        rest = [j for j in free if j not in chosen]
+        chosen.append(max(rest, key=lambda j: (min(mbps[c][j] for c in chosen), sum(mbps[c][j] for c in chosen),
+                                               -j)))
+    return tuple(sorted(chosen))
+
+
+@pytest.mark.parametrize("name", ["dgx1-v100", "dgx2-v100", "rtx-a6000-pairs", "pcie-8gpu-switch-tree"])
+def test_the_budget_fallback_reports_the_set_it_picked(name: str) -> None:
+    """Past the work budget with no set found, the greedy pick answers (exact=False). Its set follows its rule,
+    and its figures are those of that set, worked out here the obvious way: prioritize scores and packs nodes by
+    them, so a total, cut or NUMA count that is not the set's own misplaces pods on a tangled board."""
+    topology = PLATFORMS[name].topology()
+    compiled = compile_topology(topology)
+    mbps, levels = compiled.mbps, compiled.levels
+    numa_of = {gpu.index: gpu.numa_node for gpu in topology.gpus}
+    last_numa = tuple(i for i in range(topology.size) if numa_of[i] == max(numa_of.values()))
+    for free in (tuple(range(1, topology.size)), last_numa):  # GPU 0 taken; one NUMA node's GPUs alone
+        for k in range(2, len(free) + 1):
+            got = Selector(budget=1).select(compiled, free, Request(k))
+            assert isinstance(got, Choice) and got.exact is False, (name, k, got)
+            assert got.gpus == _greedy_by_its_rule(mbps, free, k), (name, free, k)
+            pairs = [(i, j) for i in got.gpus for j in got.gpus if i < j]
+            slowest = min(mbps[i][j] for i, j in pairs)
+            assert got.ring_gbps == slowest / 1000, "the slowest pair: a ring any order of the set has"
+            assert got.weakest in {levels[i][j] for i, j in pairs if mbps[i][j] == slowest}
+            assert round(got.total_gbps * 1000) == sum(mbps[i][j] for i, j in pairs)
+            assert round(got.cut_gbps * 1000) == sum(mbps[i][j] for i in got.gpus for j in free if j not in got.gpus)
+            assert got.numa_nodes == len({numa_of[i] for i in got.gpus})
