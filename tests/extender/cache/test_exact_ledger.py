@@ -17,7 +17,7 @@ import pytest
 
 from extender.api.wire import BindingArgs, parse_extender_args
 from extender.cache.cluster_state import ClusterState
-from extender.cache.ledger import Phase
+from extender.cache.ledger import Ledger, Phase
 from extender.demo.cluster import DemoCluster, with_uuids
 from extender.kube.client import KubernetesApi
 from extender.kube.reflector import Reflector
@@ -271,3 +271,52 @@ def test_an_entry_replaced_on_other_gpus_or_another_node_moves_what_is_taken() -
     assert taken("n1") == {2, 3}
     state.ledger.hold("slot-0", "plan:default/g", "n2", frozenset(ids2[2:4]), 100.0)
     assert taken("n1") == set() and taken("n2") == {2, 3}
+
+
+@pytest.mark.parametrize("placed", ["n1", None, "n2"])
+def test_the_sweep_settles_a_lost_answer_by_where_the_watch_shows_the_pod(placed: str | None) -> None:
+    """When the wait for a lost Binding's outcome runs out, the sweep asks the watch: a pod placed on that node was
+    bound by it and keeps its GPUs (BOUND); unplaced, or placed elsewhere, it was not, and they come free. Released
+    while the pod runs there, they would go to a second pod."""
+    state = ClusterState()
+    cluster = DemoCluster(state, (("n1", "dgx-h100"),))
+    ids = [gpu.uuid for gpu in cluster.topologies["n1"].gpus]
+    ledger = Ledger(state, lambda uid: placed if uid == "lost-uid" else None, bind_outcome_seconds=0.0)
+    ledger.reserve("lost-uid", "default/lost", "n1", frozenset(ids[:2]))
+    ledger.uncertain("lost-uid")
+    assert ledger.get("lost-uid").phase is Phase.UNCERTAIN
+    ledger.sweep()
+    entry = ledger.get("lost-uid")
+    if placed == "n1":
+        assert entry is not None and entry.phase is Phase.BOUND and entry.gpus == frozenset(ids[:2])
+        assert state.view("n1").free.bit_count() == 6
+    else:
+        assert entry is None and state.view("n1").free.bit_count() == 8
+
+
+def test_a_release_older_than_the_report_frees_nothing_the_report_shows_used() -> None:
+    """A release counts against a report taken before it (the report may still show the ended pod), never against
+    one taken after: there the GPUs the report shows used are another pod's, which took them since."""
+    state, cluster, service = _demo("rtx-a6000-pairs")
+    ids = [gpu.uuid for gpu in cluster.topologies["n1"].gpus]
+    state.ledger.reserve("ended-uid", "default/ended", "n1", frozenset(ids[:2]))
+    state.ledger.release("ended-uid", freed=True)  # the pod ended
+    _report(cluster, state, {"default/ended": [0, 1]}, time.time() - 60)  # taken before it ended
+    assert _indices(state, state.view("n1").free) == set(range(8))
+    _report(cluster, state, {"default/next": [0, 1]}, time.time() + 0.01)  # taken after: another pod holds them
+    assert _indices(state, state.view("n1").free) == {2, 3, 4, 5, 6, 7}
+
+
+def test_a_report_older_than_a_reservation_never_covers_it() -> None:
+    """A pod recreated under the same name is reserved other GPUs than its predecessor held: a report taken before
+    the reservation, which shows the old pod by that name, must not stand for it. Both sets are taken until a
+    newer report shows what the kubelet gave the new pod, and then only that, in the pod's entry too."""
+    state, cluster, service = _demo("rtx-a6000-pairs")
+    ids = [gpu.uuid for gpu in cluster.topologies["n1"].gpus]
+    _report(cluster, state, {"default/db-0": [0, 1]}, time.time() - 60)  # the pod that was deleted
+    state.ledger.reserve("new-uid", "default/db-0", "n1", frozenset(ids[4:6]))
+    assert _indices(state, state.view("n1").free) == {2, 3, 6, 7}
+    _report(cluster, state, {"default/db-0": [4, 7]}, time.time() + 0.01)  # the kubelet gave it 4 and 7
+    entry = state.ledger.get("new-uid")
+    assert entry.phase is Phase.ALLOCATED and entry.gpus == frozenset({ids[4], ids[7]})
+    assert _indices(state, state.view("n1").free) == {0, 1, 2, 3, 5, 6}
