@@ -75,6 +75,10 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         "the default is never used: the ledger's `release`, the one caller, always passes `freed`",
     (LEDGER, "self.record(replace(assignment, phase=Phase.BOUND, ))"):
         "an expiry is read only from the UNCERTAIN index, which `put` leaves for any other phase",
+    (BOOK, "self.put(replace(entry, gpus=allocated, at=view.observed, phase=Phase.ALLOCATED, ))"):
+        "an expiry is read only from the UNCERTAIN index, which `put` leaves for any other phase",
+    (BOOK, "for gpu in [gpu for gpu, at in released.items() if at < observed]:"):
+        "forgetting the releases a report has seen only saves memory: `released_since` never counts them",
     (BOOK, "node_entries = self._by_node.get(entry.node, None)"): _ALWAYS,
     (BOOK, "node_entries = self._by_node.get(entry.node, )"): _ALWAYS,
     (BOOK, "node_entries.pop(entry.pod_uid, )"): _ALWAYS,
@@ -220,12 +224,17 @@ def _run_module(scratch: Path, module: Module, jobs: int, bound_scale: float) ->
     print(f"mutation_score.py: {module.name}: {' '.join(command[1:])} (bound {bound:.0f} s)", flush=True)
     log = scratch / f"mutmut-{module.name.replace(' ', '-')}.log"
     started = time.monotonic()
+    exit_codes: dict[str, dict[str, int | None]] = {}
     with log.open("wb") as out:
         process = subprocess.Popen(command, cwd=scratch, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True, preexec_fn=lambda: os.nice(10))
-        try:
-            code = process.wait(timeout=bound)
-        except subprocess.TimeoutExpired:
+        code = None
+        while code is None and time.monotonic() - started < bound:
+            try:
+                code = process.wait(timeout=min(15.0, max(0.1, bound - (time.monotonic() - started))))
+            except subprocess.TimeoutExpired:
+                _read_exit_codes(scratch, module, exit_codes)  # mutmut rewrites them whole: keep the last read
+        if code is None:
             result.bounded = True
             os.killpg(process.pid, signal.SIGTERM)
             try:
@@ -238,23 +247,32 @@ def _run_module(scratch: Path, module: Module, jobs: int, bound_scale: float) ->
     if code != 0:
         tail = log.read_text(errors="replace")[-2000:].replace("\r", "\n").splitlines()
         result.error = f"mutmut exited {code}: " + " | ".join(line for line in tail[-5:] if line.strip())
-    _collect(scratch, result)
+    _read_exit_codes(scratch, module, exit_codes)
+    _collect(scratch, result, exit_codes)
+    print(_table([result], "this run"), flush=True)
     if not result.error and not result.checked:
         result.error = "no mutant was checked"
     return result
 
 
-def _collect(scratch: Path, result: Result) -> None:
-    """The statuses of the module's mutants from mutmut's meta files, and the survivors' diffs."""
+def _read_exit_codes(scratch: Path, module: Module, exit_codes: dict[str, dict[str, int | None]]) -> None:
+    """Each file's mutant exit codes from mutmut's meta file, where it reads whole: one stopped mid-write (at the
+    time bound) keeps the last read."""
+    for path in module.files:
+        try:
+            meta = json.loads((scratch / "mutants" / (path + ".meta")).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        exit_codes[path] = meta["exit_code_by_key"]
+
+
+def _collect(scratch: Path, result: Result, exit_codes: dict[str, dict[str, int | None]]) -> None:
+    """The statuses of the module's mutants, and the survivors' diffs."""
     from mutmut.stats import status_by_exit_code
 
     undetected = []
     for path in result.module.files:
-        meta = scratch / "mutants" / (path + ".meta")
-        if not meta.exists():
-            continue
-        exit_codes = json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"]
-        for name, code in exit_codes.items():
+        for name, code in exit_codes.get(path, {}).items():
             status = status_by_exit_code[code]
             result.statuses[status] += 1
             if status in ("survived", "no tests"):
