@@ -101,3 +101,46 @@ def test_after_a_restart_the_kubelets_report_tells_what_an_eviction_frees() -> N
     assert all(restarted.ledger.get(uid) is None for uids in victims.values() for uid in uids)
     client = TestClient(create_app(ExtenderService(restarted, cluster.kube)))
     assert cluster.preempt(2, NVLINK_REQUIRED, victims, client) == {"bridged": victims["bridged"]}
+
+
+# Found by mutation testing (make mutate, BENCHMARKS.md): each fails on a preempt.py mutant that survived.
+
+
+def test_a_pod_that_prefers_nvlink_may_evict_for_any_two_gpus() -> None:
+    """Only a required interconnect narrows what an eviction must free: a pod that merely prefers NVLink runs on any
+    two GPUs, as kube-scheduler counts them, so the node whose eviction frees no bridged pair is kept for it."""
+    cluster = Cluster([("split", "rtx-a6000-pairs"), ("bridged", "rtx-a6000-pairs")])
+    for node in ("split", "bridged"):
+        cluster.fill(node, 8)
+    victims = {"split": cluster.victims("split", [1, 2]), "bridged": cluster.victims("bridged", [2, 3])}
+    assert cluster.preempt(2, {"gpu-topology.io/interconnect": "nvlink"}, victims) == victims
+    assert cluster.preempt(2, NVLINK_REQUIRED, victims) == {"bridged": victims["bridged"]}
+
+
+def test_victims_on_a_node_the_cache_does_not_know_drop_that_node_only() -> None:
+    """A node kube-scheduler names that the extender has no view of (deleted meanwhile) is dropped; the nodes after
+    it in the body are still judged."""
+    cluster = Cluster([("bridged", "rtx-a6000-pairs"), ("split", "rtx-a6000-pairs")])
+    for node in ("bridged", "split"):
+        cluster.fill(node, 8)
+    victims = {"gone": ["some-uid"], "bridged": cluster.victims("bridged", [2, 3]),
+               "split": cluster.victims("split", [1, 2])}
+    assert cluster.preempt(2, NVLINK_REQUIRED, victims) == {"bridged": victims["bridged"]}
+
+
+def test_victims_whose_gpus_no_one_knows_are_taken_on_trust() -> None:
+    """A victim that neither the ledger nor the node's report places (a pod the watch has not shown yet): what its
+    eviction frees is unknown, so the node is kept and filter judges it after the eviction."""
+    cluster = Cluster([("split", "rtx-a6000-pairs"), ("bridged", "rtx-a6000-pairs")])
+    for node in ("split", "bridged"):
+        cluster.fill(node, 8)
+    victims = {"split": ["a-pod-no-one-has-seen"], "bridged": cluster.victims("bridged", [2, 3])}
+    assert cluster.preempt(2, NVLINK_REQUIRED, victims) == victims
+
+
+def test_a_pod_asking_no_gpu_keeps_every_nodes_victims() -> None:
+    cluster = Cluster([("split", "rtx-a6000-pairs"), ("bridged", "rtx-a6000-pairs")])
+    for node in ("split", "bridged"):
+        cluster.fill(node, 8)
+    victims = {"split": cluster.victims("split", [1, 2]), "bridged": cluster.victims("bridged", [2, 3])}
+    assert cluster.preempt(0, {}, victims) == victims
