@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from itertools import combinations
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers.brute_force import best_subset
+from helpers.brute_force import best_subset, ring_mbps
 from topology.compiled import compile_topology
-from topology.levels import Interconnect
+from topology.levels import Interconnect, Level
 from topology.platforms import PLATFORMS
-from topology.select import Choice, NoFit, NoFitReason, Request, Selector, ring_gbps
+from topology.select import Choice, NoFit, NoFitReason, Request, Selector, extend_best, ring_gbps
 
 SELECTOR = Selector()
 
@@ -193,3 +195,32 @@ def test_the_budget_fallback_reports_the_set_it_picked(name: str) -> None:
             assert round(got.total_gbps * 1000) == sum(mbps[i][j] for i, j in pairs)
             assert round(got.cut_gbps * 1000) == sum(mbps[i][j] for i in got.gpus for j in free if j not in got.gpus)
             assert got.numa_nodes == len({numa_of[i] for i in got.gpus})
+
+
+@pytest.mark.parametrize("name", ["dgx1-v100", "rtx-a6000-pairs", "pcie-8gpu-switch-tree"])
+def test_extend_best_adds_the_gpus_that_make_the_best_ring_with_those_given(name: str) -> None:
+    """extend_best splits a pod's set among its containers (topology/containers.py) and the agent's claims: the
+    `extra` GPUs of the pool that, with every GPU given, make the best ring, then the most pair bandwidth. Checked
+    against every candidate set; with nothing given, it is the selector's own best set of the pool."""
+    compiled = compile_topology(PLATFORMS[name].topology())
+    mbps = compiled.mbps
+    size = compiled.size
+    for must_gpus in ((0,), (1, 6), (3, 4, 5)):
+        must = sum(1 << i for i in must_gpus)
+        pool = compiled.full_mask & ~(1 << 7)  # GPU 7 is not in the pool
+        candidates = [i for i in range(size) if pool >> i & 1 and not must >> i & 1]
+        for extra in range(1, 4):
+            got = extend_best(SELECTOR, compiled, must, pool, extra)
+            added = tuple(i for i in range(size) if got >> i & 1)
+            assert len(added) == extra and set(added) <= set(candidates), (name, must_gpus, extra, added)
+
+            def key(chosen: tuple[int, ...]) -> tuple[int, int]:
+                members = tuple(sorted(must_gpus + chosen))
+                return (ring_mbps(compiled, members, Level.SYS),
+                        sum(mbps[i][j] for i in members for j in members if i < j))
+
+            assert key(added) == max(key(c) for c in combinations(candidates, extra)), (name, must_gpus, extra)
+    for extra in range(2, 5):  # nothing given: the selector's best set of the pool
+        got = extend_best(SELECTOR, compiled, 0, compiled.full_mask & ~1, extra)
+        best = SELECTOR.select(compiled, compiled.full_mask & ~1, Request(extra))
+        assert got == sum(1 << i for i in best.gpus), (name, extra)
