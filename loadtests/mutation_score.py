@@ -85,6 +85,9 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     (SELECT, 'assert isinstance(unconstrained, Choice), '
              '"XXk free GPUs always form some ring (pair bandwidths are > 0)XX"'): "an assertion's message",
     (SELECT, "raise AssertionError(None)"): "an assertion's message",
+    **{(SELECT, f"first = max(members, key=lambda i: (max((mbps[i][j] for j in members if j != i), {default}), -i))"):
+       "the default serves a lone free GPU only, and the fallback runs with k >= 2 of them"
+       for default in ("default=None", "default=1", "")},
     (SELECT, "best_key = [(-2, 0, 0)]  # (total, -NUMA span, -cut): larger is better"):
         "the sentinel below every set's key: any total is >= 0",
 }
