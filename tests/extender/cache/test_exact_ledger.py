@@ -296,15 +296,18 @@ def test_the_sweep_settles_a_lost_answer_by_where_the_watch_shows_the_pod(placed
 
 def test_a_release_older_than_the_report_frees_nothing_the_report_shows_used() -> None:
     """A release counts against a report taken before it (the report may still show the ended pod), never against
-    one taken after: there the GPUs the report shows used are another pod's, which took them since."""
+    one taken after, even one that arrives first (the watch lags): there the GPUs the report shows used are
+    another pod's, which took them since."""
     state, cluster, service = _demo("rtx-a6000-pairs")
     ids = [gpu.uuid for gpu in cluster.topologies["n1"].gpus]
     state.ledger.reserve("ended-uid", "default/ended", "n1", frozenset(ids[:2]))
     state.ledger.release("ended-uid", freed=True)  # the pod ended
     _report(cluster, state, {"default/ended": [0, 1]}, time.time() - 60)  # taken before it ended
     assert _indices(state, state.view("n1").free) == set(range(8))
-    _report(cluster, state, {"default/next": [0, 1]}, time.time() + 0.01)  # taken after: another pod holds them
-    assert _indices(state, state.view("n1").free) == {2, 3, 4, 5, 6, 7}
+    state.ledger.reserve("late-uid", "default/late", "n1", frozenset(ids[2:4]))
+    _report(cluster, state, {"default/next": [2, 3]}, time.time() + 5)  # taken after it ended, arrived first
+    state.ledger.release("late-uid", freed=True)  # the watch shows its end only now
+    assert _indices(state, state.view("n1").free) == {0, 1, 4, 5, 6, 7}
 
 
 def test_a_report_older_than_a_reservation_never_covers_it() -> None:
