@@ -6,7 +6,10 @@ ours when another scheduler bound the pod, and a 409 whose pod cannot be read ta
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+import pytest
 
 from extender.api.wire import BindingArgs
 from extender.cache.cluster_state import ClusterState
@@ -79,3 +82,49 @@ def test_a_conflict_whose_pod_cannot_be_read_keeps_the_gpus_reserved_as_uncertai
     assert "conflicted" in answer, answer
     entry = state.ledger.get(pod["metadata"]["uid"])
     assert entry is not None and entry.phase is Phase.UNCERTAIN and len(entry.gpus) == 4
+
+
+class _LostAnswer(DemoCluster):
+    """A Binding that commits on the API server while its answer and the watch's event are lost, for the pods named
+    in `lose`; the others bind as usual."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lose: set[str] = set()
+        self.commit = True  # False: the lost Binding did not commit either
+
+    def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+        if name not in self.lose:
+            return super().bind(namespace, name, uid, node, annotations)
+        self.lose.discard(name)
+        if self.commit:
+            with self._lock:
+                pod = self._find(namespace, name)
+                pod["spec"]["nodeName"] = node
+                pod["metadata"].setdefault("annotations", {}).update(annotations)
+                self._bump(pod)
+        raise KubeError("connection reset by peer", None)
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_a_retry_on_another_node_reads_where_the_lost_binding_went(committed: bool) -> None:
+    """kube-scheduler retries a pod on another node while its first Binding's outcome is unknown (its GPUs held
+    UNCERTAIN on the first). The bind reads the pod: bound to the first node, it fails and the first node's GPUs
+    stay the pod's (BOUND), since it runs there; not bound, the first reservation goes and the retry binds."""
+    state, cluster, service = _service(_LostAnswer)
+    pod = cluster.create_pod("retried", 4)
+    service.pod_request(pod)
+    cluster.lose.add("retried")
+    cluster.commit = committed
+    assert "outcome is unknown" in _bind(service, pod, "n1")
+    uid = pod["metadata"]["uid"]
+    assert state.ledger.get(uid).phase is Phase.UNCERTAIN
+    answer = _bind(service, pod, "n2")
+    entry = state.ledger.get(uid)
+    if committed:
+        assert "already bound to n1" in answer, answer
+        assert entry.node == "n1" and entry.phase is Phase.BOUND and len(entry.gpus) == 4
+        assert state.view("n1").free.bit_count() == 4 and state.view("n2").free.bit_count() == 8
+    else:
+        assert answer == "", answer
+        assert entry.node == "n2" and state.view("n1").free.bit_count() == 8
