@@ -31,7 +31,7 @@ if not os.access(KUBECTL, os.X_OK):
 
 WAIT_SECONDS = 180.0  # a shared 2-core VM; the scheduler's backoff alone can reach 10 s
 PINNED = "node-v100"  # the bound pod's node, so that node-h100-a stays whole for the waiting pod
-PLUGIN_DIR = Path(sys.executable).parent  # where the package installed kubectl-gputopo
+PLUGIN_DIR = Path(sys.executable).parent.resolve()  # where the package installed kubectl-gputopo, as kubectl prints it
 
 
 def kubectl(cluster: Cluster, *args: str, kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
