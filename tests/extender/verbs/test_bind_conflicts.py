@@ -128,3 +128,45 @@ def test_a_retry_on_another_node_reads_where_the_lost_binding_went(committed: bo
     else:
         assert answer == "", answer
         assert entry.node == "n2" and state.view("n1").free.bit_count() == 8
+
+
+@pytest.mark.parametrize("committed", [False, True])
+def test_a_lost_answer_retried_on_the_same_node_posts_the_binding_again_with_the_same_gpus(committed: bool) -> None:
+    """kube-scheduler retries on the node it chose: the bind sends the Binding again with the GPUs already held
+    (UNCERTAIN), never answering success without one. Had the first committed, the API server refuses the second
+    409, and the pod, read back, is ours with that assignment: bound either way, on the same GPUs."""
+    state, cluster, service = _service(_LostAnswer)
+    pod = cluster.create_pod("resent", 2)
+    service.pod_request(pod)
+    cluster.lose.add("resent")
+    cluster.commit = committed
+    assert "outcome is unknown" in _bind(service, pod, "n1")
+    uid = pod["metadata"]["uid"]
+    held = state.ledger.get(uid).gpus
+    assert _bind(service, pod, "n1") == ""
+    stored = cluster.get_pod("default", "resent")
+    assert stored["spec"]["nodeName"] == "n1"
+    assert frozenset(stored["metadata"]["annotations"]["gpu-topology.io/gpus"].split(",")) == held
+    entry = state.ledger.get(uid)
+    assert entry.gpus == held and entry.phase in (Phase.BOUND, Phase.ALLOCATED)
+    assert state.view("n1").free.bit_count() == 6
+
+
+def test_a_pod_that_requires_nvlink_is_never_bound_to_gpus_without_it() -> None:
+    """A bind that races filter (the node changed since) finds no free NVLink pair for a pod that requires one:
+    it fails. Only a pod that merely prefers NVLink falls back to the best set without it. RTX A6000 boards bridge
+    GPUs in pairs; one GPU of each pair is taken."""
+    state = ClusterState()
+    cluster = DemoCluster(state, (("pairs", "rtx-a6000-pairs"),))
+    service = ExtenderService(state, cluster)
+    ids = [gpu.uuid for gpu in cluster.topologies["pairs"].gpus]
+    state.ledger.reserve("other-uid", "default/other", "pairs", frozenset(ids[i] for i in (0, 2, 4, 6)))
+    required = cluster.create_pod("required", 2, {"gpu-topology.io/interconnect": "nvlink",
+                                                 "gpu-topology.io/placement": "required"})
+    preferred = cluster.create_pod("preferred", 2, {"gpu-topology.io/interconnect": "nvlink"})
+    for pod in (required, preferred):
+        service.pod_request(pod)
+    assert _bind(service, required, "pairs").startswith("node pairs:")
+    assert state.ledger.get(required["metadata"]["uid"]) is None
+    assert _bind(service, preferred, "pairs") == ""
+    assert len(state.ledger.get(preferred["metadata"]["uid"]).gpus) == 2
