@@ -106,19 +106,27 @@ class _LostAnswer(DemoCluster):
         raise KubeError("connection reset by peer", None)
 
 
+def _lost_on_n1(name: str, gpus: int, committed: bool) -> tuple[ClusterState, _LostAnswer, ExtenderService, dict]:
+    """A pod whose first Binding, to n1, lost its answer (having committed or not): its GPUs held UNCERTAIN."""
+    state = ClusterState()
+    cluster = _LostAnswer(state, (("n1", "dgx-h100"), ("n2", "dgx-h100")))
+    service = ExtenderService(state, cluster)
+    pod = cluster.create_pod(name, gpus)
+    service.pod_request(pod)
+    cluster.lose.add(name)
+    cluster.commit = committed
+    assert "outcome is unknown" in _bind(service, pod, "n1")
+    assert state.ledger.get(pod["metadata"]["uid"]).phase is Phase.UNCERTAIN
+    return state, cluster, service, pod
+
+
 @pytest.mark.parametrize("committed", [True, False])
 def test_a_retry_on_another_node_reads_where_the_lost_binding_went(committed: bool) -> None:
     """kube-scheduler retries a pod on another node while its first Binding's outcome is unknown (its GPUs held
     UNCERTAIN on the first). The bind reads the pod: bound to the first node, it fails and the first node's GPUs
     stay the pod's (BOUND), since it runs there; not bound, the first reservation goes and the retry binds."""
-    state, cluster, service = _service(_LostAnswer)
-    pod = cluster.create_pod("retried", 4)
-    service.pod_request(pod)
-    cluster.lose.add("retried")
-    cluster.commit = committed
-    assert "outcome is unknown" in _bind(service, pod, "n1")
+    state, cluster, service, pod = _lost_on_n1("retried", 4, committed)
     uid = pod["metadata"]["uid"]
-    assert state.ledger.get(uid).phase is Phase.UNCERTAIN
     answer = _bind(service, pod, "n2")
     entry = state.ledger.get(uid)
     if committed:
@@ -135,12 +143,7 @@ def test_a_lost_answer_retried_on_the_same_node_posts_the_binding_again_with_the
     """kube-scheduler retries on the node it chose: the bind sends the Binding again with the GPUs already held
     (UNCERTAIN), never answering success without one. Had the first committed, the API server refuses the second
     409, and the pod, read back, is ours with that assignment: bound either way, on the same GPUs."""
-    state, cluster, service = _service(_LostAnswer)
-    pod = cluster.create_pod("resent", 2)
-    service.pod_request(pod)
-    cluster.lose.add("resent")
-    cluster.commit = committed
-    assert "outcome is unknown" in _bind(service, pod, "n1")
+    state, cluster, service, pod = _lost_on_n1("resent", 2, committed)
     uid = pod["metadata"]["uid"]
     held = state.ledger.get(uid).gpus
     assert _bind(service, pod, "n1") == ""
