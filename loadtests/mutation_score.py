@@ -69,6 +69,8 @@ MODULES = (
 )
 
 LEDGER, BOOK, SELECT = "extender/cache/ledger.py", "extender/cache/assignments.py", "topology/select.py"
+FILTER = "extender/verbs/filter.py"
+_DEFAULTS = "FilterOutcome's fields default to empty: the argument left out is what it was"
 _ALWAYS = "every entry of `_by_pod` is also in `_by_node` (put and remove keep both), so the default is never used"
 EQUIVALENT: dict[tuple[str, str], str] = {
     (BOOK, "def remove(self, pod_uid: str, at: float, *, freed: bool = False) -> Assignment | None:"):
@@ -80,6 +82,13 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     (BOOK, "for gpu in [gpu for gpu, at in released.items() if at < observed]:"):
         "forgetting the releases a report has seen only saves memory: `released_since` never counts them",
     (BOOK, "node_entries = self._by_node.get(entry.node, None)"): _ALWAYS,
+    (FILTER, "return FilterOutcome([], {pod.problem: list(names)}, )"): _DEFAULTS,
+    (FILTER, "return FilterOutcome(list(names), {})"): _DEFAULTS,
+    (FILTER, "return FilterOutcome(list(names), {}, )"): _DEFAULTS,
+    (FILTER, "outcome = FilterOutcome(groups[0], {})"): _DEFAULTS,
+    (FILTER, "outcome = FilterOutcome(groups[0], {}, )"): _DEFAULTS,
+    (FILTER, "unhealthy: int, waiting: bool = True) -> Verdict:"):
+        "the default is never used: filter's `_verdict`, node_verdict's one caller, always passes `waiting`",
     (BOOK, "node_entries = self._by_node.get(entry.node, )"): _ALWAYS,
     (BOOK, "node_entries.pop(entry.pod_uid, )"): _ALWAYS,
     (SELECT, 'assert isinstance(unconstrained, Choice), '
