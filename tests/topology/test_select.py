@@ -224,3 +224,21 @@ def test_extend_best_adds_the_gpus_that_make_the_best_ring_with_those_given(name
         got = extend_best(SELECTOR, compiled, 0, compiled.full_mask & ~1, extra)
         best = SELECTOR.select(compiled, compiled.full_mask & ~1, Request(extra))
         assert got == sum(1 << i for i in best.gpus), (name, extra)
+
+
+def test_a_search_cut_short_after_a_find_answers_that_set_unproven(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A budget that runs out after the search found a set answers the best set found so far (exact=False), not the
+    greedy fallback, which is for a search that found nothing. On the DGX-1V, 500 steps find a 3-GPU NVLink ring at
+    the best bandwidth before they run out (the proof that none beats it takes more)."""
+    import topology.select as select_module
+
+    def no_fallback(*args: object) -> None:
+        raise AssertionError("the greedy fallback answered a search that had found a set")
+
+    monkeypatch.setattr(select_module, "_greedy", no_fallback)
+    compiled = _compiled("dgx1-v100")
+    proven = Selector().select(compiled, compiled.full_mask, Request(3))
+    cut_short = Selector(budget=500).select(compiled, compiled.full_mask, Request(3))
+    assert isinstance(proven, Choice) and proven.exact is True
+    assert isinstance(cut_short, Choice) and cut_short.exact is False
+    assert cut_short.ring_gbps == proven.ring_gbps and len(cut_short.gpus) == 3
