@@ -71,6 +71,7 @@ MODULES = (
 LEDGER, BOOK, SELECT = "extender/cache/ledger.py", "extender/cache/assignments.py", "topology/select.py"
 FILTER = "extender/verbs/filter.py"
 _DEFAULTS = "FilterOutcome's fields default to empty: the argument left out is what it was"
+_DIAGONAL = "adds mbps[i][i], which compile_topology sets to 0"
 _ALWAYS = "every entry of `_by_pod` is also in `_by_node` (put and remove keep both), so the default is never used"
 EQUIVALENT: dict[tuple[str, str], str] = {
     (BOOK, "def remove(self, pod_uid: str, at: float, *, freed: bool = False) -> Assignment | None:"):
@@ -97,8 +98,18 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     **{(SELECT, f"first = max(members, key=lambda i: (max((mbps[i][j] for j in members if j != i), {default}), -i))"):
        "the default serves a lone free GPU only, and the fallback runs with k >= 2 of them"
        for default in ("default=None", "default=1", "")},
-    (SELECT, "best_key = [(-2, 0, 0)]  # (total, -NUMA span, -cut): larger is better"):
-        "the sentinel below every set's key: any total is >= 0",
+    **{(SELECT, f"best_key = [{sentinel}]  # (total, -NUMA span, -cut): larger is better"):
+       "the sentinel below every set's key: any total is >= 0"
+       for sentinel in ("(-2, 0, 0)", "(-1, 1, 0)", "(-1, 0, 1)")},
+    (SELECT, "return _ring_mbps(compiled, chosen, budget), sum(mbps[i][j] for i in chosen for j in chosen if i <= j)"):
+        _DIAGONAL,
+    (SELECT, "pair_max = max(mbps[i][j] for i in members for j in members if i <= j)"): _DIAGONAL,
+    (SELECT, "values = sorted({compiled.mbps[i][j] for i in members for j in members if i <= j}, reverse=True)"):
+        "adds a threshold of 0 after the slowest pair's, which always closes a ring first",
+    (SELECT, "+ need * (need - 1) / 2 * pair_max"): "need x (need - 1) is even: the float equals the integer",
+    **{(SELECT, f"components = [c for c in _components(_prune(free, adjacency, 2 if {test} else 1), adjacency)"):
+       "pruning GPUs with one usable neighbour less often: the search tests every ring anyway, so the answer is the "
+       "same, at more steps" for test in ("(k >= 3) and False", "k > 3", "k >= 4")},
 }
 """Survivors judged equivalent, by (file, the mutated line as mutmut shows it after `+`): why no test can see them."""
 
