@@ -167,3 +167,18 @@ def test_two_groups_never_drain_the_same_gpus() -> None:
     second = drains.start_sets("second", [("a", 0b1100), ("b", 0b1100)], clock.now + WAIT, clock.now)
     assert second is not None and len(drains) == 2
     assert [drains.held(node, "someone", clock.now) for node in ("a", "b")] == [0b1111, 0b1111]
+
+
+def test_a_second_drain_on_a_node_skips_the_set_nearest_to_free_when_it_is_drained_already() -> None:
+    """GPUs 0, 1, 2 and 7 busy: socket 4-7 is nearest to free and goes to the first pod. For the second, that socket
+    is still nearest to free, but drained: it gets socket 0-3, however far, never a share of the first's (found by
+    make mutate: an overlap check that only held while no set had been picked yet, issue 31)."""
+    clock = Clock()
+    state = reported_cluster(SPLIT, clock=clock)
+    (key,) = state.keys_for(["a"])
+    assert isinstance(key, NodeKey)
+    drains = Drains(state, limit=2)
+    first = drains.start("p1", [("a", key)], Selector(), 4, clock.now + WAIT, clock.now)
+    second = drains.start("p2", [("a", key)], Selector(), 4, clock.now + WAIT, clock.now)
+    assert first is not None and dict(first.targets)["a"] == SOCKET_1
+    assert second is not None and dict(second.targets)["a"] == SOCKET_0
