@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -366,7 +367,8 @@ def _section(argv: Sequence[str] | None, elapsed: float, commit: str, args: argp
     short = commit.split()[0]
     ran = {r.module.name for r in results}
     kept = [m.name for m in MODULES if m.name not in ran and _old_row(previous, m.name)]
-    head = run_header("Mutation testing", "mutation_score.py", argv, elapsed)
+    quoted = [shlex.quote(arg) for arg in (sys.argv[1:] if argv is None else argv)]
+    head = run_header("Mutation testing", "mutation_score.py", quoted, elapsed)
     head = [f"- Commit: {commit}" + (f"; the rows of {', '.join(kept)} are kept from an earlier run, at the commit "
                                      "their row names." if kept else ".") if line.startswith("- Commit:") else line
             for line in head]
