@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import os
 import shlex
 import shutil
@@ -372,6 +373,7 @@ def _section(argv: Sequence[str] | None, elapsed: float, commit: str, args: argp
     head = [f"- Commit: {commit}" + (f"; the rows of {', '.join(kept)} are kept from an earlier run, at the commit "
                                      "their row names." if kept else ".") if line.startswith("- Commit:") else line
             for line in head]
+    head += _earlier_runs(previous, kept)
     lines = head + [
         f"- Tool: mutmut {version}, {args.jobs} workers at nice 10, in a scratch copy. Each mutant runs only the "
         "tests of its module's folders that call the mutated function (mutmut's stats run), `-x`; `make mutate` "
@@ -408,6 +410,23 @@ def _section(argv: Sequence[str] | None, elapsed: float, commit: str, args: argp
             if block:
                 lines += ["", block]
     return "\n".join(lines)
+
+
+def _earlier_runs(previous: str, kept: Sequence[str]) -> list[str]:
+    """For the rows kept from `previous`, the runs that measured them: its own run's command, and the earlier runs
+    it named for rows it had kept in turn."""
+    lines = previous.splitlines()
+    command = next((line.removeprefix("- Command: ") for line in lines if line.startswith("- Command: ")), "")
+    commit = re.search(r"`([0-9a-f]+)", next((line for line in lines if line.startswith("- Commit: ")), ""))
+    own = [name for name in kept if commit and _old_row(previous, name).endswith(f"| `{commit[1]}` |")]
+    runs = [f"- Earlier run, rows of {', '.join(own)}: {command} at `{commit[1]}`"] if own and command else []
+    for line in lines:
+        if line.startswith("- Earlier run, rows of "):
+            names, run = line.removeprefix("- Earlier run, rows of ").split(": ", 1)
+            still = [name for name in names.split(", ") if name in kept and name not in own]
+            if still:
+                runs.append(f"- Earlier run, rows of {', '.join(still)}: {run}")
+    return runs
 
 
 def _previous(path: Path) -> str:
