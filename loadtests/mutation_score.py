@@ -388,7 +388,7 @@ def _section(argv: Sequence[str] | None, elapsed: float, commit: str, args: argp
         if module.name in by_name:
             lines.append(_row(by_name[module.name], short))
         elif module.name in kept:
-            lines.append(_old_row(previous, module.name))
+            lines.append(_kept_row(_old_row(previous, module.name), module))
     for r in results:
         if r.error:
             lines += ["", f"**{r.module.name}: {r.error}**"]
@@ -410,6 +410,17 @@ def _section(argv: Sequence[str] | None, elapsed: float, commit: str, args: argp
             if block:
                 lines += ["", block]
     return "\n".join(lines)
+
+
+def _kept_row(row: str, module: Module) -> str:
+    """A row of an earlier run, judged by the module's floor as it stands now."""
+    cells = row.split(" | ")
+    score = cells[9].removesuffix(" **below**")
+    if score.endswith("%"):
+        below = float(score.removesuffix("%")) / 100 < module.floor
+        cells[9] = score + (" **below**" if below else "")
+    cells[10] = f"{module.floor:.0%}"
+    return " | ".join(cells)
 
 
 def _earlier_runs(previous: str, kept: Sequence[str]) -> list[str]:
