@@ -603,3 +603,29 @@ def test_a_group_on_dra_trays_is_planned_on_the_first_fits_and_binds_no_gpu_of_o
         assert held is not None and view is not None and view.mask(held.gpus) == given
     nodes = {service.state.ledger.get(pod["metadata"]["uid"]).node for pod in members}  # type: ignore[union-attr]
     assert len({_domain(node) for node in nodes}) == 1
+
+
+def test_a_member_whose_planned_gpus_another_pod_took_meanwhile_gets_none_of_them() -> None:
+    """The kubelet gave one GPU of a planned slot to another pod (a plugin that ignores us) before the member's
+    bind: the bind fails, the plan is dropped for its members to be planned again, and the member holds nothing;
+    never the slot's GPUs beside the other pod's (found by make mutate: a check that needed the count to differ
+    too, issue 31)."""
+    from datetime import datetime, timezone
+
+    from topology.codec import NodeState, encode_state, encode_topology
+
+    clock = ManualClock()
+    service, kube = _cluster(clock)
+    pod = _pod(kube, "w0", 4, group="train")
+    node = service.filter(ExtenderArgs(pod, ALL, None)).passed[0]
+    topology = with_uuids(node, PLATFORMS["gb200-node"].topology())
+    report = NodeState(frozenset({topology.gpus[0].uuid}), frozenset(), datetime.fromtimestamp(clock(), timezone.utc),
+                       2, {"ml/other": frozenset({topology.gpus[0].uuid})})
+    state = service.state
+    state.nodes.apply("MODIFIED", {"metadata": {"name": node, "labels": {
+        "nvidia.com/gpu.clique": DOMAINS[node[0]], SPINE: "s1", LEAF: f"leaf-{node[0]}"}, "annotations": {
+        state.keys.topology: encode_topology(topology), state.keys.state: encode_state(report)}}})
+    answer = service.bind(BindingArgs("w0", "ml", "uid-w0", node))
+    assert "no longer free" in answer, answer
+    assert state.ledger.get("uid-w0") is None and service.plans.get("train") is None
+    assert "spec" not in kube.pods["uid-w0"] or "nodeName" not in kube.pods["uid-w0"]["spec"]
