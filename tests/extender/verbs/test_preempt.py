@@ -144,3 +144,18 @@ def test_a_pod_asking_no_gpu_keeps_every_nodes_victims() -> None:
         cluster.fill(node, 8)
     victims = {"split": cluster.victims("split", [1, 2]), "bridged": cluster.victims("bridged", [2, 3])}
     assert cluster.preempt(0, {}, victims) == victims
+
+
+def test_a_victim_the_ledger_holds_before_any_report_frees_its_reserved_gpus_only() -> None:
+    """A victim bound a moment ago: the ledger holds its GPUs, no report shows it yet. What its eviction frees is
+    those GPUs, known, not taken on trust. On an RTX A6000 board (pairs 0-1, 2-3, 4-5, 6-7) with 0, 2, 4 and 6 held
+    and 5, 7 free, the victim holds 1 and 3: evicting it leaves no bridged pair, so a pod that requires NVLink
+    drops the node."""
+    cluster = Cluster([("split", "rtx-a6000-pairs"), ("bridged", "rtx-a6000-pairs")])
+    cluster.fill("bridged", 8)
+    ids = [gpu.uuid for gpu in cluster.kube.topologies["split"].gpus]
+    cluster.state.ledger.reserve("busy-uid", "default/busy", "split", frozenset(ids[i] for i in (0, 2, 4, 6)))
+    cluster.state.ledger.reserve("fresh-uid", "default/fresh", "split", frozenset(ids[i] for i in (1, 3)))
+    victims = {"split": ["fresh-uid"], "bridged": cluster.victims("bridged", [2, 3])}
+    assert cluster.preempt(2, NVLINK_REQUIRED, victims) == {"bridged": victims["bridged"]}
+    assert cluster.preempt(2, {}, victims) == victims  # any two GPUs: 1 and 3 do
