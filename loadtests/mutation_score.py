@@ -88,7 +88,6 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     (BOOK, "for gpu in [gpu for gpu, at in released.items() if at < observed]:"):
         "forgetting the releases a report has seen only saves memory: `released_since` never counts them",
     (BOOK, "node_entries = self._by_node.get(entry.node, None)"): _ALWAYS,
-    ("extender/verbs/preempt.py", "unknown = None"): "`unknown` is only read for its truth: None is False",
     (FILTER, "return FilterOutcome([], {pod.problem: list(names)}, )"): _DEFAULTS,
     (FILTER, "return FilterOutcome(list(names), {})"): _DEFAULTS,
     (FILTER, "return FilterOutcome(list(names), {}, )"): _DEFAULTS,
