@@ -66,7 +66,7 @@ MODULES = (
            (CACHE, VERBS, GROUPS, KUBE, SERVER), 900, 0.85),
     Module("bind", ("extender/verbs/bind.py",), (CACHE, VERBS, GROUPS, KUBE, SERVER), 900, 0.82),
     Module("filter", ("extender/verbs/filter.py",), (CACHE, VERBS, GROUPS, SERVER), 600, 0.91),
-    Module("preempt", ("extender/verbs/preempt.py",), (CACHE, VERBS), 300, 0.85),
+    Module("preempt", ("extender/verbs/preempt.py",), (CACHE, VERBS), 300, 0.92),
     Module("drains", ("extender/verbs/drains.py",), (CACHE, VERBS, GROUPS), 600, 0.76),
     Module("group planner",
            ("extender/verbs/group_placement.py", "extender/groups/layouts.py", "extender/groups/plans.py"),
