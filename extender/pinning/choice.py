@@ -27,7 +27,6 @@ from topology.select import Choice, Request, Selector, mask_of
 class PinChoice:
     node: str
     gpus: tuple[str, ...]  # the chosen set's UUIDs
-    ring_gbps: float | None
 
 
 
@@ -54,7 +53,7 @@ def choose_pin(state: ClusterState, selector: Selector, count: int, names: Itera
     view = state.view(node)
     offer = judged[key]
     assert view is not None and offer is not None
-    return PinChoice(node, view.gpu_ids(mask_of(offer.choice.gpus)), offer.choice.ring_gbps)
+    return PinChoice(node, view.gpu_ids(mask_of(offer.choice.gpus)))
 
 
 def _judge(selector: Selector, key: NodeKey, count: int) -> Offer | None:
