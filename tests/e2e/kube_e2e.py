@@ -858,6 +858,16 @@ def start_apiserver(binary: Path, workdir: Path, etcd_url: str, pki: Pki, stack:
     return process, port
 
 
+def restart_apiserver(process: Process, port: int, pki: Pki, stack: ExitStack) -> Process:
+    """kube-apiserver stopped (SIGTERM, as a rollout stops it) and started again with the same flags, on the same
+    port and etcd, once it answers /readyz again; its log goes on in the same file (loadtests/faults.py)."""
+    process.stop()
+    again = Process(process.name, process.argv, process.log_path)
+    stack.callback(again.stop)
+    wait_for_https(again, port, "/readyz", client_context(pki, "admin"))
+    return again
+
+
 def start_extender(workdir: Path, admin_kubeconfig: Path, pki: Pki, stack: ExitStack,
                    extra_args: Sequence[str] = ()) -> tuple[Process, str]:
     (port,) = free_ports(1)
