@@ -35,6 +35,7 @@ from extender.server.gc_freeze import settle_when_synced
 from extender.server.serve import ServeOptions, serve
 from extender.verbs.group_placement import GROUP_AGE_BOUND_SECONDS
 from extender.verbs.service import ExtenderService
+from extender.verbs.scoring.shortlist import SHORTLIST
 from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS
 from topology.annotations import DEFAULT_PREFIX, AnnotationKeys
 from topology.backoff import Backoff
@@ -125,6 +126,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="the share of a job's step time in all-reduce, 0 to 1, for pods that state no "
                             "comm-share: a preferred group waits for one NVLink domain as long as a split would cost "
                             f"it, and not at all at 0 (default {COMM_SHARE:g})")
+    serve.add_argument("--shortlist", type=int, default=SHORTLIST, metavar="K",
+                       help="filter passes at most K of the nodes that can serve a pod, those prioritize ranks best, "
+                            "so kube-scheduler scores K nodes and not thousands; the rest are left out, never the "
+                            f"pod's last chance (extender/verbs/scoring/shortlist.py). 0: pass every fit (default {SHORTLIST})")
     serve.add_argument("--api-timeout", type=float, default=1.2, metavar="SECONDS",
                        help="bound on each API call; bind makes one write (two calls after a conflict), which must "
                             "finish inside kube-scheduler's httpTimeout (3 s in scheduler-config/)")
@@ -204,8 +209,10 @@ def _serve(args: argparse.Namespace) -> int:
     if not 0 <= args.group_age_bound <= MAX_TOPOLOGY_WAIT_SECONDS:
         raise ValueError(f"--group-age-bound must be 0 to {MAX_TOPOLOGY_WAIT_SECONDS:g} seconds, "
                          f"not {args.group_age_bound}")
+    if args.shortlist < 0:
+        raise ValueError(f"--shortlist must be 0 (pass every fit) or more, not {args.shortlist}")
     groups = {"group_timeout": args.group_timeout, "group_age_bound": args.group_age_bound or None,
-              "comm_share": args.comm_share}
+              "comm_share": args.comm_share, "shortlist": args.shortlist}
     if not 0 < args.group_timeout <= MAX_TOPOLOGY_WAIT_SECONDS:
         raise ValueError(f"--group-timeout must be more than 0 and at most {MAX_TOPOLOGY_WAIT_SECONDS:g} seconds, "
                          f"not {args.group_timeout}")

@@ -47,7 +47,8 @@ from extender.verbs.filter import FilterOutcome, Verdict, filter_nodes
 from extender.verbs.group_placement import GROUP_AGE_BOUND_SECONDS, GroupPlacement
 from extender.verbs.metrics import Metrics
 from extender.verbs.preempt import preempt_nodes
-from extender.verbs.scoring import Offer, ScoreBook, prioritize_nodes
+from extender.verbs.scoring import Offer, ScoreBook, prioritize_nodes, scored_keys
+from extender.verbs.scoring.shortlist import OUTRANKED, SHORTLIST, Shortlists, best_of
 from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS, WAITING, WaitClock
 from topology.collectives import COMM_SHARE
 from topology.select import Selector
@@ -76,6 +77,12 @@ class Relister(Protocol):
     def listed(self, ticket: int) -> bool: ...
 
 
+def _version(pod: Mapping[str, Any]) -> tuple[str, str]:
+    """(uid, resourceVersion): what names one version of a pod."""
+    metadata = pod.get("metadata") or {}
+    return str(metadata.get("uid") or ""), str(metadata.get("resourceVersion") or "")
+
+
 def _pass_on(answer: asyncio.Future[str], done: asyncio.Future[str]) -> None:
     if answer.done():
         return
@@ -92,9 +99,10 @@ class ExtenderService:
                  leader: Leadership | None = None, pods: Relister | None = None,
                  topology_wait: float = TOPOLOGY_WAIT_SECONDS, group_timeout: float = GROUP_TIMEOUT_SECONDS,
                  group_age_bound: float | None = GROUP_AGE_BOUND_SECONDS, comm_share: float = COMM_SHARE,
-                 pin_claims: bool = False) -> None:
+                 pin_claims: bool = False, shortlist: int = SHORTLIST) -> None:
         """`pin_claims`: the admission webhook names pinnable template claims, for the planner that makes them
-        (extender/pinning/planner.py, run beside the service)."""
+        (extender/pinning/planner.py, run beside the service). `shortlist`: filter passes at most this many nodes
+        where more fit, the best by prioritize's rank (verbs/scoring/shortlist.py); 0 passes every fit."""
         if (leader is None) != (pods is None):
             raise ValueError("leader election needs the pod reflector, to rebuild the ledger on each win")
         self.state = state
@@ -107,6 +115,8 @@ class ExtenderService:
                                      comm_share)
         self.leader, self._pod_lists = leader, pods
         self.pin_claims = pin_claims
+        self.shortlist = shortlist
+        self._shortlists = Shortlists()
         self._rebuild: tuple[int, int] | None = None  # (term, ticket of the pod list that rebuilds its ledger)
         if leader is not None:
             leader.on_new_term(self._new_term)
@@ -133,12 +143,16 @@ class ExtenderService:
         if outcome is None:
             outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._verdicts, self.wait,
                                    self.drains, compute)
+            if 0 < self.shortlist < len(outcome.passed) and pod.request is not None and not pod.pinned:
+                outcome = self._shortlisted(args.pod, pod, outcome, compute)
         if not outcome.passed and WAITING in outcome.failed:
             if not compute:
                 raise Unknown
             self._drain(pod, outcome.failed[WAITING])
+        outranked = len(outcome.failed.get(OUTRANKED, ()))
         self.metrics.decisions.labels("filter", "pass").inc(len(outcome.passed))
-        self.metrics.decisions.labels("filter", "fail").inc(sum(map(len, outcome.failed.values())))
+        self.metrics.decisions.labels("filter", "outranked").inc(outranked)
+        self.metrics.decisions.labels("filter", "fail").inc(sum(map(len, outcome.failed.values())) - outranked)
         self.metrics.decisions.labels("filter", "unresolvable").inc(sum(map(len, outcome.unresolvable.values())))
         return outcome
 
@@ -152,8 +166,20 @@ class ExtenderService:
         planned = self.groups.prioritize(pod, names) if pod.group_key is not None else None
         if planned is not None:
             return names, planned
+        shortlisted = self._shortlists.scores(_version(args.pod), names)
+        if shortlisted is not None:
+            return names, shortlisted
         return names, prioritize_nodes(self.state, self.selector, pod, names, self._offers, self.drains, compute,
                                        self._scores)
+
+    def _shortlisted(self, raw: Mapping[str, Any], pod: PodRequest, outcome: FilterOutcome,
+                     compute: bool) -> FilterOutcome:
+        """The best `shortlist` of the nodes that passed, scored now and kept for the pod's prioritize."""
+        passed = outcome.passed
+        best, rest = best_of(passed, scored_keys(self.state, self.selector, pod, passed, self._offers, self.drains,
+                                                 compute, self._scores), self.shortlist)
+        self._shortlists.keep(_version(raw), best)
+        return FilterOutcome(list(best), {**outcome.failed, OUTRANKED: rest}, outcome.unresolvable)
 
     def _drain(self, pod: PodRequest, waiting: list[str]) -> None:
         """Every candidate refused the pod only to wait for a full set: drain the one nearest to free."""
@@ -307,9 +333,7 @@ class ExtenderService:
 
     def pod_request(self, pod: Mapping[str, Any]) -> PodRequest:
         """Parsed once per pod version: filter and prioritize of one cycle carry the same pod."""
-        metadata = pod.get("metadata") or {}
-        uid = str(metadata.get("uid") or "")
-        version = str(metadata.get("resourceVersion") or "")
+        uid, version = _version(pod)
         with self._pods_lock:
             found = self._pods.get(uid)
             if found is not None and found[0] == version and uid:

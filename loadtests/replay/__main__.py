@@ -32,6 +32,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from extender.verbs.scoring.shortlist import SHORTLIST
 from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS
 from loadtests.replay.clusters import alibaba_fleet, mixed_fleet, nvl72_fleet
 from loadtests.replay.engine import Policy, Run, replay
@@ -85,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--topology-wait", type=float, default=TOPOLOGY_WAIT_SECONDS, metavar="SECONDS",
                         help="the extender's --topology-wait for policies (3) and (4); 0: no wait "
                              f"(default {TOPOLOGY_WAIT_SECONDS:g})")
+    parser.add_argument("--shortlist", type=int, default=SHORTLIST, metavar="K",
+                        help=f"the extender's --shortlist for policies (3) and (4); 0: every fit (default {SHORTLIST})")
     parser.add_argument("--json", action="store_true", help="print the per-policy metrics as one JSON object")
     parser.add_argument("--plots", type=Path, metavar="DIR",
                         help="write PNG plots (efficiency and pending-time CDFs, fragmentation over time) to DIR")
@@ -103,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--topology-wait must be 0 to {MAX_TOPOLOGY_WAIT_SECONDS:g}, not {args.topology_wait}")
         if not 0 <= args.comm_share <= 1:
             raise ValueError(f"--comm-share must be within 0..1, not {args.comm_share}")
+        if args.shortlist < 0:
+            raise ValueError(f"--shortlist must be 0 or more, not {args.shortlist}")
         if not 1 <= args.seeds <= MAX_SEEDS:
             raise ValueError(f"--seeds must be 1 to {MAX_SEEDS}, not {args.seeds}")
         if args.seeds > 1 and not args.json:
@@ -171,8 +176,8 @@ def _runs(args: argparse.Namespace, cluster: Sequence[ClusterNode], jobs: Sequen
     extender_log = logging.getLogger("extender")
     level = extender_log.level
     extender_log.setLevel(logging.ERROR)
-    policies = (group_policies(cluster, args.topology_wait, args.comm_share) if args.cluster == "nvl72"
-                else standard_policies(cluster, args.topology_wait))
+    policies = (group_policies(cluster, args.topology_wait, args.comm_share, args.shortlist)
+                if args.cluster == "nvl72" else standard_policies(cluster, args.topology_wait, args.shortlist))
     run_time = RunTime(cluster, args.comm_share)
     try:
         return [_run(cluster, jobs, policy, seed, run_time, quiet=args.json) for policy in policies]

@@ -34,6 +34,7 @@ from extender.cache.cluster_state import ClusterState
 from extender.demo.cluster import DemoCluster
 from extender.verbs.group_placement import GROUP_AGE_BOUND_SECONDS
 from extender.verbs.service import ExtenderService
+from extender.verbs.scoring.shortlist import SHORTLIST
 from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS
 from loadtests.replay.boards import BoardKey, board_key, board_topology
 from loadtests.replay.engine import Fleet, Placement
@@ -165,7 +166,8 @@ class ExtenderPolicy(_KubeSearch):
     def __init__(self, name: str, nodes: Sequence[ClusterNode], *, delivery: bool,
                  profile: Profile | None = None, topology_wait: float = TOPOLOGY_WAIT_SECONDS,
                  topology_levels: tuple[str, ...] = (), group_placement: str = "preferred",
-                 group_age_bound: float = GROUP_AGE_BOUND_SECONDS, comm_share: float = COMM_SHARE) -> None:
+                 group_age_bound: float = GROUP_AGE_BOUND_SECONDS, comm_share: float = COMM_SHARE,
+                 shortlist: int = SHORTLIST) -> None:
         self.name = name
         self.group_placement = group_placement
         self.profile = profile or shipped_profile()
@@ -174,7 +176,8 @@ class ExtenderPolicy(_KubeSearch):
         self.state = ClusterState(clock=lambda: EPOCH + self.now, stale_after=math.inf, levels=topology_levels)
         self.cluster = demo_cluster(nodes, self.state, delivery=delivery)
         self.service = ExtenderService(self.state, self.cluster, topology_wait=topology_wait,
-                                       group_age_bound=group_age_bound or None, comm_share=comm_share)
+                                       group_age_bound=group_age_bound or None, comm_share=comm_share,
+                                       shortlist=shortlist)
         self.spans = Spans(nodes)
         self.index = {name: {gpu.uuid: gpu.index for gpu in topology.gpus}
                       for name, topology in self.cluster.topologies.items()}
@@ -226,18 +229,20 @@ OURS_GROUPS_PREFERRED = "(4) ours, groups preferred"
 `group` and `group-size`, preferred placement."""
 
 
-def standard_policies(nodes: Sequence[ClusterNode], topology_wait: float = TOPOLOGY_WAIT_SECONDS
-                      ) -> tuple[StockPolicy | ExtenderPolicy, ...]:
+def standard_policies(nodes: Sequence[ClusterNode], topology_wait: float = TOPOLOGY_WAIT_SECONDS,
+                      shortlist: int = SHORTLIST) -> tuple[StockPolicy | ExtenderPolicy, ...]:
     """Policies (1) to (4), each fresh: (3) and (4) hold an extender whose state must start empty; they run with
-    the extender's --topology-wait."""
+    the extender's --topology-wait and --shortlist."""
     return (StockPolicy("(1) quantity only", DEFAULT),
             StockPolicy("(2) quantity, GPU packing", GPU_PACKING),
-            ExtenderPolicy("(3) ours, scheduling only", nodes, delivery=False, topology_wait=topology_wait),
-            ExtenderPolicy(OURS, nodes, delivery=True, topology_wait=topology_wait))
+            ExtenderPolicy("(3) ours, scheduling only", nodes, delivery=False, topology_wait=topology_wait,
+                           shortlist=shortlist),
+            ExtenderPolicy(OURS, nodes, delivery=True, topology_wait=topology_wait, shortlist=shortlist))
 
 
 def group_policies(nodes: Sequence[ClusterNode], topology_wait: float = TOPOLOGY_WAIT_SECONDS,
-                   comm_share: float = COMM_SHARE) -> tuple[StockPolicy | SlurmLikePolicy | ExtenderPolicy, ...]:
+                   comm_share: float = COMM_SHARE, shortlist: int = SHORTLIST
+                   ) -> tuple[StockPolicy | SlurmLikePolicy | ExtenderPolicy, ...]:
     """The policies for multi-node jobs on a labelled fleet, each fresh: (1), (6), (7), and (4), our extender with
     the fleet's topology levels and --topology-wait, once with members asking `required` placement (a group waits
     for a domain of its span) and once `preferred`, the extender's default (after the wait it takes a wider span,
@@ -247,5 +252,6 @@ def group_policies(nodes: Sequence[ClusterNode], topology_wait: float = TOPOLOGY
             KueueLikePolicy("(6) Kueue-like, best-fit block", nodes),
             SlurmLikePolicy("(7) Slurm-like, EASY backfill, topology/block", nodes),
             *(ExtenderPolicy(f"(4) ours, groups {placement}", nodes, delivery=True, topology_wait=topology_wait,
-                             topology_levels=TOPOLOGY_LEVELS, group_placement=placement, comm_share=comm_share)
+                             topology_levels=TOPOLOGY_LEVELS, group_placement=placement, comm_share=comm_share,
+                             shortlist=shortlist)
               for placement in ("required", "preferred")))

@@ -9,12 +9,14 @@ kube-scheduler's MostAllocated packs too.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import partial
 
 from extender.api._names import lookup_few, unique
 from extender.api.pod_request import PodRequest
 from extender.cache.cluster_state import ClusterState
-from extender.cache.node_view import NodeKey, SharedKey
+from extender.cache.node_view import Key, NodeKey, SharedKey
 from extender.verbs.answer_memo import ON_LOOP, ShapeMemo
 from extender.verbs.drains import Drains, ends_by, keys_seen
 from extender.verbs.scoring.bandwidth import bandwidth_score
@@ -23,6 +25,7 @@ from extender.verbs.scoring.offer import Offer
 from extender.verbs.scoring.domains import domain_penalty
 from extender.verbs.scoring.fragmentation import fragmentation_score, lost_gpus
 from extender.verbs.scoring.packing import packing_score
+from topology.bounds import MAX_GPUS
 from topology.select import Choice, Request, Selector, mask_of
 
 MAX_SCORE = 10
@@ -32,44 +35,75 @@ WEIGHTS = {"bandwidth": 0.6, "packing": 0.1, "fragmentation": 0.3}
 def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: list[str],
                      memo: ShapeMemo[Offer | None] | None = None, drains: Drains | None = None,
                      compute: bool = True, book: ScoreBook | None = None) -> list[int]:
-    """A score per name. Scores depend only on the node key, so each distinct key is scored once; what each
-    node key offers the pod is remembered across requests in `memo`, and its score in `book` while the
-    candidates' best ring, most GPUs lost and whole domains stay the same. The passes over the names run in C
-    (extender/api/_names.c). GPUs drained for other pods (extender/verbs/drains.py) are not free to this one.
-    Without `compute`, only remembered offers and those quick to work out (memo.ON_LOOP) are used: memo.Unknown if
-    one more is missing."""
+    """A score per name (see `scored_keys`)."""
     if pod.request is None:
         return [0] * len(names)
     if pod.pinned:  # exactly the pinned GPUs, where they are (filter passed only that node)
         return [MAX_SCORE if (view := state.view(name)) is not None and pod.pinned <= view.index_of.keys() else 0
                 for name in names]
-    keys = keys_seen(state, names, drains, pod.uid, None, ends_by(pod, state.clock()), pod.request.count)
+    scored = scored_keys(state, selector, pod, names, memo, drains, compute, book)
+    return lookup_few(scored.keys, scored.score_of)
+
+
+PACKING_STEPS = MAX_GPUS + 1  # packing is a share of a board's GPUs, of 64 at most
+RANKS = (MAX_SCORE + 1) * PACKING_STEPS
+
+
+def rank(score: int, packing: float) -> int:
+    """0 is best: by score, then by packing (the fuller node first), as one small number that C can bucket."""
+    return (MAX_SCORE - score) * PACKING_STEPS + MAX_GPUS - round(packing * MAX_GPUS)
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredKeys:
+    """Each name's key, in the names' order, and each key's score and `rank` (for filter's shortlist)."""
+
+    keys: list[Key | None]
+    score_of: Mapping[Key | None, int]
+    rank_of: Mapping[Key | None, int]
+
+
+def scored_keys(state: ClusterState, selector: Selector, pod: PodRequest, names: list[str],
+                memo: ShapeMemo[Offer | None] | None = None, drains: Drains | None = None,
+                compute: bool = True, book: ScoreBook | None = None) -> ScoredKeys:
+    """Scores depend only on the node key, so each distinct key is scored once; what each node key offers the pod
+    is remembered across requests in `memo`, and its score in `book` while the candidates' best ring, most GPUs
+    lost and whole domains stay the same. The passes over the names run in C (extender/api/_names.c). GPUs drained
+    for other pods (extender/verbs/drains.py) are not free to this one. Without `compute`, only remembered offers
+    and those quick to work out (memo.ON_LOOP) are used: memo.Unknown if one more is missing."""
+    request = pod.request
+    assert request is not None
+    keys = keys_seen(state, names, drains, pod.uid, None, ends_by(pod, state.clock()), request.count)
     distinct = set(unique(keys))
     book = book or ScoreBook()
-    tally = book.tally(pod.request, state.key_epoch)
+    tally = book.tally(request, state.key_epoch)
     dropped = tally.seen.difference(distinct)
     added = [key for key in distinct.difference(tally.seen) if type(key) is NodeKey]
-    known = (memo or ShapeMemo()).answers(pod.request, added, partial(_offer, selector, pod.request),
+    known = (memo or ShapeMemo()).answers(request, added, partial(_offer, selector, request),
                                           state.key_epoch, None if compute else ON_LOOP)
     tally.move(distinct, dropped, {key: known[key] for key in added})
     norms = tally.norms()
-    scored = book.page(pod.request, norms)
+    page = book.page(request, norms)
+    scored = page.scores
     new = [key for key in distinct.difference(scored) if type(key) is NodeKey]
     for key in new:
-        scored[key] = _score(key, tally.offers[key], *norms)
-    book.grew(len(added) + len(new))
-    boards = len(tally.offers)
-    if len(distinct) == boards:
-        return lookup_few(keys, scored)
+        offer = tally.offers[key]
+        scored[key] = score = _score(key, offer, *norms)
+        page.ranks[key] = rank(score, 0.0 if offer is None else offer.packing)
+    book.grew(2 * (len(added) + len(new)))
+    if len(distinct) == len(tally.offers):
+        return ScoredKeys(keys, scored, page.ranks)
     score_of = {key: scored.get(key, 0) for key in distinct}
     shared = [key for key in distinct if isinstance(key, SharedKey)]
-    if shared and not pod.request.constrained:
+    if shared and not request.constrained:
         # A pod that asks nothing of topology is not scored down for sharing: level with the best whole-GPU
         # node, so kube-scheduler's own plugins choose among them as they would without us. One that prefers an
         # interconnect keeps 0 there: replicas and MIG slices offer no ring (topology/sharing.py).
         level = max((score_of[key] for key in tally.offers), default=MAX_SCORE)
         score_of.update(dict.fromkeys(shared, level))
-    return lookup_few(keys, score_of)
+    ranks = page.ranks
+    return ScoredKeys(keys, score_of, {key: ranks[key] if key in ranks else rank(score_of[key], 0.0)
+                                       for key in distinct})
 
 
 def _score(key: NodeKey, offer: Offer | None, best_ring: float, most_lost: int, choice: bool) -> int:

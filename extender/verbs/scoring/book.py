@@ -12,10 +12,20 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
+
 from extender.cache.node_view import Key, NodeKey
 from extender.verbs.scoring.offer import Offer
 
 Norms = tuple[float, int, bool]  # (best ring on offer, most GPUs lost, some candidate outside a whole domain)
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """Scores of board keys against one set of norms, and their ranks (`rank`), kept together."""
+
+    scores: dict[Key | None, int]
+    ranks: dict[Key | None, int]
 
 
 class Tally:
@@ -57,7 +67,7 @@ class ScoreBook:
     def __init__(self, max_entries: int = 1 << 18) -> None:
         self._max_entries = max_entries
         self._tallies: dict[Hashable, Tally] = {}
-        self._pages: dict[Hashable, tuple[Norms, dict[Key | None, int]]] = {}
+        self._pages: dict[Hashable, tuple[Norms, Page]] = {}
         self._entries = 0
         self._epoch = 0
 
@@ -69,11 +79,11 @@ class ScoreBook:
             self._epoch = epoch
         return self._tallies.setdefault(shape, Tally())
 
-    def page(self, shape: Hashable, norms: Norms) -> dict[Key | None, int]:
-        """The shape's scores against `norms`: empty when they moved."""
+    def page(self, shape: Hashable, norms: Norms) -> Page:
+        """The shape's scores and ranks against `norms`: empty when they moved."""
         found = self._pages.get(shape)
         if found is None or found[0] != norms:
-            found = self._pages[shape] = (norms, {})
+            found = self._pages[shape] = (norms, Page({}, {}))
         return found[1]
 
     def grew(self, count: int) -> None:

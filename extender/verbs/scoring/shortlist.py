@@ -1,0 +1,69 @@
+"""filter's shortlist: where more than K nodes can serve a pod, pass only the K that prioritize ranks best.
+
+kube-scheduler scores only the nodes that pass the extenders' filter, and sends only those to prioritize. At 5,000
+nodes, passing every fit made it score thousands of nodes a pod and encode their names twice (issue 32). A node
+left out can never cost the pod its placement: kube-scheduler reads the statuses of refused nodes only when no
+node passes (schedulePod's FitError, then preemption), and then no shortlist applies. The ones left out are
+refused as OUTRANKED, which the answer does not write while a node passes (api/wire.py).
+
+The rank is prioritize's own score, then its packing (fuller nodes first), so kube-scheduler's own packing
+(NodeResourcesFit MostAllocated) still chooses among nodes our score ties, from the fullest ones. Names of equal
+rank keep kube-scheduler's order.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from itertools import chain
+
+from extender.api._names import group
+from extender.verbs.scoring import MAX_SCORE, PACKING_STEPS, RANKS, ScoredKeys
+
+SHORTLIST = 100
+"""K: kube-scheduler's own floor on the nodes it scores in a big cluster (minFeasibleNodesToFind), so it scores no
+fewer than it does alone."""
+
+OUTRANKED = "fits, but not among the nodes that give the pod the best placement"
+
+_REMEMBERED = 256  # prioritize follows its filter in the same scheduling cycle: a few pods' lists are enough
+
+
+def best_of(names: list[str], scored: ScoredKeys, k: int) -> tuple[dict[str, int], list[str]]:
+    """The `k` best-ranked names, each with its score, and the rest, in one C pass over the names."""
+    groups = group(names, scored.keys, scored.rank_of, RANKS)
+    best: dict[str, int] = {}
+    rest: list[str] = []
+    for number, members in enumerate(groups):
+        room = k - len(best)
+        best.update(dict.fromkeys(members[:room], MAX_SCORE - number // PACKING_STEPS))
+        if len(members) >= room:
+            rest.extend(members[room:])
+            rest.extend(chain.from_iterable(groups[number + 1:]))
+            break
+    return best, rest
+
+
+class Shortlists:
+    """Each recent pod version's shortlist and scores, for its prioritize: scoring the K names anew would move
+    prioritize's tally (verbs/scoring/book.py) from every fit to K and back each cycle. Bounded; filter and
+    prioritize run one at a time (server/app.py), so it needs no lock."""
+
+    def __init__(self, size: int = _REMEMBERED) -> None:
+        self._size = size
+        self._lists: OrderedDict[tuple[str, str], dict[str, int]] = OrderedDict()
+
+    def keep(self, pod: tuple[str, str], scores: dict[str, int]) -> None:
+        if not pod[0]:
+            return  # no uid, nothing to know it by
+        self._lists[pod] = scores
+        self._lists.move_to_end(pod)
+        while len(self._lists) > self._size:
+            self._lists.popitem(last=False)
+
+    def scores(self, pod: tuple[str, str], names: list[str]) -> list[int] | None:
+        """The scores filter gave `names`, or None where it shortlisted not all of them for this pod version."""
+        kept = self._lists.get(pod)
+        if kept is None:
+            return None
+        scores = [kept.get(name, -1) for name in names]
+        return None if -1 in scores else scores
