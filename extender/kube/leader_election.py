@@ -209,9 +209,25 @@ class LeaderElector:
                 self._observed, self._observed_at = record, self._clock()
 
     def _expired(self, record: LeaseRecord) -> bool:
-        duration = record.duration if 0 < record.duration <= MAX_LEASE_SECONDS else self.timings.lease_duration
         with self._lock:
-            return self._clock() >= self._observed_at + duration
+            return self._clock() >= self._expires_at(record)
+
+    def _expires_at(self, record: LeaseRecord) -> float:
+        """When `record`, last seen changed at `_observed_at`, expires on this replica's clock (holding the lock)."""
+        duration = record.duration if 0 < record.duration <= MAX_LEASE_SECONDS else self.timings.lease_duration
+        return self._observed_at + duration
+
+    def next_attempt(self, leading: bool) -> float:
+        """Seconds to the next step: a leader renews every retry period; a candidate retries after a little more
+        (client-go's jitter), or wakes when the Lease another holds expires, if that comes first. Waiting for the
+        next retry instead would add up to 1.2 retry periods to a failover after a crash."""
+        delay = self.timings.retry_period * (1.0 if leading else 1.0 + _JITTER * self._rand())
+        with self._lock:
+            record = self._observed
+            if leading or record is None or record.holder in ("", self.identity):
+                return delay
+            left = self._expires_at(record) - self._clock()
+        return left if 0 < left < delay else delay  # at or past expiry an attempt failed: retry as usual
 
     # -- the thread ------------------------------------------------------------------------------------------
 
@@ -223,10 +239,7 @@ class LeaderElector:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            leading = self.step()
-            # A leader renews every retry period; candidates spread their attempts a little.
-            delay = self.timings.retry_period * (1.0 if leading else 1.0 + _JITTER * self._rand())
-            self._stopping.wait(delay)
+            self._stopping.wait(self.next_attempt(self.step()))
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop campaigning and, if leading, hand the Lease back so a successor need not wait for it to expire.

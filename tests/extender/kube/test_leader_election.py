@@ -102,6 +102,28 @@ def test_a_lease_not_renewed_is_taken_over_after_the_lease_duration_seen_locally
     assert not a.step() and not a.is_leader(), "a, back from its pause, finds the Lease held by b"
 
 
+def test_a_candidate_wakes_when_the_lease_it_saw_expires_not_at_its_next_retry(kube_server, api, clock):
+    a, b = elector(api, clock, "a"), elector(api, clock, "b")
+    assert a.next_attempt(a.step()) == 2.0  # a leader renews every retry period
+    assert not b.step()  # b sees a's record now: it expires 15 s from now on b's clock
+    assert 2.0 <= b.next_attempt(False) <= 2.4  # a retry, jittered, comes first
+    clock.advance(13.5)
+    assert b.next_attempt(False) == pytest.approx(1.5)  # the expiry comes first: b wakes then, and takes it
+    clock.advance(1.5)
+    b.api = Unreachable()
+    assert not b.step()  # past the expiry an attempt failed: b retries as usual, no tight loop
+    assert 2.0 <= b.next_attempt(False) <= 2.4
+    b.api = api
+    assert b.step() and b.term() == 1
+
+
+class Unreachable:
+    """A Lease API whose every call fails, as one cut off from the API server."""
+
+    def get_lease(self, namespace: str, name: str) -> None:
+        raise KubeError("unreachable")
+
+
 def test_expiry_is_measured_on_this_replica_s_clock_not_the_holder_s_renew_time(kube_server, api, clock):
     """A holder whose clock is a year behind still holds its Lease while it renews: only changes are timed."""
     a = LeaderElector(api, NAMESPACE, LEASE, "a", Timings(), clock=clock,
