@@ -129,7 +129,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--shortlist", type=int, default=SHORTLIST, metavar="K",
                        help="filter passes at most K of the nodes that can serve a pod, those prioritize ranks best, "
                             "so kube-scheduler scores K nodes and not thousands; the rest are left out, never the "
-                            f"pod's last chance (extender/verbs/scoring/shortlist.py). 0: pass every fit (default {SHORTLIST})")
+                            "pod's last chance (extender/verbs/scoring/shortlist.py). 0: pass every fit "
+                            f"(default {SHORTLIST})")
     serve.add_argument("--api-timeout", type=float, default=1.2, metavar="SECONDS",
                        help="bound on each API call; bind makes one write (two calls after a conflict), which must "
                             "finish inside kube-scheduler's httpTimeout (3 s in scheduler-config/)")

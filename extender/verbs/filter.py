@@ -42,11 +42,13 @@ _RING_NAMES: dict[Interconnect, str] = {
 
 @dataclass(slots=True)
 class FilterOutcome:
-    """Passing names, and the failing ones grouped by reason (reason -> names): a few groups, written whole."""
+    """Passing names, and the failing ones grouped by reason (reason -> names): a few groups, written whole.
+    `passed_keys`, where asked for and prioritize reads the same keys: each passing name's key, for the shortlist."""
 
     passed: list[str] = field(default_factory=list)
     failed: dict[str, list[str]] = field(default_factory=dict)
     unresolvable: dict[str, list[str]] = field(default_factory=dict)
+    passed_keys: list[Key | None] | None = None
 
     def reasons(self) -> tuple[dict[str, str], dict[str, str]]:
         """(FailedNodes, FailedAndUnresolvableNodes) as node -> reason, for people and tests."""
@@ -60,12 +62,13 @@ Verdict = tuple[str, bool] | None
 
 def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: list[str],
                  memo: ShapeMemo[Verdict] | None = None, wait: WaitClock | None = None,
-                 drains: Drains | None = None, compute: bool = True) -> FilterOutcome:
+                 drains: Drains | None = None, compute: bool = True, with_keys: bool = False) -> FilterOutcome:
     """One verdict per distinct node key (remembered across requests in `memo`); every pass over the names
     runs in C (extender/api/_names.c), not Python loops. A pod within its topology wait (extender/verbs/wait.py) passes
     only nodes that can give it a full-bandwidth set; GPUs drained for other waiting pods (extender/verbs/drains.py)
     are not free to it. Without `compute`, only remembered verdicts and those quick to work out (memo.ON_LOOP) are
-    used: memo.Unknown if one more is missing."""
+    used: memo.Unknown if one more is missing. `with_keys`: give `passed_keys` too, where no node is a DRA node
+    (there prioritize reads what a first fit gives, filter only that part of it)."""
     if pod.problem is not None:
         if pod.transient:
             return FilterOutcome([], {pod.problem: list(names)}, {})
@@ -85,6 +88,8 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
     number_of = {key: numbers.setdefault(known[key], len(numbers)) for key in distinct}
     groups = group(names, keys, number_of, len(numbers))
     outcome = FilterOutcome(groups[0], {}, {})
+    if with_keys and state.given_keys(pod.request.count) is None:
+        outcome.passed_keys = group(keys, keys, number_of, len(numbers))[0]
     for verdict, number in numbers.items():
         if verdict is not None:
             target = outcome.failed if verdict[1] else outcome.unresolvable

@@ -142,7 +142,7 @@ class ExtenderService:
         outcome = self.groups.filter(pod, args.candidates()) if pod.group_key is not None else None
         if outcome is None:
             outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._verdicts, self.wait,
-                                   self.drains, compute)
+                                   self.drains, compute, self.shortlist > 0)
             if 0 < self.shortlist < len(outcome.passed) and pod.request is not None and not pod.pinned:
                 outcome = self._shortlisted(args.pod, pod, outcome, compute)
         if not outcome.passed and WAITING in outcome.failed:
@@ -177,7 +177,7 @@ class ExtenderService:
         """The best `shortlist` of the nodes that passed, scored now and kept for the pod's prioritize."""
         passed = outcome.passed
         best, rest = best_of(passed, scored_keys(self.state, self.selector, pod, passed, self._offers, self.drains,
-                                                 compute, self._scores), self.shortlist)
+                                                 compute, self._scores, outcome.passed_keys), self.shortlist)
         self._shortlists.keep(_version(raw), best)
         return FilterOutcome(list(best), {**outcome.failed, OUTRANKED: rest}, outcome.unresolvable)
 

@@ -65,15 +65,18 @@ class ScoredKeys:
 
 def scored_keys(state: ClusterState, selector: Selector, pod: PodRequest, names: list[str],
                 memo: ShapeMemo[Offer | None] | None = None, drains: Drains | None = None,
-                compute: bool = True, book: ScoreBook | None = None) -> ScoredKeys:
+                compute: bool = True, book: ScoreBook | None = None, keys: list[Key | None] | None = None
+                ) -> ScoredKeys:
     """Scores depend only on the node key, so each distinct key is scored once; what each node key offers the pod
     is remembered across requests in `memo`, and its score in `book` while the candidates' best ring, most GPUs
     lost and whole domains stay the same. The passes over the names run in C (extender/api/_names.c). GPUs drained
     for other pods (extender/verbs/drains.py) are not free to this one. Without `compute`, only remembered offers
-    and those quick to work out (memo.ON_LOOP) are used: memo.Unknown if one more is missing."""
+    and those quick to work out (memo.ON_LOOP) are used: memo.Unknown if one more is missing. `keys`: the names'
+    keys where the caller has read them already (FilterOutcome.passed_keys)."""
     request = pod.request
     assert request is not None
-    keys = keys_seen(state, names, drains, pod.uid, None, ends_by(pod, state.clock()), request.count)
+    if keys is None:
+        keys = keys_seen(state, names, drains, pod.uid, None, ends_by(pod, state.clock()), request.count)
     distinct = set(unique(keys))
     book = book or ScoreBook()
     tally = book.tally(request, state.key_epoch)

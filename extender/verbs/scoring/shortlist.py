@@ -63,7 +63,7 @@ class Shortlists:
     def scores(self, pod: tuple[str, str], names: list[str]) -> list[int] | None:
         """The scores filter gave `names`, or None where it shortlisted not all of them for this pod version."""
         kept = self._lists.get(pod)
-        if kept is None:
+        if kept is None or len(names) > len(kept):
             return None
         scores = [kept.get(name, -1) for name in names]
         return None if -1 in scores else scores
