@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench bench-select bench-bind bench-dra loadtest throughput hostile soak failover fuzz mutate clean
+.PHONY: demo test bench bench-select bench-bind bench-dra loadtest throughput hostile soak failover faults fuzz mutate clean
 
 # Rebuilt when the C extension's source changes too: `pip install -e` compiles it into extender/.
 $(BIN)/activate: pyproject.toml extender/api/_names.c
@@ -46,6 +46,9 @@ soak: $(BIN)/activate
 
 failover: $(BIN)/activate
 	$(BIN)/python loadtests/failover.py
+
+faults: $(BIN)/activate  # needs KUBE_BIN_DIR (etcd, kube-apiserver, kube-scheduler); about four minutes
+	$(BIN)/python loadtests/faults.py --write BENCHMARKS.md
 
 fuzz: $(BIN)/activate
 	$(BIN)/pip install --quiet -e '.[fuzz]'
