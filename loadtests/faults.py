@@ -92,7 +92,7 @@ from kube_e2e import (  # noqa: E402
     wait_until,
     write_kubeconfig,
 )
-from scheduler_throughput import EXTENDER_ERROR, check_gpus  # noqa: E402
+from scheduler_throughput import EXTENDER_ERROR, STALE_AFTER, check_gpus  # noqa: E402
 
 from extender.cache.seal import Seal  # noqa: E402
 from topology.annotations import AnnotationKeys  # noqa: E402
@@ -103,7 +103,6 @@ PLATFORM = "dgx2-v100"  # 16 GPUs: 200 nodes hold 2,000 pods of 1 or 2 GPUs with
 SIZES = {1: 2, 2: 1}  # GPUs: weight; 2,000 pods take about 2,670 of 3,200 GPUs
 NAMESPACE = "faults"
 EXTENDER_NAMESPACE = "gpu-topology-system"
-STALE_AFTER = "3600"  # no agent here: the nodes' state, written at creation, must stay fresh for the whole run
 LEDGER_PROBE = HERE / "ledger_probe.py"
 KEYS = AnnotationKeys()
 ROUTE_PERIOD = 0.2  # how often the Service's stand-in reads the leader label
@@ -442,8 +441,6 @@ class Fault:
 class Outcome:
     faults: list[Fault]
     checks: list[Check]
-    pods: int
-    bound: int
     elapsed: float
     versions: dict[str, str]
     started: float  # time.monotonic() when the first pod was created
@@ -464,7 +461,7 @@ class FaultRun:
 
     def start(self) -> None:
         self.pki = make_pki(self.workdir / "pki")
-        etcd, etcd_url = start_etcd(self.binaries.etcd, self.workdir, self.stack)
+        _, etcd_url = start_etcd(self.binaries.etcd, self.workdir, self.stack)
         self.apiserver, self.api_port = start_apiserver(self.binaries.apiserver, self.workdir, etcd_url, self.pki,
                                                         self.stack)
         server = f"https://127.0.0.1:{self.api_port}"
@@ -490,7 +487,6 @@ class FaultRun:
         self.stack.callback(self.service.close)
         wait_until(self.route.leader, 60, "a replica labelled as the leader", watch=[self.apiserver])
         self.scheduler_name = self._start_scheduler(admin)
-        self.etcd = etcd
 
     def add_replica(self, identity: str) -> Replica:
         replica = Replica(identity, kube=self.kube, workdir=self.workdir, kubeconfig=self.extender_kubeconfig,
@@ -547,7 +543,7 @@ class FaultRun:
         self.stack.callback(clock.stop)
         arrivals = Arrivals(Kube(self.workdir / "admin.kubeconfig", timeout=5), pods, self.args.rate).start()
         self.stack.callback(arrivals.stop)
-        spacing = self.args.pods / self.args.rate / (len(FAULTS) + 1)
+        spacing = self.args.pods / self.args.rate / (len(self.args.faults) + 1)
         make = {"kill-leader": self.kill_leader, "restart-apiserver": self.restart_apiserver,
                 "cut-watches": self.cut_watches}
         ready_at = arrivals.started
@@ -568,9 +564,8 @@ class FaultRun:
                                     fault.back, self.args.window, following.start if following else math.inf)
         last_created = max(arrivals.created.values(), default=arrivals.started)
         errors = self.error_lines()
-        return Outcome(self.faults, self.checks(pods, last_created, errors), len(pods), len(clock.bound),
-                       time.monotonic() - self.began, self.binaries.versions(), arrivals.started,
-                       last_created - arrivals.started, errors)
+        return Outcome(self.faults, self.checks(pods, last_created, errors), time.monotonic() - self.began,
+                       self.binaries.versions(), arrivals.started, last_created - arrivals.started, errors)
 
     def bound_pods(self) -> list[dict[str, Any]]:
         answer = self.kube.core.list_namespaced_pod(NAMESPACE, _preload_content=False, _request_timeout=60)
@@ -581,8 +576,7 @@ class FaultRun:
         twice, _ = check_gpus(bound, exact=True)  # its count of a node's GPUs is for 8-GPU boards; seals say more
         foreign = misplaced(bound, self.topologies, Seal.from_file(self.workdir / "seal.key"))
         leader = self.route.leader()
-        ledger = wait_until(lambda: self._settled_ledger(leader, bound), 30, "the leader's ledger to settle") \
-            if leader is not None else None
+        ledger = settled_ledger(leader, len(bound)) if leader is not None else None
         differences = ledger_differences(ledger or {}, bound, self.topologies) if leader else ["no leader"]
         exited = [f"{identity} {replica.process.exit_status()}" for identity, replica in self.replicas.items()
                   if identity not in self.gone and not replica.process.alive]
@@ -610,15 +604,19 @@ class FaultRun:
                                fault.back + self.args.window <= last_created))
         return found
 
-    def _settled_ledger(self, leader: Replica, bound: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-        """The leader's ledger once it holds as many entries as pods are bound (the watch may trail a bind)."""
-        ledger = leader.ledger()
-        return ledger if len(ledger["entries"]) == len(bound) else None
-
     def error_lines(self) -> list[str]:
         return [line for replica in self.replicas.values()
                 for line in replica.process.log_path.read_text(errors="replace").splitlines()
                 if EXTENDER_ERROR.match(line)]
+
+
+def settled_ledger(leader: Replica, bound: int, timeout: float = 30.0) -> dict[str, Any]:
+    """The leader's ledger once it holds an entry for each pod bound (its watch may trail the last binds), or as
+    it stands after `timeout`, for the comparison to show what differs."""
+    deadline = time.monotonic() + timeout
+    while len((ledger := leader.ledger())["entries"]) != bound and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return ledger
 
 
 def annotations(pod: Mapping[str, Any]) -> Mapping[str, str]:
