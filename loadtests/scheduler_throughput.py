@@ -11,9 +11,10 @@ Configurations, in alternating rounds (the order rotates every round, so drift o
 - `alone-default`: kube-scheduler with its own defaults (one profile of our scheduler name and nothing else: the
   adaptive `percentageOfNodesToScore`, its default plugins and LeastAllocated scoring), client qps and burst 5,000
   so the client rate is not the limit: what issue 32 judges the extender against;
-- `alone-shipped`: the shipped profile (its `percentageOfNodesToScore: 100`, plugins and MostAllocated scoring)
-  without the extender, client qps and burst 5,000: kube-scheduler's own work at the extender's setting, what issue
-  18 judges the extender against;
+- `alone-shipped`: the shipped profile that pods use, gpu-topology-scheduler (kube-scheduler's adaptive
+  `percentageOfNodesToScore`, its plugins and MostAllocated scoring; groups' members use the second profile, which
+  searches every node, and none are sent here) without the extender, client qps and burst 5,000: kube-scheduler's
+  own work at the extender's setting, what issue 18 judges the extender against;
 - `extender`: the shipped scheduler-config/kube-scheduler-config.yaml as it is (profile, extender, its
   `clientConnection` rate), pointed at the extender, which runs with scheduler-config/extender.yaml's flags but
   `--stale-after` (no agent refreshes the nodes' state here);

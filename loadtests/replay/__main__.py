@@ -27,7 +27,7 @@ import logging
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -39,6 +39,7 @@ from loadtests.replay.engine import Policy, Run, replay
 from loadtests.replay.group_metrics import GroupSummary, summarize_groups
 from loadtests.replay.group_mix import group_workload
 from loadtests.replay.job_metrics import JobSummary, summarize_jobs
+from loadtests.replay.kube_scores import Profile, shipped_profile
 from loadtests.replay.metrics import Summary, summarize
 from loadtests.replay.model import ClusterNode, Job
 from loadtests.replay.plots import write_group_plots, write_plots
@@ -88,6 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              f"(default {TOPOLOGY_WAIT_SECONDS:g})")
     parser.add_argument("--shortlist", type=int, default=SHORTLIST, metavar="K",
                         help=f"the extender's --shortlist for policies (3) and (4); 0: every fit (default {SHORTLIST})")
+    parser.add_argument("--percentage", type=int, metavar="0-100",
+                        help="percentageOfNodesToScore of the profile policies (3) and (4) run under, instead of the "
+                             "shipped profile's (0: kube-scheduler's adaptive share)")
     parser.add_argument("--json", action="store_true", help="print the per-policy metrics as one JSON object")
     parser.add_argument("--plots", type=Path, metavar="DIR",
                         help="write PNG plots (efficiency and pending-time CDFs, fragmentation over time) to DIR")
@@ -106,6 +110,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--topology-wait must be 0 to {MAX_TOPOLOGY_WAIT_SECONDS:g}, not {args.topology_wait}")
         if not 0 <= args.comm_share <= 1:
             raise ValueError(f"--comm-share must be within 0..1, not {args.comm_share}")
+        if args.percentage is not None and not 0 <= args.percentage <= 100:
+            raise ValueError(f"--percentage must be 0 to 100, not {args.percentage}")
+        if args.percentage is not None and args.cluster == "nvl72":
+            raise ValueError("--percentage applies to --cluster mixed and alibaba: nvl72's 96 nodes are all searched "
+                             "at any percentage (kube-scheduler searches every node of a cluster under 100)")
         if args.shortlist < 0:
             raise ValueError(f"--shortlist must be 0 or more, not {args.shortlist}")
         if not 1 <= args.seeds <= MAX_SEEDS:
@@ -145,6 +154,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _profile(percentage: int | None) -> Profile | None:
+    """The shipped profile with another percentageOfNodesToScore, or None for the shipped one as it is."""
+    return None if percentage is None else replace(shipped_profile(), percentage_of_nodes_to_score=percentage)
+
+
 def _fleet_scale(text: str) -> float:
     """A share of the Alibaba fleet's nodes: more than 0, at most 1."""
     try:
@@ -177,7 +191,8 @@ def _runs(args: argparse.Namespace, cluster: Sequence[ClusterNode], jobs: Sequen
     level = extender_log.level
     extender_log.setLevel(logging.ERROR)
     policies = (group_policies(cluster, args.topology_wait, args.comm_share, args.shortlist)
-                if args.cluster == "nvl72" else standard_policies(cluster, args.topology_wait, args.shortlist))
+                if args.cluster == "nvl72" else standard_policies(cluster, args.topology_wait, args.shortlist,
+                                                                  _profile(args.percentage)))
     run_time = RunTime(cluster, args.comm_share)
     try:
         return [_run(cluster, jobs, policy, seed, run_time, quiet=args.json) for policy in policies]

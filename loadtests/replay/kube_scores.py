@@ -74,17 +74,18 @@ GPU_PACKING = Profile("MostAllocated on nvidia.com/gpu", "MostAllocated",
 resources at weight 10 (as NVIDIA's and most bin-packing guides configure it); everything else as the defaults."""
 
 
-def shipped_profile(path: Path = SHIPPED_CONFIG) -> Profile:
-    """The profile scheduler-config/ deploys with our extender, read from the file so the replay follows it."""
+def shipped_profile(path: Path = SHIPPED_CONFIG, name: str = "gpu-topology-scheduler") -> Profile:
+    """A profile scheduler-config/ deploys with our extender (`name`: gpu-topology-scheduler-groups for groups'
+    members), read from the file so the replay follows it."""
     import yaml  # the harness extra; imported here so that the soak can use this module's node count without it
 
     config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    profile = config["profiles"][0]
+    profile = next(profile for profile in config["profiles"] if profile["schedulerName"] == name)
     disabled = {entry["name"] for entry in profile.get("plugins", {}).get("multiPoint", {}).get("disabled", [])}
     fit = next(entry["args"] for entry in profile.get("pluginConfig", []) if entry["name"] == "NodeResourcesFit")
     strategy = fit["scoringStrategy"]
     extender = config["extenders"][0]
-    return Profile(f"shipped ({path.name})", strategy["type"],
+    return Profile(f"shipped ({path.name}, {name})", strategy["type"],
                    tuple((item["name"], int(item["weight"])) for item in strategy["resources"]),
                    "NodeResourcesBalancedAllocation" not in disabled, int(extender.get("weight", 1)),
                    int(profile.get("percentageOfNodesToScore", config.get("percentageOfNodesToScore", 0)) or 0))

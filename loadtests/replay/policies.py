@@ -230,14 +230,20 @@ OURS_GROUPS_PREFERRED = "(4) ours, groups preferred"
 
 
 def standard_policies(nodes: Sequence[ClusterNode], topology_wait: float = TOPOLOGY_WAIT_SECONDS,
-                      shortlist: int = SHORTLIST) -> tuple[StockPolicy | ExtenderPolicy, ...]:
+                      shortlist: int = SHORTLIST, profile: Profile | None = None
+                      ) -> tuple[StockPolicy | ExtenderPolicy, ...]:
     """Policies (1) to (4), each fresh: (3) and (4) hold an extender whose state must start empty; they run with
-    the extender's --topology-wait and --shortlist."""
+    the extender's --topology-wait and --shortlist, under `profile` (the shipped one by default)."""
     return (StockPolicy("(1) quantity only", DEFAULT),
             StockPolicy("(2) quantity, GPU packing", GPU_PACKING),
             ExtenderPolicy("(3) ours, scheduling only", nodes, delivery=False, topology_wait=topology_wait,
-                           shortlist=shortlist),
-            ExtenderPolicy(OURS, nodes, delivery=True, topology_wait=topology_wait, shortlist=shortlist))
+                           shortlist=shortlist, profile=profile),
+            ExtenderPolicy(OURS, nodes, delivery=True, topology_wait=topology_wait, shortlist=shortlist,
+                           profile=profile))
+
+
+GROUPS_PROFILE = "gpu-topology-scheduler-groups"
+"""The shipped profile a group's members use: it searches every node."""
 
 
 def group_policies(nodes: Sequence[ClusterNode], topology_wait: float = TOPOLOGY_WAIT_SECONDS,
@@ -253,5 +259,5 @@ def group_policies(nodes: Sequence[ClusterNode], topology_wait: float = TOPOLOGY
             SlurmLikePolicy("(7) Slurm-like, EASY backfill, topology/block", nodes),
             *(ExtenderPolicy(f"(4) ours, groups {placement}", nodes, delivery=True, topology_wait=topology_wait,
                              topology_levels=TOPOLOGY_LEVELS, group_placement=placement, comm_share=comm_share,
-                             shortlist=shortlist)
+                             shortlist=shortlist, profile=shipped_profile(name=GROUPS_PROFILE))
               for placement in ("required", "preferred")))

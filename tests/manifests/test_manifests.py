@@ -86,6 +86,7 @@ from topology.annotations import AnnotationKeys
 NAMESPACE = "gpu-topology-system"
 GPU = "nvidia.com/gpu"
 GPU_PROFILE = "gpu-topology-scheduler"
+GROUPS_PROFILE = "gpu-topology-scheduler-groups"
 SECONDARY_CONFIG = "kube-scheduler-config.yaml"
 CONTROL_PLANE_CONFIG = "kube-scheduler-config.control-plane.yaml"
 
@@ -277,11 +278,19 @@ def project_errors(config: Doc) -> list[str]:
                           f"{SCHEDULER_TLS_SECRET}")
 
     profiles = [p for p in config.get("profiles") or [] if p.get("schedulerName") == GPU_PROFILE]
-    if len(profiles) != 1:
-        return errors + [f"profiles: one profile {GPU_PROFILE!r} expected"]
-    (profile,) = profiles
-    if profile.get("percentageOfNodesToScore") != 100:
-        errors.append("percentageOfNodesToScore: must be 100, so that the extender sees every feasible node")
+    groups = [p for p in config.get("profiles") or [] if p.get("schedulerName") == GROUPS_PROFILE]
+    if len(profiles) != 1 or len(groups) != 1:
+        return errors + [f"profiles: one profile {GPU_PROFILE!r} and one {GROUPS_PROFILE!r} expected"]
+    (profile,), (group_profile,) = profiles, groups
+    if profile.get("percentageOfNodesToScore", 0) != 0:
+        errors.append(f"percentageOfNodesToScore: {GPU_PROFILE} keeps the adaptive share (unset or 0); searching "
+                      "every node cost kube-scheduler 6.8x its CPU at 5,000 nodes")
+    if group_profile.get("percentageOfNodesToScore") != 100:
+        errors.append(f"percentageOfNodesToScore: {GROUPS_PROFILE} must be 100, so that a group is planned on "
+                      "every candidate domain")
+    if {k: v for k, v in group_profile.items() if k not in ("schedulerName", "percentageOfNodesToScore")} != {
+            k: v for k, v in profile.items() if k not in ("schedulerName", "percentageOfNodesToScore")}:
+        errors.append(f"profiles: {GROUPS_PROFILE} must have {GPU_PROFILE}'s plugins and their configuration")
     disabled = [
         plugin["name"]
         for point in ("multiPoint", "score")
@@ -322,14 +331,13 @@ def test_both_scheduler_configs_share_the_extender_and_the_gpu_profile() -> None
     secondary, control_plane = scheduler_config(SECONDARY_CONFIG), scheduler_config(CONTROL_PLANE_CONFIG)
     assert secondary["extenders"] == control_plane["extenders"]
 
-    def gpu_profile(config: Doc) -> Doc:
-        (profile,) = [p for p in config["profiles"] if p["schedulerName"] == GPU_PROFILE]
-        return profile
+    def ours(config: Doc) -> list[Doc]:
+        return [p for p in config["profiles"] if p["schedulerName"] in (GPU_PROFILE, GROUPS_PROFILE)]
 
-    assert gpu_profile(secondary) == gpu_profile(control_plane)
-    # Option B runs only the GPU profile (a default-scheduler profile would compete with the control plane's);
+    assert ours(secondary) == ours(control_plane)
+    # Option B runs only our profiles (a default-scheduler profile would compete with the control plane's);
     # option A keeps default-scheduler untouched.
-    assert [p["schedulerName"] for p in secondary["profiles"]] == [GPU_PROFILE]
+    assert [p["schedulerName"] for p in secondary["profiles"]] == [GPU_PROFILE, GROUPS_PROFILE]
     assert {"schedulerName": "default-scheduler"} in control_plane["profiles"]
     # Option B's lease is its own, in its namespace.
     assert secondary["leaderElection"]["resourceName"] == GPU_PROFILE
@@ -479,7 +487,12 @@ PROJECT_VIOLATIONS: dict[str, tuple[Callable[[Doc], None], str]] = {
         lambda c: _profile(c)["plugins"]["multiPoint"]["disabled"][0].update(name="NodeResourceBalancedAllocation"),
         "does not exist",
     ),
-    "first feasible nodes only": (lambda c: _profile(c).pop("percentageOfNodesToScore"), "percentageOfNodesToScore"),
+    "groups planned on a sample": (lambda c: c["profiles"][1].pop("percentageOfNodesToScore"),
+                                   "percentageOfNodesToScore"),
+    "every node searched for every pod": (lambda c: _profile(c).update(percentageOfNodesToScore=100),
+                                          "percentageOfNodesToScore"),
+    "groups profile packs otherwise": (lambda c: c["profiles"][1]["pluginConfig"][0]["args"]["scoringStrategy"].update(
+        type="LeastAllocated"), "plugins and their configuration"),
 }
 
 

@@ -57,4 +57,6 @@ def test_select_host_takes_the_best_and_breaks_ties_by_the_seeded_draw() -> None
 def test_feasible_nodes_to_find_is_kube_schedulers_adaptive_share() -> None:
     assert [feasible_nodes_to_find(0, n) for n in (99, 150, 1213, 5000, 10000)] == [99, 100, 497, 500, 500]
     assert feasible_nodes_to_find(100, 1213) == 1213 and feasible_nodes_to_find(10, 5000) == 500
-    assert shipped_profile().percentage_of_nodes_to_score == 100  # scheduler-config sends every node to us
+    # scheduler-config searches kube-scheduler's adaptive share for pods, every node for groups' members
+    assert shipped_profile().percentage_of_nodes_to_score == 0
+    assert shipped_profile(name="gpu-topology-scheduler-groups").percentage_of_nodes_to_score == 100
