@@ -34,6 +34,8 @@ def best_of(names: list[str], scored: ScoredKeys, k: int) -> tuple[dict[str, int
     best: dict[str, int] = {}
     rest: list[str] = []
     for number, members in enumerate(groups):
+        if not members:  # most of the RANKS buckets
+            continue
         room = k - len(best)
         best.update(dict.fromkeys(members[:room], MAX_SCORE - number // PACKING_STEPS))
         if len(members) >= room:
