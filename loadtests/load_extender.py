@@ -155,12 +155,11 @@ class Client:
         windows = self.windows[size]
         return windows[number % len(windows)]
 
-    def cycle(self, names: list[str], names_json: bytes, samples: Samples | None, every_name: bool = False) -> Cycle:
-        """One scheduling cycle of kube-scheduler for the next pending pod. `every_name`: prioritize gets every
-        candidate (the filter's body), not only the names that passed, so that its work does not hang on how
-        many pass; the bind still goes to the top-scored name that passed. A pod asking GPUs through claims only
-        is sent every name too, but bound only to a DRA node, the only ones kube-scheduler's DRA plugin would have
-        let through; before a bind to a DRA node, kube-scheduler's PreBind allocates the pod's claim."""
+    def cycle(self, names: list[str], names_json: bytes, samples: Samples | None) -> Cycle:
+        """One scheduling cycle of kube-scheduler for the next pending pod: prioritize gets the names that passed
+        (at most the extender's shortlist), and the bind the top-scored one. A pod asking GPUs through claims only
+        is bound only to a DRA node, the only ones kube-scheduler's DRA plugin would have let through; before a
+        bind to a DRA node, kube-scheduler's PreBind allocates the pod's claim."""
         index = self.next_pod
         self.next_pod += 1
         pod = load_pod(index, bool(self.dra_nodes))
@@ -176,7 +175,7 @@ class Client:
         if not bindable:
             cycle.outcome = "unschedulable"
             return cycle
-        if every_name or len(passed) == len(names):
+        if len(passed) == len(names):
             cycle.prioritize_body = cycle.filter_body
         else:
             passed_json = orjson.dumps(passed)
@@ -344,13 +343,14 @@ def compare(sides: dict[str, Client], args: argparse.Namespace, pids: dict[str, 
     """The 5,000-name latency phase on two extenders, `cycles` on each (bounded at `seconds`), in rounds that
     alternate which one goes first, so that drift on the shared machine meets both alike. With plans, both start
     from the same fill and get the same pods: the plans are the only difference; with DRA nodes, each gets the
-    pods of its own cluster. prioritize gets every name on both, as fewer names pass on one than on the other.
+    pods of its own cluster. prioritize gets the names that passed, as in kube-scheduler's cycle: the shortlist's
+    K on both where more fit.
     `profiled`: then a few seconds of cProfile on each."""
     size = min(TARGET_NAMES, args.nodes)
     before = {side: client.stats() for side, client in sides.items()}
     for number in range(args.warmup):
         for client in sides.values():
-            client.cycle(*client.window(size, number), None, every_name=True)
+            client.cycle(*client.window(size, number), None)
     samples = {side: Samples() for side in sides}
     outcomes: dict[str, dict[str, int]] = {side: {} for side in sides}
     passed: dict[str, list[int]] = {side: [] for side in sides}
@@ -366,7 +366,7 @@ def compare(sides: dict[str, Client], args: argparse.Namespace, pids: dict[str, 
             client, marks = sides[side], {verb: len(samples[side].server_ms[verb]) for verb in VERBS[:2]}
             client.resume()
             for number in range(args.warmup + done, args.warmup + done + count):
-                cycle = client.cycle(*client.window(size, number), samples[side], every_name=True)
+                cycle = client.cycle(*client.window(size, number), samples[side])
                 outcomes[side][cycle.outcome] = outcomes[side].get(cycle.outcome, 0) + 1
                 passed[side].append(cycle.passed)
             medians[side] = {verb: percentile(samples[side].server_ms[verb][marks[verb]:], 0.5)
@@ -379,7 +379,7 @@ def compare(sides: dict[str, Client], args: argparse.Namespace, pids: dict[str, 
               "warmup": args.warmup, "seconds": time.perf_counter() - started, "usage": [usage, _usage(pids)],
               "before": before}
     if profiled:  # both at the same point: the same cycles seen, the same memos warm
-        result["profiles"] = {side: profile(client, size, args, every_name=True) for side, client in sides.items()}
+        result["profiles"] = {side: profile(client, size, args) for side, client in sides.items()}
     return result
 
 
@@ -454,7 +454,7 @@ def _threads_cpu_ns(pid: int) -> int:
     return total
 
 
-def profile(client: Client, size: int, args: argparse.Namespace, every_name: bool = False) -> dict[str, Any]:
+def profile(client: Client, size: int, args: argparse.Namespace) -> dict[str, Any]:
     """Cycles with cProfile on the extender's event-loop thread and on its filter and prioritize (after the
     measured cycles, which it would slow)."""
     client.resume()
@@ -464,7 +464,7 @@ def profile(client: Client, size: int, args: argparse.Namespace, every_name: boo
     for number in range(args.max_cycles):
         if time.perf_counter() - started >= args.profile_seconds:
             break
-        client.cycle(*client.window(size, number), None, every_name)
+        client.cycle(*client.window(size, number), None)
         cycles += 1
     answer = orjson.loads(_post(client.ours, "/loadtest/profile/stop", b"", None, ""))
     return {"size": size, "cycles": cycles, "seconds": time.perf_counter() - started, "rows": answer["rows"],
@@ -1108,11 +1108,10 @@ class PlansComparison(Comparison):
             f"plans), in rounds of {self.data['round']} cycles on one and then on the other, the first to go "
             "alternating from round to round, so that drift on the shared machine meets both alike. The load's "
             "pods are not members of any group: the plans are held against them, which is the cost "
-            f"measured. prioritize gets all {self.data['size']:,} names on both (the filter's body, which "
-            "neither parses twice) and the bind the top-scored name that passed: in kube-scheduler's cycle it "
-            "gets only the names that passed, fewer where the plans hold GPUs (here "
+            "measured. prioritize gets the names that passed, as in kube-scheduler's cycle, and the bind the "
+            "top-scored of them: the extender's shortlist on both where more fit (here "
             f"{self.mean_passed('without'):,.0f} without plans and {self.mean_passed('with'):,.0f} with, on "
-            "average), which would make prioritize look cheaper with plans than it is.", "",
+            "average).", "",
             f"- Drains: {plan['drains']:,}, each holding back the free GPUs of a set of 2 on a node of its own, "
             "spread over the cluster, for the whole run (`loadtests/large_cluster_server.py` `start_drains`): "
             "more drained nodes than the few that filter and prioritize look up one by one, so every request "
