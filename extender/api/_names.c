@@ -15,6 +15,8 @@ scores) stays in Python; these functions only move names between lists and bytes
                                            keys): each distinct object looked up once
     unique(items) -> list                  the items without repeats of one object (equal objects that are not
                                            one may repeat), in their order
+    counts(items) -> dict                  each item and how many times it occurs (equal items that are not one
+                                           object add up)
     group(items, labels, number_of, count) -> lists
                                            count lists; items[i] goes to lists[number_of[labels[i]]]
     scores_json(hosts, scores) -> bytes    the prioritize answer [{"Host":…,"Score":…},…]: each score less
@@ -248,6 +250,55 @@ unique(PyObject *module, PyObject *items)
     return distinct;
 }
 
+/* Each distinct object of `items` (by identity, as `unique`) and how many times it occurs, as a dict: filter counts
+   the names that pass from its distinct keys' verdicts before it sorts them. */
+static PyObject *
+counts(PyObject *module, PyObject *items)
+{
+    if (!PyList_Check(items)) {
+        PyErr_Format(PyExc_TypeError, "counts: expected a list, got %.50s", Py_TYPE(items)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t size = PyList_GET_SIZE(items);
+    size_t slots = IDENTITY_SLOTS;
+    while (slots < (size_t)size * 2 + 2)
+        slots *= 2;
+    PyObject **keys = PyMem_Calloc(slots, sizeof(PyObject *));
+    Py_ssize_t *seen = PyMem_Calloc(slots, sizeof(Py_ssize_t));
+    PyObject *found = NULL;
+    if (keys == NULL || seen == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    size_t mask = slots - 1;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        size_t at = ((size_t)item >> 4) & mask;
+        while (keys[at] != NULL && keys[at] != item)
+            at = (at + 1) & mask;
+        keys[at] = item;
+        seen[at]++;
+    }
+    found = PyDict_New();
+    for (size_t at = 0; found != NULL && at < slots; at++) {
+        if (keys[at] == NULL)
+            continue;
+        /* Equal objects that are not one (two equal strings) share the dict's entry: their counts add up. */
+        PyObject *before = PyDict_GetItemWithError(found, keys[at]);
+        Py_ssize_t total = seen[at];
+        if (before != NULL)
+            total += PyLong_AsSsize_t(before);
+        PyObject *count = PyErr_Occurred() ? NULL : PyLong_FromSsize_t(total);
+        if (count == NULL || PyDict_SetItem(found, keys[at], count) < 0)
+            Py_CLEAR(found);
+        Py_XDECREF(count);
+    }
+done:
+    PyMem_Free(keys);
+    PyMem_Free(seen);
+    return found;
+}
+
 static PyObject *
 group(PyObject *module, PyObject *args)
 {
@@ -478,6 +529,7 @@ static PyMethodDef methods[] = {
     {"lookup_few", lookup_few, METH_VARARGS,
      "lookup_few(items, table): [table.get(item) for item in items], each distinct object looked up once."},
     {"unique", unique, METH_O, "unique(items): the items without repeats of one object, in their order."},
+    {"counts", counts, METH_O, "counts(items): {item: how many times it occurs}, items told apart by identity."},
     {"group", group, METH_VARARGS,
      "group(items, labels, number_of, count): count lists, items[i] in lists[number_of[labels[i]]]."},
     {"scores_json", scores_json, METH_VARARGS,

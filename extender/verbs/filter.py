@@ -7,15 +7,18 @@ topology, or a node that could not serve the pod even with every healthy GPU fre
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import chain
 
-from extender.api._names import group, unique
+from extender.api._names import counts, group
 from extender.api.pod_request import PodRequest
 from extender.cache.cluster_state import ClusterState
 from extender.cache.node_view import Key, SharedKey
 from extender.verbs.answer_memo import ON_LOOP, ShapeMemo
 from extender.verbs.drains import Drains, ends_by, keys_seen
+from extender.verbs.scoring import RANKS
 from extender.verbs.wait import WAITING, WaitClock
 from topology.compiled import CompiledTopology
 from topology.full_sets import best_ring_gbps, full_choice
@@ -43,12 +46,12 @@ _RING_NAMES: dict[Interconnect, str] = {
 @dataclass(slots=True)
 class FilterOutcome:
     """Passing names, and the failing ones grouped by reason (reason -> names): a few groups, written whole.
-    `passed_keys`, where asked for and prioritize reads the same keys: each passing name's key, for the shortlist."""
+    `ranked`, where filter ranked them: the passing names in one list per rank (scoring.rank), best first."""
 
     passed: list[str] = field(default_factory=list)
     failed: dict[str, list[str]] = field(default_factory=dict)
     unresolvable: dict[str, list[str]] = field(default_factory=dict)
-    passed_keys: list[Key | None] | None = None
+    ranked: list[list[str]] | None = None
 
     def reasons(self) -> tuple[dict[str, str], dict[str, str]]:
         """(FailedNodes, FailedAndUnresolvableNodes) as node -> reason, for people and tests."""
@@ -62,13 +65,16 @@ Verdict = tuple[str, bool] | None
 
 def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: list[str],
                  memo: ShapeMemo[Verdict] | None = None, wait: WaitClock | None = None,
-                 drains: Drains | None = None, compute: bool = True, with_keys: bool = False) -> FilterOutcome:
+                 drains: Drains | None = None, compute: bool = True,
+                 rank: Callable[[set[Key | None]], Mapping[Key | None, int]] | None = None,
+                 rank_above: int = 0) -> FilterOutcome:
     """One verdict per distinct node key (remembered across requests in `memo`); every pass over the names
     runs in C (extender/api/_names.c), not Python loops. A pod within its topology wait (extender/verbs/wait.py) passes
     only nodes that can give it a full-bandwidth set; GPUs drained for other waiting pods (extender/verbs/drains.py)
     are not free to it. Without `compute`, only remembered verdicts and those quick to work out (memo.ON_LOOP) are
-    used: memo.Unknown if one more is missing. `with_keys`: give `passed_keys` too, where no node is a DRA node
-    (there prioritize reads what a first fit gives, filter only that part of it)."""
+    used: memo.Unknown if one more is missing. `rank` (the passing keys' ranks, scoring.rank): where more than
+    `rank_above` names pass, they come best first, in `ranked` too, sorted in the same C pass; not where a node is
+    a DRA node, whose key here is only what its first fit gives, while prioritize scores what remains too."""
     if pod.problem is not None:
         if pod.transient:
             return FilterOutcome([], {pod.problem: list(names)}, {})
@@ -78,22 +84,34 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
     if pod.pinned:
         return _pinned(state, pod.pinned, names)
     keys = keys_seen(state, names, drains, pod.uid, STALE, ends_by(pod, state.clock()), pod.request.count, True)
-    distinct = set(unique(keys))
+    seen = counts(keys)
+    distinct = seen.keys()
     waiting = wait is not None and wait.waits(pod, state.clock())
     known = (memo or ShapeMemo()).answers((pod.request, pod.required, waiting), distinct,
                                           partial(_verdict, selector, pod, waiting), state.key_epoch,
                                           None if compute else ON_LOOP)
-    # Number the distinct verdicts (0 = pass), then sort the names into one list per number in one C pass.
-    numbers: dict[Verdict, int] = {None: 0}
-    number_of = {key: numbers.setdefault(known[key], len(numbers)) for key in distinct}
-    groups = group(names, keys, number_of, len(numbers))
-    outcome = FilterOutcome(groups[0], {}, {})
-    if with_keys and state.given_keys(pod.request.count) is None:
-        outcome.passed_keys = group(keys, keys, number_of, len(numbers))[0]
-    for verdict, number in numbers.items():
+    # Number the names (the passing ones by rank, or all 0; each failing verdict one number after them), then sort
+    # them into one list per number in one C pass.
+    ranks = None
+    if rank is not None and state.given_keys(pod.request.count) is None:
+        passing = {key for key in distinct if known[key] is None}
+        if sum(seen[key] for key in passing) > rank_above:
+            ranks = rank(passing)
+    base = 1 if ranks is None else RANKS
+    reasons: dict[tuple[str, bool], int] = {}
+    number_of: dict[Key | None, int] = {}
+    for key in distinct:
+        verdict = known[key]
         if verdict is not None:
-            target = outcome.failed if verdict[1] else outcome.unresolvable
-            target.setdefault(verdict[0], []).extend(groups[number])
+            number_of[key] = reasons.setdefault(verdict, base + len(reasons))
+        else:
+            number_of[key] = 0 if ranks is None else ranks[key]
+    groups = group(names, keys, number_of, base + len(reasons))
+    outcome = (FilterOutcome(groups[0], {}, {}) if ranks is None
+               else FilterOutcome(list(chain.from_iterable(groups[:base])), {}, {}, groups[:base]))
+    for (reason, resolvable), number in reasons.items():
+        target = outcome.failed if resolvable else outcome.unresolvable
+        target.setdefault(reason, []).extend(groups[number])
     return outcome
 
 

@@ -27,7 +27,7 @@ from extender.api.pod_request import PodRequest, parse_pod
 from extender.api.wire import BindingArgs, ExtenderArgs, PreemptionArgs, Victims
 from extender.cache.assignments import Assignment
 from extender.cache.cluster_state import ClusterState
-from extender.cache.node_view import NodeKey
+from extender.cache.node_view import Key, NodeKey
 from extender.groups.plans import GROUP_TIMEOUT_SECONDS, GroupPlans
 from extender.kube.binding_writer import StaleConnection
 from extender.kube.client import KubeApi
@@ -47,11 +47,11 @@ from extender.verbs.filter import FilterOutcome, Verdict, filter_nodes
 from extender.verbs.group_placement import GROUP_AGE_BOUND_SECONDS, GroupPlacement
 from extender.verbs.metrics import Metrics
 from extender.verbs.preempt import preempt_nodes
-from extender.verbs.scoring import Offer, ScoreBook, prioritize_nodes, scored_keys
+from extender.verbs.scoring import Offer, ScoreBook, key_scores, prioritize_nodes, ranked_names
 from extender.verbs.scoring.shortlist import OUTRANKED, SHORTLIST, Shortlists, best_of
 from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS, WAITING, WaitClock
 from topology.collectives import COMM_SHARE
-from topology.select import Selector
+from topology.select import Request, Selector
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +141,11 @@ class ExtenderService:
             raise Unknown
         outcome = self.groups.filter(pod, args.candidates()) if pod.group_key is not None else None
         if outcome is None:
+            rank = partial(self._ranks, pod.request, compute) if (
+                self.shortlist > 0 and pod.request is not None and not pod.pinned) else None
             outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._verdicts, self.wait,
-                                   self.drains, compute, self.shortlist > 0)
-            if 0 < self.shortlist < len(outcome.passed) and pod.request is not None and not pod.pinned:
+                                   self.drains, compute, rank, self.shortlist)
+            if rank is not None and len(outcome.passed) > self.shortlist:
                 outcome = self._shortlisted(args.pod, pod, outcome, compute)
         if not outcome.passed and WAITING in outcome.failed:
             if not compute:
@@ -172,13 +174,20 @@ class ExtenderService:
         return names, prioritize_nodes(self.state, self.selector, pod, names, self._offers, self.drains, compute,
                                        self._scores)
 
+    def _ranks(self, request: Request, compute: bool, distinct: set[Key | None]) -> Mapping[Key | None, int]:
+        return key_scores(self.state, self.selector, request, distinct, self._offers, compute, self._scores).rank_of
+
     def _shortlisted(self, raw: Mapping[str, Any], pod: PodRequest, outcome: FilterOutcome,
                      compute: bool) -> FilterOutcome:
-        """The best `shortlist` of the nodes that passed, scored now and kept for the pod's prioritize."""
-        passed = outcome.passed
-        best, rest = best_of(passed, scored_keys(self.state, self.selector, pod, passed, self._offers, self.drains,
-                                                 compute, self._scores, outcome.passed_keys), self.shortlist)
+        """The best `shortlist` of the nodes that passed, their scores kept for the pod's prioritize."""
+        ranked = outcome.ranked
+        if ranked is None:  # DRA nodes among the candidates: ranked by the keys prioritize reads
+            ranked = ranked_names(self.state, self.selector, pod, outcome.passed, self._offers, self.drains, compute,
+                                  self._scores)
+        best, rest = best_of(ranked, self.shortlist)
         self._shortlists.keep(_version(raw), best)
+        if not rest:
+            return outcome
         return FilterOutcome(list(best), {**outcome.failed, OUTRANKED: rest}, outcome.unresolvable)
 
     def _drain(self, pod: PodRequest, waiting: list[str]) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 
-from extender.api._names import lookup_few, unique
+from extender.api._names import group, lookup_few, unique
 from extender.api.pod_request import PodRequest
 from extender.cache.cluster_state import ClusterState
 from extender.cache.node_view import Key, NodeKey, SharedKey
@@ -35,14 +35,26 @@ WEIGHTS = {"bandwidth": 0.6, "packing": 0.1, "fragmentation": 0.3}
 def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: list[str],
                      memo: ShapeMemo[Offer | None] | None = None, drains: Drains | None = None,
                      compute: bool = True, book: ScoreBook | None = None) -> list[int]:
-    """A score per name (see `scored_keys`)."""
+    """A score per name (see `key_scores`). The passes over the names run in C (extender/api/_names.c). GPUs
+    drained for other pods (extender/verbs/drains.py) are not free to this one."""
     if pod.request is None:
         return [0] * len(names)
     if pod.pinned:  # exactly the pinned GPUs, where they are (filter passed only that node)
         return [MAX_SCORE if (view := state.view(name)) is not None and pod.pinned <= view.index_of.keys() else 0
                 for name in names]
-    scored = scored_keys(state, selector, pod, names, memo, drains, compute, book)
-    return lookup_few(scored.keys, scored.score_of)
+    keys = keys_seen(state, names, drains, pod.uid, None, ends_by(pod, state.clock()), pod.request.count)
+    return lookup_few(keys, key_scores(state, selector, pod.request, set(unique(keys)), memo, compute, book).score_of)
+
+
+def ranked_names(state: ClusterState, selector: Selector, pod: PodRequest, names: list[str],
+                 memo: ShapeMemo[Offer | None] | None = None, drains: Drains | None = None,
+                 compute: bool = True, book: ScoreBook | None = None) -> list[list[str]]:
+    """The names in one list per `rank`, best first, each in the order given: where filter could not rank them
+    itself (filter_nodes' `rank`)."""
+    assert pod.request is not None
+    keys = keys_seen(state, names, drains, pod.uid, None, ends_by(pod, state.clock()), pod.request.count)
+    ranks = key_scores(state, selector, pod.request, set(unique(keys)), memo, compute, book).rank_of
+    return group(names, keys, ranks, RANKS)
 
 
 PACKING_STEPS = MAX_GPUS + 1  # packing is a share of a board's GPUs, of 64 at most
@@ -54,30 +66,26 @@ def rank(score: int, packing: float) -> int:
     return (MAX_SCORE - score) * PACKING_STEPS + MAX_GPUS - round(packing * MAX_GPUS)
 
 
-@dataclass(frozen=True, slots=True)
-class ScoredKeys:
-    """Each name's key, in the names' order, and each key's score and `rank` (for filter's shortlist)."""
+def rank_score(number: int) -> int:
+    """The score of a `rank`."""
+    return MAX_SCORE - number // PACKING_STEPS
 
-    keys: list[Key | None]
+
+@dataclass(frozen=True, slots=True)
+class KeyScores:
+    """Each distinct key's score, and its `rank` (for filter's shortlist)."""
+
     score_of: Mapping[Key | None, int]
     rank_of: Mapping[Key | None, int]
 
 
-def scored_keys(state: ClusterState, selector: Selector, pod: PodRequest, names: list[str],
-                memo: ShapeMemo[Offer | None] | None = None, drains: Drains | None = None,
-                compute: bool = True, book: ScoreBook | None = None, keys: list[Key | None] | None = None
-                ) -> ScoredKeys:
-    """Scores depend only on the node key, so each distinct key is scored once; what each node key offers the pod
-    is remembered across requests in `memo`, and its score in `book` while the candidates' best ring, most GPUs
-    lost and whole domains stay the same. The passes over the names run in C (extender/api/_names.c). GPUs drained
-    for other pods (extender/verbs/drains.py) are not free to this one. Without `compute`, only remembered offers
-    and those quick to work out (memo.ON_LOOP) are used: memo.Unknown if one more is missing. `keys`: the names'
-    keys where the caller has read them already (FilterOutcome.passed_keys)."""
-    request = pod.request
-    assert request is not None
-    if keys is None:
-        keys = keys_seen(state, names, drains, pod.uid, None, ends_by(pod, state.clock()), request.count)
-    distinct = set(unique(keys))
+def key_scores(state: ClusterState, selector: Selector, request: Request, distinct: set[Key | None],
+               memo: ShapeMemo[Offer | None] | None = None, compute: bool = True,
+               book: ScoreBook | None = None) -> KeyScores:
+    """Scores depend only on the node key, so each distinct key of the candidates is scored once; what each node
+    key offers the pod is remembered across requests in `memo`, and its score in `book` while the candidates' best
+    ring, most GPUs lost and whole domains stay the same. Without `compute`, only remembered offers and those quick
+    to work out (memo.ON_LOOP) are used: memo.Unknown if one more is missing."""
     book = book or ScoreBook()
     tally = book.tally(request, state.key_epoch)
     dropped = tally.seen.difference(distinct)
@@ -95,7 +103,7 @@ def scored_keys(state: ClusterState, selector: Selector, pod: PodRequest, names:
         page.ranks[key] = rank(score, 0.0 if offer is None else offer.packing)
     book.grew(2 * (len(added) + len(new)))
     if len(distinct) == len(tally.offers):
-        return ScoredKeys(keys, scored, page.ranks)
+        return KeyScores(scored, page.ranks)
     score_of = {key: scored.get(key, 0) for key in distinct}
     shared = [key for key in distinct if isinstance(key, SharedKey)]
     if shared and not request.constrained:
@@ -105,8 +113,7 @@ def scored_keys(state: ClusterState, selector: Selector, pod: PodRequest, names:
         level = max((score_of[key] for key in tally.offers), default=MAX_SCORE)
         score_of.update(dict.fromkeys(shared, level))
     ranks = page.ranks
-    return ScoredKeys(keys, score_of, {key: ranks[key] if key in ranks else rank(score_of[key], 0.0)
-                                       for key in distinct})
+    return KeyScores(score_of, {key: ranks[key] if key in ranks else rank(score_of[key], 0.0) for key in distinct})
 
 
 def _score(key: NodeKey, offer: Offer | None, best_ring: float, most_lost: int, choice: bool) -> int:

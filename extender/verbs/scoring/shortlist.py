@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from itertools import chain
 
-from extender.api._names import group
-from extender.verbs.scoring import MAX_SCORE, PACKING_STEPS, RANKS, ScoredKeys
+from extender.verbs.scoring import rank_score
 
 SHORTLIST = 100
 """K: kube-scheduler's own floor on the nodes it scores in a big cluster (minFeasibleNodesToFind), so it scores no
@@ -28,19 +27,19 @@ OUTRANKED = "fits, but not among the nodes that give the pod the best placement"
 _REMEMBERED = 256  # prioritize follows its filter in the same scheduling cycle: a few pods' lists are enough
 
 
-def best_of(names: list[str], scored: ScoredKeys, k: int) -> tuple[dict[str, int], list[str]]:
-    """The `k` best-ranked names, each with its score, and the rest, in one C pass over the names."""
-    groups = group(names, scored.keys, scored.rank_of, RANKS)
+def best_of(ranked: list[list[str]], k: int) -> tuple[dict[str, int], list[str]]:
+    """The `k` best names, each with its score, and the rest; `ranked` holds one list of names per rank
+    (scoring.rank), best first."""
     best: dict[str, int] = {}
     rest: list[str] = []
-    for number, members in enumerate(groups):
+    for number, members in enumerate(ranked):
         if not members:  # most of the RANKS buckets
             continue
         room = k - len(best)
-        best.update(dict.fromkeys(members[:room], MAX_SCORE - number // PACKING_STEPS))
+        best.update(dict.fromkeys(members[:room], rank_score(number)))
         if len(members) >= room:
             rest.extend(members[room:])
-            rest.extend(chain.from_iterable(groups[number + 1:]))
+            rest.extend(chain.from_iterable(ranked[number + 1:]))
             break
     return best, rest
 

@@ -5,6 +5,7 @@ and refuses what it cannot answer with an exception, never a wrong answer."""
 from __future__ import annotations
 
 import tomllib
+from collections import Counter
 from typing import Any
 
 import orjson
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extender.api._names import first_bad, group, lookup, lookup_few, scores_json, unique
+from extender.api._names import counts, first_bad, group, lookup, lookup_few, scores_json, unique
 from extender.api.pod_request import MAX_NAME_CHARS
 from extender.api.wire import BadRequest, parse_extender_args
 
@@ -94,6 +95,20 @@ def test_unique_keeps_each_object_once_in_order(picks: list[int]) -> None:
 def test_unique_tells_objects_apart_not_values() -> None:
     first, second = tuple(["a", 1]), tuple(["a", 1])
     assert unique([first, second, first]) == [first, second]  # equal, not one: the caller's set() merges them
+
+
+@given(st.lists(st.integers(min_value=0, max_value=40), max_size=300), st.booleans())
+def test_counts_is_a_counter_of_the_items(picks: list[int], equal_copies: bool) -> None:
+    """Objects (node keys) counted by identity as they come, and equal ones that are not one object (a reason
+    string read twice) added up, as collections.Counter counts them."""
+    objects = [object() for _ in range(41)]
+    texts = [str(10**20 + pick) for pick in range(41)]
+    items = [texts[pick] if equal_copies and pick % 2 else objects[pick] for pick in picks]
+    if equal_copies:
+        items += [str(10**20 + pick) for pick in picks if pick % 2]  # equal to texts', other objects
+    assert counts(items) == Counter(items)
+    with pytest.raises(TypeError, match="expected a list"):
+        counts(tuple(items))
 
 
 @given(st.lists(st.tuples(TEXT, st.sampled_from(["pass", "full", "gone", None])), max_size=40))
