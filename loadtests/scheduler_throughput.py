@@ -88,6 +88,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -594,8 +595,9 @@ class Bench:
         method = {"pods": self.kube.core.list_namespaced_pod, "events": self.kube.core.list_namespaced_event}[what]
         return orjson.loads(method(NAMESPACE, _preload_content=False, _request_timeout=120, **params).data)
 
-    @property
+    @cached_property
     def scheduler_name(self) -> str:
+        """Read once a run: the file may be edited while a run goes on, and a pod's creation should not parse it."""
         return scheduler_name(yaml.safe_load(SCHEDULER_CONFIG_SOURCE.read_text()))
 
     def scheduler_config(self, config: str, extender_url: str | None) -> dict[str, Any]:
