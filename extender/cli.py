@@ -42,6 +42,7 @@ from topology.backoff import Backoff
 from topology.bounds import MAX_TOPOLOGY_WAIT_SECONDS
 from topology.collectives import COMM_SHARE, parse_comm_share
 from topology.select import Selector
+from topology.version import add_version
 
 log = logging.getLogger("gpu-topology-extender")
 DEMO_HEARTBEAT_SECONDS = 30.0
@@ -65,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-topology-extender", description=__doc__)
+    add_version(parser)
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
                         help="default: info for serve, warning for demo (its decisions are its output)")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")

@@ -24,6 +24,7 @@ from topology.model import Topology
 from topology.nvidia_smi import TopoParseError, parse_topo_capture, parse_topo_matrix
 from topology.platforms import PLATFORMS
 from topology.select import Choice, Request, Selector
+from topology.version import add_version
 
 EXIT_USAGE = 2
 DEMO_PLATFORMS = ("dgx1-v100", "rtx-a6000-pairs", "pcie-8gpu-switch-tree", "dgx-h100", "dgx2-v100")
@@ -50,6 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gputopo", description=__doc__.splitlines()[0])
+    add_version(parser)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
     source_help = ("nvidia-smi topo -m text, topology JSON, or a bundled platform name (see `gputopo platforms`); "
                    "- reads standard input")

@@ -25,6 +25,7 @@ from extender.kubectl.render import node_text, nodes_table, pod_text
 from extender.kubectl.views import gpu_node_names, node_detail, node_row, pod_report, to_json
 from topology.annotations import DEFAULT_PREFIX, AnnotationKeys
 from topology.select import Selector
+from topology.version import add_version
 
 PROG = "kubectl gputopo"
 EXIT_ERROR = 1
@@ -67,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--annotation-prefix", help=f"the extender's --annotation-prefix (default {DEFAULT_PREFIX})")
     common.add_argument("--gpu-resource", help=f"the extender's --gpu-resource (default {DEFAULT_GPU_RESOURCE})")
     parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0], parents=[common])
+    add_version(parser)
     commands = parser.add_subparsers(required=True, metavar="COMMAND", parser_class=_Parser)
     nodes = commands.add_parser("nodes", parents=[common], help="one row per GPU node")
     nodes.set_defaults(run=_connected(_nodes))

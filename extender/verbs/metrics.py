@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable, Iterator, Sized
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -13,6 +14,7 @@ from extender.cache.dra_crosscheck import GRACE_SECONDS
 from extender.cache.dra_inventory import NodeClass
 from extender.verbs.drains import Drains
 from topology.sharing import Sharing
+from topology.version import version
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 _GBPS_BUCKETS = (5, 10, 20, 50, 100, 150, 200, 300, 450, 600, 900)
@@ -22,6 +24,8 @@ class Metrics:
     def __init__(self, state: ClusterState, plans: Sized, leading: Callable[[], bool] = lambda: True,
                  drains: Drains | None = None) -> None:
         self.registry = CollectorRegistry()
+        Gauge("gpu_topology_extender_build_info", "Always 1: the extender's version and its Python's",
+              ["version", "python"], registry=self.registry).labels(version(), platform.python_version()).set(1)
         self.request_seconds = Histogram("gpu_topology_extender_request_seconds", "Time to answer a verb, server side",
                                          ["verb"], buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.decisions = Counter("gpu_topology_extender_decisions_total", "Outcomes per verb",

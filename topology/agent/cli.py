@@ -35,6 +35,7 @@ from topology.discover import SYSFS_ROOT, NvmlUnavailable, _import_pynvml, disco
 from topology.fabric import Domain
 from topology.model import Topology
 from topology.nvidia_smi import TopoParseError
+from topology.version import add_version
 
 if TYPE_CHECKING:
     from topology.agent.deviceplugin import DevicePlugin
@@ -110,6 +111,7 @@ def _error(error: object, code: int) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    add_version(parser)
     parser.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
                         help="this node's name (default: $NODE_NAME, from the downward API's spec.nodeName)")
     access = parser.add_mutually_exclusive_group()
