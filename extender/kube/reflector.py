@@ -104,6 +104,7 @@ class Reflector:
         self.resource_version: str | None = None  # the last one seen; None means "list next"
         self._wanted = 0  # relists asked for (tickets handed out)
         self._listed = 0  # the last ticket a finished list answered
+        self._absent = False  # the last call was answered 404 (_not_served)
 
     @property
     def has_synced(self) -> bool:
@@ -157,6 +158,9 @@ class Reflector:
                 if isinstance(exc, Gone):
                     log.info("reflector %s: %s; listing again", self.name, exc)
                     self.resource_version = None
+                elif exc.status == 404:
+                    self._not_served(exc)
+                    self.resource_version = None
                 elif exc.status is not None and 400 <= exc.status < 500 and exc.status != 429:
                     log.warning("reflector %s: %s; listing again", self.name, exc)
                     self.resource_version = None
@@ -169,6 +173,15 @@ class Reflector:
                 self._pause()
         log.debug("reflector %s stopped", self.name)
 
+    def _not_served(self, exc: KubeError) -> None:
+        """A 404: the API server serves no such resource (a CRD or an API group not installed, as PodGroups often
+        are). Said at WARNING once, then at debug until a list succeeds: asked again at every backoff, it would
+        otherwise be a warning every few minutes for as long as the cluster runs without it."""
+        log.log(logging.DEBUG if self._absent else logging.WARNING,
+                "reflector %s: %s; the API server does not serve it: asking again as the backoff allows, said "
+                "at debug from now on", self.name, exc)
+        self._absent = True
+
     def _pause(self) -> None:
         if not self._stopping.is_set():
             self._sleep(self._backoff.next())
@@ -177,6 +190,9 @@ class Reflector:
         with self._lock:
             ticket = self._wanted
         items, resource_version = self._list_fn()
+        if self._absent:
+            self._absent = False
+            log.info("reflector %s: the API server serves it now", self.name)
         self._sink.replace(items)
         self.resource_version = resource_version
         with self._lock:
