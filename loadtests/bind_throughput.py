@@ -657,8 +657,8 @@ def section(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float
         "(the `bind-phase` pod patches before bind and after Allocate, the GET of the pod in "
         "`PodAllocationTrySuccess`) and kube-scheduler's status update and Event on each failed bind, all of which "
         "would cost the baseline more. The backoff is the nominal 1, 2, 4, 8, 10 s; the real kube-scheduler v1.36 "
-        "captured in `shared/kube-scheduler/INDEX.md` (scenario 7) retried an erroring pod about 1 s later than "
-        "that on every gap after the first, so lock+backoff is, if anything, flattered.",
+        "whose requests `tests/fixtures/kube-scheduler/` holds (scenario 7) retried an erroring pod about 1 s later "
+        "than that on every gap after the first, so lock+backoff is, if anything, flattered.",
         "- Pods refused by the lock fail at about the same moment, so with the backoff they retry in waves. A wave "
         "lets one pod through, or a few when the holder is admitted before the wave's last retry is scheduled "
         "(the in-process kubelet); cycles per pod in the table count the waves. After k refusals a pod has waited "
