@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench bench-select bench-bind bench-dra loadtest throughput hostile soak failover faults fuzz mutate clean
+.PHONY: demo test chart bench bench-select bench-bind bench-dra loadtest throughput hostile soak failover faults fuzz mutate clean
 
 # Rebuilt when the C extension's source changes too: `pip install -e` compiles it into extender/.
 $(BIN)/activate: pyproject.toml extender/api/_names.c
@@ -16,6 +16,13 @@ demo: $(BIN)/activate
 
 test: $(BIN)/activate
 	$(BIN)/python -m pytest -q
+
+# The Helm chart packaged into dist/, versioned as pyproject.toml (Chart.yaml says the same; tests/chart checks it).
+chart: $(BIN)/activate
+	$(BIN)/python -c "import tomllib, helm_python; \
+	version = tomllib.load(open('pyproject.toml', 'rb'))['project']['version']; \
+	print(helm_python.package('scheduler-config/chart/gpu-topology-extender', destination='dist', version=version, \
+	app_version=version))"
 
 bench: $(BIN)/activate  # both run and write their sections; either's miss fails the target
 	$(BIN)/python -m loadtests.replay.bench --write BENCHMARKS.md; single=$$?; \
