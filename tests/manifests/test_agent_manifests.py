@@ -713,7 +713,7 @@ def test_agent_command_line_matches_the_extender_and_the_policy(mode: str) -> No
     # --node-name comes from the downward API.
     assert flags["--node-name"] == "$(NODE_NAME)"
     env = {item["name"]: item for item in main["env"]}
-    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"apiVersion": "v1", "fieldPath": "spec.nodeName"}}
     assert flags["--annotation-prefix"] == EXTENDER_FLAGS["--annotation-prefix"]
     assert flags["--annotation-prefix"] + "/" == policy_variable(POLICY, "prefix")
     assert flags["--gpu-resource"] == EXTENDER_FLAGS["--gpu-resource"] == GPU
@@ -1040,6 +1040,7 @@ DENIED: dict[str, tuple[Doc, list[str]]] = {
             {"key": "gpu-topology.io/broken", "effect": "NoExecute"}))),
         ["spec"]),
     "cordoned": (admission_request(edit(lambda n: n["spec"].update(unschedulable=True))), ["spec"]),
+    "the whole spec dropped": (admission_request(edit(lambda n: n.pop("spec"))), ["spec"]),
     # Status (through nodes/status, which the agent is not granted either).
     "more GPUs in capacity": (
         admission_request(edit(lambda n: n["status"]["capacity"].update({GPU: "16"})), sub_resource="status"),
@@ -1048,6 +1049,8 @@ DENIED: dict[str, tuple[Doc, list[str]]] = {
         admission_request(edit(lambda n: n["status"]["conditions"][0].update(status="False")),
                           sub_resource="status"),
         ["status"]),
+    "the whole status dropped": (admission_request(edit(lambda n: n.pop("status")), sub_resource="status"),
+                                 ["status"]),
     # Other metadata.
     "a finalizer added": (
         admission_request(edit(lambda n: n["metadata"].update(finalizers=["gpu-topology.io/keep"]))),
@@ -1056,6 +1059,17 @@ DENIED: dict[str, tuple[Doc, list[str]]] = {
         admission_request(edit(lambda n: n["metadata"].update(ownerReferences=[
             {"apiVersion": "v1", "kind": "Namespace", "name": NAMESPACE, "uid": "1"}]))),
         ["finalizers, owner references"]),
+    "a finalizer removed": (
+        admission_request(edit(lambda n: n["metadata"].pop("finalizers")),
+                          old=edit(lambda n: n["metadata"].update(finalizers=["gpu-topology.io/keep"]))(NODE)),
+        ["finalizers"]),
+    "marked for deletion": (
+        admission_request(edit(lambda n: n["metadata"].update(deletionTimestamp="2026-01-12T09:00:35Z",
+                                                               deletionGracePeriodSeconds=0))),
+        ["other metadata"]),
+    "another uid": (admission_request(edit(lambda n: n["metadata"].update(uid="0"))), ["other metadata"]),
+    "a generateName added": (
+        admission_request(edit(lambda n: n["metadata"].update(generateName="gpu-node-"))), ["other metadata"]),
     # Annotations that are not ours.
     "a foreign annotation changed": (
         admission_request(annotations_patch(**{"node.alpha.kubernetes.io/ttl": "30"})),
@@ -1102,6 +1116,26 @@ def test_policy_allows_the_agent_its_own_annotations_on_its_own_node(case: str) 
 @pytest.mark.parametrize("case", list(DENIED))
 def test_policy_denies_everything_else_with_a_clear_message(case: str) -> None:
     assert_denied(CONFINED, *DENIED[case])
+
+
+# What the policy lets the API server itself change in metadata, and what the other rules cover.
+UNCHECKED_METADATA = {"resourceVersion", "managedFields"}
+RULED_ELSEWHERE = {"annotations", "labels"}
+
+
+def test_the_metadata_rule_names_every_field_of_object_meta() -> None:
+    """A typed object cannot be ranged over (the API server's type check refuses it), so the rule names each field of
+    ObjectMeta: all of them in the 1.36 schema but the four the other rules and the API server own, each compared on
+    both sides (present in both and equal, or absent from both)."""
+    schema = (Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
+              / f"v{KUBERNETES_VERSION}-local-strict" / "objectmeta-meta-v1.json")
+    fields = set(json.loads(schema.read_text())["properties"])
+    (rule,) = [v["expression"] for v in POLICY["spec"]["validations"] if "finalizers" in v["message"]]
+    named = set(re.findall(r"\bobject\.metadata\.(\w+)", rule))
+    assert named == fields - UNCHECKED_METADATA - RULED_ELSEWHERE
+    for field in named:
+        assert (f"has(object.metadata.{field}) == has(oldObject.metadata.{field})" in " ".join(rule.split())
+                and f"object.metadata.{field} == oldObject.metadata.{field}" in rule), field
 
 
 def test_messages_name_the_prefix_of_the_manifests() -> None:

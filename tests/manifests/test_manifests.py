@@ -38,6 +38,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from kubernetes_validate.utils import all_versions
+import celpy
 from celpy import celtypes
 from helpers.manifest_checks import (
     API_OBJECTS,
@@ -162,7 +163,7 @@ def test_every_document_is_of_a_kind_this_suite_checks() -> None:
 
 
 def test_no_secret_material_is_committed() -> None:
-    for path in CONFIG.iterdir():
+    for path in sorted(p for p in CONFIG.rglob("*") if p.is_file()):  # the chart's directory too
         text = path.read_text()
         assert "PRIVATE KEY" not in text and "BEGIN CERTIFICATE" not in text, path.name
     assert not [doc for _, doc in _docs() if doc.get("kind") == "Secret"]
@@ -177,9 +178,10 @@ def test_no_secret_material_is_committed() -> None:
 
 # Installed by hand where their CRDs exist: cert-manager.yaml (TLS option 1, with its admission policy) and
 # prometheus-rule.yaml (the Prometheus Operator's); and where the API server has its kind: dra-claims-policy.yaml
-# (MutatingAdmissionPolicy, GA in Kubernetes 1.36), on DRA clusters; and into users' namespaces:
-# dra-claim-templates.yaml.
+# (MutatingAdmissionPolicy, GA in Kubernetes 1.36), on DRA clusters, and scheduler-name-policy.yaml (the same kind),
+# where namespaces opt in; and into users' namespaces: dra-claim-templates.yaml.
 OPTIONAL_FILES = {"cert-manager.yaml", "prometheus-rule.yaml", "dra-claims-policy.yaml", "dra-claim-templates.yaml",
+                  "scheduler-name-policy.yaml",
                   "dra-pin-webhook.yaml"}
 
 
@@ -1379,6 +1381,74 @@ def test_extender_policy_allows_the_extenders_binding(case: str) -> None:
 def test_extender_policy_denies_every_other_write_of_the_extender(case: str) -> None:
     request, expected = EXTENDER_DENIED[case]
     assert_denied(EXTENDER_WRITES, request, [expected])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# scheduler-name-policy.yaml: GPU pods of opted-in namespaces sent to our scheduler
+# ---------------------------------------------------------------------------------------------------------------
+
+SCHEDULER_NAME_POLICY = obj("MutatingAdmissionPolicy", "gpu-topology-scheduler-name")
+OPT_IN_LABEL = {"gpu-topology.io/scheduler": "enabled"}
+
+
+def gpu_pod_spec(*, limits: int = 0, requests: int = 0, init: int = 0, scheduler: str | None = None) -> Doc:
+    """A pod's spec as admission sees it on CREATE (schedulerName defaulted when the pod names none)."""
+    resources: Doc = {}
+    if limits:
+        resources["limits"] = {GPU: str(limits), "cpu": "1"}
+    if requests:
+        resources["requests"] = {GPU: str(requests)}
+    spec: Doc = {"containers": [{"name": "main", "image": "x", **({"resources": resources} if resources else {})}],
+                 "schedulerName": scheduler or "default-scheduler"}
+    if init:
+        spec["initContainers"] = [{"name": "init", "image": "x", "resources": {"limits": {GPU: str(init)}}}]
+    return spec
+
+
+SCHEDULER_NAME_CASES: dict[str, tuple[Doc, bool]] = {
+    "a GPU limit": (gpu_pod_spec(limits=2), True),
+    "a GPU request only": (gpu_pod_spec(requests=1), True),
+    "an init container's GPU": (gpu_pod_spec(init=1), True),
+    "default-scheduler named": (gpu_pod_spec(limits=1, scheduler="default-scheduler"), True),
+    "no scheduler at all (not defaulted)": ({k: v for k, v in gpu_pod_spec(limits=1).items()
+                                            if k != "schedulerName"}, True),
+    "no GPU": (gpu_pod_spec(), False),
+    "a gang member naming the groups profile": (gpu_pod_spec(limits=8, scheduler=GROUPS_PROFILE), False),
+    "another scheduler": (gpu_pod_spec(limits=1, scheduler="volcano"), False),
+    "another resource only": ({"containers": [{"name": "m", "image": "x",
+                                               "resources": {"limits": {"amd.com/gpu": "1"}}}]}, False),
+}
+
+
+@pytest.mark.parametrize("case", list(SCHEDULER_NAME_CASES))
+def test_the_scheduler_name_policy_selects_gpu_pods_that_name_no_other_scheduler(case: str) -> None:
+    spec, selected = SCHEDULER_NAME_CASES[case]
+    activation = {"object": celpy.json_to_cel({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                                               "spec": spec})}
+    results = {c["name"]: program(c["expression"]).evaluate(activation)
+               for c in SCHEDULER_NAME_POLICY["spec"]["matchConditions"]}
+    assert all(isinstance(r, celtypes.BoolType) for r in results.values()), results
+    assert all(results.values()) is selected, results
+
+
+def test_the_scheduler_name_policy_sets_our_profile_on_created_pods_of_opted_in_namespaces() -> None:
+    spec = SCHEDULER_NAME_POLICY["spec"]
+    constraints = spec["matchConstraints"]
+    assert constraints["resourceRules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                                             "resources": ["pods"], "scope": "*"}]
+    assert constraints["namespaceSelector"] == {"matchLabels": OPT_IN_LABEL}
+    for _, expression in [(c["name"], c["expression"]) for c in spec["matchConditions"]]:
+        assert not non_portable_calls(expression)
+    # The resource it looks for is the extender's.
+    assert f"'{flag_values(container(EXTENDER)['args'][1:])['--gpu-resource']}'" in spec["matchConditions"][1][
+        "expression"]
+    (mutation,) = spec["mutations"]
+    assert mutation["patchType"] == "JSONPatch"
+    assert " ".join(mutation["jsonPatch"]["expression"].split()) == (
+        f"[JSONPatch{{op: 'add', path: '/spec/schedulerName', value: '{GPU_PROFILE}'}}]")
+    (profile,) = [p for p in scheduler_config(SECONDARY_CONFIG)["profiles"] if p["schedulerName"] == GPU_PROFILE]
+    assert obj("MutatingAdmissionPolicyBinding", "gpu-topology-scheduler-name")["spec"] == {
+        "policyName": SCHEDULER_NAME_POLICY["metadata"]["name"]}
 
 
 # ---------------------------------------------------------------------------------------------------------------
