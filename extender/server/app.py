@@ -32,6 +32,7 @@ from extender.api.wire import (
     MAX_BODY_BYTES,
     BadRequest,
     ExtenderArgs,
+    NameLists,
     NotJson,
     binding_result,
     filter_error,
@@ -91,6 +92,7 @@ def create_app(service: ExtenderService, max_body_bytes: int = MAX_BODY_BYTES) -
                   telemetry={"tracing": False, "metrics": False, "logs": False})
 
     last: list[tuple[bytes, ExtenderArgs]] = []
+    recent = NameLists()
     # Filter, prioritize and preempt run one at a time (`one_at_a_time`), so the remembered body and the memos
     # need no lock of their own. Filter and prioritize are answered on the event loop when all they need is
     # remembered, or is a few new answers on boards of at most 8 GPUs (memo.ON_LOOP; memo.Unknown otherwise):
@@ -108,7 +110,7 @@ def create_app(service: ExtenderService, max_body_bytes: int = MAX_BODY_BYTES) -
         """kube-scheduler sends prioritize the filter's body unchanged when every node passed: parse it once."""
         if last and last[0][0] == body:
             return last[0][1]
-        args = parse_extender_args(body)
+        args = parse_extender_args(body, recent)
         last[:] = [(body, args)]
         return args
 
