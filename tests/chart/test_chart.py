@@ -360,6 +360,11 @@ def test_monitoring_objects_each_switchable() -> None:
 def test_policies_switchable() -> None:
     kinds = {doc["kind"] for doc in render({"policies": {"enabled": False}})}
     assert not kinds & {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy"}
+    sending = render({"scheduler": {"sendGpuPods": True}})
+    policy = find(sending, "MutatingAdmissionPolicy", "gpu-topology-scheduler-name")
+    assert "gpu-topology-scheduler" in policy["spec"]["mutations"][0]["jsonPatch"]["expression"]
+    assert find(sending, "MutatingAdmissionPolicyBinding", "gpu-topology-scheduler-name")["spec"]["policyName"] == (
+        "gpu-topology-scheduler-name")
     assert ("MutatingAdmissionPolicy", "gpu-topology-dra-claims") in kinds_and_names(
         render({"policies": {"draClaims": True}}))
 

@@ -63,7 +63,8 @@ if _PROBLEM is not None:
 
 NAMESPACE = "gpu-topology-system"
 PODS = "gpu-chart-e2e"
-VALUES: dict[str, Any] = {"monitoring": {"grafanaDashboard": True}}  # the CRDs of the others are not installed
+# The CRDs of the other monitoring objects are not installed here.
+VALUES: dict[str, Any] = {"monitoring": {"grafanaDashboard": True}, "scheduler": {"sendGpuPods": True}}
 SECRETS = ("gpu-topology-ca", "gpu-topology-extender-tls", "gpu-topology-scheduler-client-tls", "gpu-topology-seal")
 BIND_SECONDS = 180.0
 
@@ -233,9 +234,12 @@ def test_a_gpu_pod_is_placed_through_the_extender_with_the_rendered_configuratio
     create_gpu_nodes(cluster.kube, topologies, nodes)
     reporter = FakeReporter(cluster.kube, topologies).start()
     cluster.stack.callback(reporter.stop)
-    cluster.kube.create_namespace(PODS)
+    # A namespace that opts in to the chart's MutatingAdmissionPolicy: its GPU pod, written for the default
+    # scheduler, is sent to ours.
+    cluster.kube.core.create_namespace({"metadata": {"name": PODS, "labels": {"gpu-topology.io/scheduler": "enabled"}}})
     cluster.kube.create_service_account(PODS)
-    cluster.kube.create_pod(gpu_pod("two-gpus", 2, scheduler=scheduler_name(config), namespace=PODS))
+    created = cluster.kube.create_pod(gpu_pod("two-gpus", 2, scheduler="default-scheduler", namespace=PODS))
+    assert created["spec"]["schedulerName"] == scheduler_name(config) == "gpu-topology-scheduler"
 
     def bound() -> dict[str, Any] | None:
         pod = cluster.kube.get_pod("two-gpus", PODS)
