@@ -133,6 +133,12 @@ def _parser() -> argparse.ArgumentParser:
                             "so kube-scheduler scores K nodes and not thousands; the rest are left out, never the "
                             "pod's last chance (extender/verbs/scoring/shortlist.py). 0: pass every fit "
                             f"(default {SHORTLIST})")
+    serve.add_argument("--observe", action="store_true",
+                       help="observe only, to weigh the extender before it decides: prioritize scores as usual, filter "
+                            "passes every node and counts what it would refuse (gpu_topology_extender_decisions_total"
+                            "{verb=\"filter\",outcome=\"observed-refusal\"}), preempt keeps every node, and bind is "
+                            "refused: kube-scheduler's configuration sets no bindVerb, so its own binder binds. No "
+                            "shortlist, group plan or drain; not with --pin-claims")
     serve.add_argument("--api-timeout", type=float, default=1.2, metavar="SECONDS",
                        help="bound on each API call; bind makes one write (two calls after a conflict), which must "
                             "finish inside kube-scheduler's httpTimeout (3 s in scheduler-config/)")
@@ -215,7 +221,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.shortlist < 0:
         raise ValueError(f"--shortlist must be 0 (pass every fit) or more, not {args.shortlist}")
     groups = {"group_timeout": args.group_timeout, "group_age_bound": args.group_age_bound or None,
-              "comm_share": args.comm_share, "shortlist": args.shortlist}
+              "comm_share": args.comm_share, "shortlist": args.shortlist, "observe": args.observe}
     if not 0 < args.group_timeout <= MAX_TOPOLOGY_WAIT_SECONDS:
         raise ValueError(f"--group-timeout must be more than 0 and at most {MAX_TOPOLOGY_WAIT_SECONDS:g} seconds, "
                          f"not {args.group_timeout}")

@@ -8,6 +8,11 @@ predecessor made, which stopped binding before this replica could win) and binds
 list is in the ledger. Readiness is no leadership test: a standby with synced caches is ready to take over, so
 rollouts and drains can proceed; the leader's label on its own Pod (extender/kube/leader_label.py) routes the
 Service to it alone.
+
+Observing (`--observe`), to weigh the extender before it decides: prioritize scores as usual; filter passes every
+candidate and counts what it would have refused (decisions_total{verb="filter",outcome="observed-refusal"});
+preempt keeps every node kube-scheduler offers; bind is kube-scheduler's own binder's, and one sent here anyway is
+refused. Nothing is reserved or held: no group plan, drain or shortlist, so group members are judged as single pods.
 """
 
 from __future__ import annotations
@@ -56,6 +61,9 @@ from topology.select import Request, Selector
 log = logging.getLogger(__name__)
 
 _POD_CACHE_SIZE = 4096
+OBSERVED_REFUSAL = "observed-refusal"
+OBSERVED_DROP = "observed-dropped"
+OBSERVE_ONLY = "observe-only"
 _EVENT_QUEUE_SIZE = 1024
 
 
@@ -99,12 +107,15 @@ class ExtenderService:
                  leader: Leadership | None = None, pods: Relister | None = None,
                  topology_wait: float = TOPOLOGY_WAIT_SECONDS, group_timeout: float = GROUP_TIMEOUT_SECONDS,
                  group_age_bound: float | None = GROUP_AGE_BOUND_SECONDS, comm_share: float = COMM_SHARE,
-                 pin_claims: bool = False, shortlist: int = SHORTLIST) -> None:
+                 pin_claims: bool = False, shortlist: int = SHORTLIST, observe: bool = False) -> None:
         """`pin_claims`: the admission webhook names pinnable template claims, for the planner that makes them
         (extender/pinning/planner.py, run beside the service). `shortlist`: filter passes at most this many nodes
-        where more fit, the best by prioritize's rank (verbs/scoring/shortlist.py); 0 passes every fit."""
+        where more fit, the best by prioritize's rank (verbs/scoring/shortlist.py); 0 passes every fit. `observe`:
+        the module's docstring."""
         if (leader is None) != (pods is None):
             raise ValueError("leader election needs the pod reflector, to rebuild the ledger on each win")
+        if observe and pin_claims:
+            raise ValueError("--observe pins no claim: a pinned claim decides the pod's node and GPUs")
         self.state = state
         self.kube = kube
         self.selector = selector or Selector()
@@ -115,7 +126,8 @@ class ExtenderService:
                                      comm_share)
         self.leader, self._pod_lists = leader, pods
         self.pin_claims = pin_claims
-        self.shortlist = shortlist
+        self.observe = observe
+        self.shortlist = 0 if observe else shortlist
         self._shortlists = Shortlists()
         self._rebuild: tuple[int, int] | None = None  # (term, ticket of the pod list that rebuilds its ledger)
         if leader is not None:
@@ -137,6 +149,9 @@ class ExtenderService:
         """Without `compute`, from remembered verdicts and quick new ones only (memo.ON_LOOP): memo.Unknown where
         an answer needs more (a verdict on a big board, a group's plan, a drain to start)."""
         pod = self.pod_request(args.pod)
+        if self.observe:
+            return self._observed(args.candidates(), filter_nodes(
+                self.state, self.selector, pod, args.candidates(), self._verdicts, self.wait, None, compute))
         if not compute and pod.group_key is not None:
             raise Unknown
         outcome = self.groups.filter(pod, args.candidates()) if pod.group_key is not None else None
@@ -158,14 +173,22 @@ class ExtenderService:
         self.metrics.decisions.labels("filter", "unresolvable").inc(sum(map(len, outcome.unresolvable.values())))
         return outcome
 
+    def _observed(self, names: list[str], outcome: FilterOutcome) -> FilterOutcome:
+        """Every candidate passes; the refusals filter would have made are counted, not made."""
+        refused = sum(map(len, outcome.failed.values())) + sum(map(len, outcome.unresolvable.values()))
+        self.metrics.decisions.labels("filter", "pass").inc(len(outcome.passed))
+        self.metrics.decisions.labels("filter", OBSERVED_REFUSAL).inc(refused)
+        return FilterOutcome(list(names))
+
     def prioritize(self, args: ExtenderArgs, compute: bool = True) -> tuple[list[str], list[int]]:
         """Without `compute`, from remembered offers and quick new ones only (memo.ON_LOOP): memo.Unknown where an
         answer needs more."""
         names = args.candidates()
         pod = self.pod_request(args.pod)
-        if not compute and pod.group_key is not None:
+        grouped = pod.group_key is not None and not self.observe
+        if not compute and grouped:
             raise Unknown
-        planned = self.groups.prioritize(pod, names) if pod.group_key is not None else None
+        planned = self.groups.prioritize(pod, names) if grouped else None
         if planned is not None:
             return names, planned
         shortlisted = self._shortlists.scores(_version(args.pod), names)
@@ -204,8 +227,9 @@ class ExtenderService:
     def preempt(self, args: PreemptionArgs) -> dict[str, Victims]:
         kept = preempt_nodes(self.state, self.selector, self.pod_request(args.pod), args.victims)
         self.metrics.decisions.labels("preempt", "kept").inc(len(kept))
-        self.metrics.decisions.labels("preempt", "dropped").inc(len(args.victims) - len(kept))
-        return kept
+        self.metrics.decisions.labels("preempt", OBSERVED_DROP if self.observe else "dropped").inc(
+            len(args.victims) - len(kept))
+        return dict(args.victims) if self.observe else kept
 
     def readiness(self) -> str | None:
         """None when this replica can serve or take over (its caches are synced), else why not."""
@@ -283,6 +307,10 @@ class ExtenderService:
     def _begin(self, args: BindingArgs, kube: KubeApi | None) -> str | Reservation:
         """The bind up to its Binding: the reservation to post, or kube-scheduler's answer when nothing is left to
         post. Without `kube`, WouldRead where begin_bind would read from the API server."""
+        if self.observe:
+            self.metrics.decisions.labels("bind", OBSERVE_ONLY).inc()
+            return (f"binding {args.pod_namespace}/{args.pod_name} refused: the GPU topology extender observes only "
+                    "(--observe) and binds no pod; kube-scheduler's configuration for it sets no bindVerb")
         standby = self._not_leading()
         if standby is not None:
             self.metrics.decisions.labels("bind", "not-leader").inc()
