@@ -18,7 +18,6 @@ from extender.cache.cluster_state import ClusterState
 from extender.cache.node_view import Key, SharedKey
 from extender.verbs.answer_memo import ON_LOOP, ShapeMemo
 from extender.verbs.drains import Drains, ends_by, keys_seen
-from extender.verbs.scoring import RANKS
 from extender.verbs.wait import WAITING, WaitClock
 from topology.compiled import CompiledTopology
 from topology.full_sets import best_ring_gbps, full_choice
@@ -46,7 +45,8 @@ _RING_NAMES: dict[Interconnect, str] = {
 @dataclass(slots=True)
 class FilterOutcome:
     """Passing names, and the failing ones grouped by reason (reason -> names): a few groups, written whole.
-    `ranked`, where filter ranked them: the passing names in one list per rank (scoring.rank), best first."""
+    `ranked`, where filter ranked them: the passing names in one list per rank (scoring.rank), best first, as far
+    as the best `rank_above` need; the last list holds the names of every rank below those."""
 
     passed: list[str] = field(default_factory=list)
     failed: dict[str, list[str]] = field(default_factory=dict)
@@ -96,8 +96,8 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
     if rank is not None and state.given_keys(pod.request.count) is None:
         passing = {key for key in distinct if known[key] is None}
         if sum(seen[key] for key in passing) > rank_above:
-            ranks = rank(passing)
-    base = 1 if ranks is None else RANKS
+            ranks = _as_far_as(rank(passing), passing, seen, rank_above)
+    base = 1 if ranks is None else max(ranks.values()) + 1
     reasons: dict[tuple[str, bool], int] = {}
     number_of: dict[Key | None, int] = {}
     for key in distinct:
@@ -113,6 +113,21 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
         target = outcome.failed if resolvable else outcome.unresolvable
         target.setdefault(reason, []).extend(groups[number])
     return outcome
+
+
+def _as_far_as(ranks: Mapping[Key | None, int], passing: set[Key | None], seen: Mapping[Key | None, int],
+               best: int) -> dict[Key | None, int]:
+    """The passing keys' ranks as far as the `best` names need them: up to the rank of the best-th name as they
+    are, every lower rank numbered one past it, so that their names go to one list, not to hundreds."""
+    names_of: dict[int, int] = {}
+    for key in passing:
+        names_of[ranks[key]] = names_of.get(ranks[key], 0) + seen[key]
+    total = 0
+    for last in sorted(names_of):
+        total += names_of[last]
+        if total >= best:
+            break
+    return {key: min(ranks[key], last + 1) for key in passing}
 
 
 def _pinned(state: ClusterState, pinned: frozenset[str], names: list[str]) -> FilterOutcome:
