@@ -156,6 +156,7 @@ def test_every_agent_object_validates_strictly_against_the_official_schema() -> 
     assert sorted(kinds) == sorted([
         "Namespace", "ServiceAccount", "ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
         "ClusterRoleBinding", "DaemonSet", "DaemonSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+        "ResourceQuota",
     ])
 
 
@@ -789,7 +790,8 @@ def test_agent_lives_in_its_own_namespace_because_pod_security_requires_it() -> 
     assert agent_ns["pod-security.kubernetes.io/enforce"] == "privileged"
     # Nothing else runs there.
     workloads = {(doc["kind"], doc["metadata"]["name"]) for _, doc in documents()
-                 if doc.get("metadata", {}).get("namespace") == NAMESPACE and doc["kind"] != "ServiceAccount"}
+                 if doc.get("metadata", {}).get("namespace") == NAMESPACE
+                 and doc["kind"] not in {"ServiceAccount", "ResourceQuota"}}
     assert workloads == {("DaemonSet", NAME), ("DaemonSet", DELIVER_NAME)}
 
 

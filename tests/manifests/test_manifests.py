@@ -29,6 +29,7 @@ import sys
 import threading
 import tomllib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from http.client import HTTPSConnection
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path, PurePosixPath
@@ -80,6 +81,7 @@ from helpers.kube_scheduler_rules import (
 )
 from helpers.tools import required
 
+from extender import cli as extender_cli
 from extender.api.dra import CLAIMS_MARKER, ClaimAsk
 from extender.cache.dra_inventory import DraInventory
 from topology.annotations import AnnotationKeys
@@ -224,6 +226,51 @@ def test_kustomize_output_validates_and_carries_the_scheduler_config(rendered: l
     ]
     names = [v["configMap"]["name"] for v in scheduler["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
     assert names == [config_map["metadata"]["name"]]  # the hash-suffixed name, so a new config rolls the Pod
+
+
+GB200_COMPONENT = "gb200"
+
+
+def render_with_component(tmp_path: Path, component: str) -> list[Doc]:
+    """kubectl kustomize of a copy of scheduler-config/ whose kustomization.yaml takes the component in, its
+    commented lines uncommented as README.md says."""
+    copy_dir = tmp_path / "scheduler-config"
+    copy_dir.mkdir()
+    for path in CONFIG.iterdir():
+        if path.is_file():
+            (copy_dir / path.name).write_text(path.read_text())
+    (copy_dir / component).mkdir()
+    (copy_dir / component / "kustomization.yaml").write_text((CONFIG / component / "kustomization.yaml").read_text())
+    text = (copy_dir / "kustomization.yaml").read_text()
+    lines = [line for line in text.splitlines() if line.startswith("# components:")
+             or re.fullmatch(rf"#   - {component}\s+#.*", line)]
+    assert len(lines) == 2, "kustomization.yaml names the component in two commented lines"
+    for line in lines:
+        text = text.replace(line, line[2:], 1)
+    (copy_dir / "kustomization.yaml").write_text(text)
+    out = subprocess.run(["kubectl", "kustomize", str(copy_dir)], check=True, capture_output=True, text=True,
+                         timeout=120).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc is not None]
+
+
+def test_the_gb200_component_adds_the_topology_levels_and_the_gang_gate_and_nothing_else(
+        rendered: list[Doc], tmp_path: Path) -> None:
+    gb200 = render_with_component(tmp_path, GB200_COMPONENT)
+    by_name = {(d["kind"], d["metadata"]["name"]): d for d in gb200}
+    base = {(d["kind"], d["metadata"]["name"]): d for d in rendered}
+    assert by_name.keys() == base.keys()
+    extender, scheduler = ("Deployment", "gpu-topology-extender"), ("Deployment", "gpu-topology-scheduler")
+    for key in base.keys() - {extender, scheduler}:
+        assert by_name[key] == base[key], key
+    added = container(by_name[extender])["args"][len(container(base[extender])["args"]):]
+    assert container(by_name[extender])["args"][:-1] == container(base[extender])["args"]
+    (levels,) = added
+    flag, _, value = levels.partition("=")
+    assert flag == "--topology-levels" and flag in console_script_help("gpu-topology-extender", "serve")
+    # Outermost first, distinct label keys, as the extender's own parser takes them.
+    assert extender_cli._levels(value) == ("network.topology.nvidia.com/spine", "network.topology.nvidia.com/leaf")
+    assert container(by_name[scheduler])["command"] == [*container(base[scheduler])["command"],
+                                                        "--feature-gates=SchedulerPopFromBackoffQ=false"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -616,20 +663,99 @@ def _leading(pod: ReplicaPod) -> bool:
     return pod.leads
 
 
+def rolling_update() -> tuple[int, int]:
+    """(maxSurge, maxUnavailable) of the extender's Deployment, as integers."""
+    strategy = EXTENDER["spec"]["strategy"]
+    assert strategy["type"] == "RollingUpdate"
+    return strategy["rollingUpdate"]["maxSurge"], strategy["rollingUpdate"]["maxUnavailable"]
+
+
+@dataclass
+class PlacedPod:
+    revision: str
+    node: str | None = None  # None: Pending
+    ready: bool = False
+    leads: bool = False
+    terminating: bool = False
+
+
+@dataclass
+class NodeRollout:
+    finished: bool
+    fewest_ready: int
+    leaders_deleted: int
+    pending_ticks: int  # ticks with a new Pod that no node could take
+
+
+def roll_out_on_nodes(replicas: int, nodes: int, max_surge: int, max_unavailable: int, *, leader_goes_first: bool,
+                      ticks: int = 40) -> NodeRollout:
+    """The Deployment controller's rolling update (pkg/controller/deployment/rolling.go: the new ReplicaSet scaled up
+    to replicas + maxSurge Pods in all, the old one down to what keeps replicas - maxUnavailable available) over
+    `nodes` eligible nodes with the required hostname anti-affinity: a Pod is placed only on a node that holds no Pod
+    of the extender, a terminating one included, as kube-scheduler counts it until it is gone. Each tick a deleted
+    Pod terminates (it is gone the next tick), a placed Pod syncs its caches and is ready the tick after, and a ready
+    Pod takes the Lease when no live Pod leads (the old leader released it on SIGTERM)."""
+    pods = [PlacedPod("old", f"node-{i}", ready=True, leads=i == 0) for i in range(replicas)]
+    fewest, deleted, pending = replicas, 0, 0
+    for _ in range(ticks):
+        pods = [pod for pod in pods if not pod.terminating]  # gone: the kubelet confirmed their end
+        live = pods
+        if len(live) == replicas and all(p.revision == "new" and p.ready for p in live):
+            return NodeRollout(True, fewest, deleted, pending)
+        available = sum(p.ready for p in live)
+        fewest = min(fewest, available)
+        # Scale the old ReplicaSet down (not-ready Pods first, then the leader or a standby as asked).
+        old = sorted((p for p in live if p.revision == "old"), key=lambda p: (p.ready, p.leads != leader_goes_first))
+        for pod in old[:max(0, available - (replicas - max_unavailable))]:
+            pod.terminating, pod.ready = True, False
+            deleted += pod.leads
+            pod.leads = False
+        # Scale the new one up, within replicas + maxSurge Pods that are not terminating.
+        while (sum(not p.terminating for p in pods) < replicas + max_surge
+               and sum(p.revision == "new" for p in pods) < replicas):
+            pods.append(PlacedPod("new"))
+        for pod in pods:
+            if pod.node is not None and not pod.terminating:
+                pod.ready = True
+        taken = {pod.node for pod in pods if pod.node is not None}
+        for pod in (p for p in pods if p.node is None):
+            free = [f"node-{i}" for i in range(nodes) if f"node-{i}" not in taken]
+            if free:
+                pod.node = free[0]
+                taken.add(pod.node)
+        pending += any(p.node is None for p in pods)
+        if not any(p.leads for p in pods):
+            for pod in pods:
+                if pod.ready and not pod.terminating:
+                    pod.leads = True
+                    break
+    return NodeRollout(False, fewest, deleted, pending)
+
+
+@pytest.mark.parametrize("nodes", [2, 3], ids=["two-eligible-nodes", "three-eligible-nodes"])
 @pytest.mark.parametrize("leader_goes_first", [True, False], ids=["leader-deleted-first", "standby-deleted-first"])
-def test_a_rollout_completes_by_itself_and_never_has_fewer_than_two_ready(leader_goes_first: bool) -> None:
-    # A standby with synced caches is ready, so the Deployment's arithmetic is the ordinary one: a new replica
-    # starts (surge 1) and syncs, then an old one goes (unavailable 0), whichever the ReplicaSet deletes first.
-    spec = EXTENDER["spec"]
-    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
-    replicas, surge = spec["replicas"], spec["strategy"]["rollingUpdate"]["maxSurge"]
-    done = roll_out(replicas, surge, 0, _synced, leader_goes_first=leader_goes_first)
-    assert done.finished, done
-    assert [p.revision for p in done.pods] == ["new"] * replicas and sum(p.leads for p in done.pods) == 1
-    assert done.fewest_ready == replicas, "never fewer than two ready replicas: one can always take over"
-    # Each time the leader goes, one retry period without a labelled leader (SIGTERM released the Lease), and
-    # the leader goes once or twice, never more.
-    assert 1 <= done.leaders_deleted <= 2 and done.leaderless_ticks == done.leaders_deleted
+def test_a_rollout_completes_by_itself_where_only_two_nodes_may_host_the_extender(nodes: int,
+                                                                                  leader_goes_first: bool) -> None:
+    # One replica at a time: an old one goes, its successor takes the freed node, never a third Pod that the
+    # anti-affinity would leave Pending.
+    surge, unavailable = rolling_update()
+    assert (surge, unavailable) == (0, 1)
+    replicas = EXTENDER["spec"]["replicas"]
+    done = roll_out_on_nodes(replicas, nodes, surge, unavailable, leader_goes_first=leader_goes_first)
+    # Each successor waits only for its predecessor to end on the node it takes.
+    assert done.finished and done.pending_ticks <= (replicas if nodes == replicas else 0), done
+    assert done.fewest_ready == replicas - unavailable == 1, "one replica serves throughout"
+    assert 1 <= done.leaders_deleted <= 2, "the leader hands over once or twice"
+    # The helper's model (no nodes) agrees: the rollout completes with standbys ready.
+    assert roll_out(replicas, surge, unavailable, _synced, leader_goes_first=leader_goes_first).finished
+
+
+def test_a_surge_pod_never_fits_beside_two_replicas_on_two_nodes() -> None:
+    # The strategy it replaces, against the model: the surge Pod stays Pending, and no old replica ever goes.
+    stuck = roll_out_on_nodes(2, 2, 1, 0, leader_goes_first=True)
+    assert not stuck.finished and stuck.pending_ticks > 30 and stuck.leaders_deleted == 0, stuck
+    # A third eligible node would have held it.
+    assert roll_out_on_nodes(2, 3, 1, 0, leader_goes_first=True).finished
 
 
 @pytest.mark.parametrize("max_unavailable", [0, 1])
@@ -652,6 +778,60 @@ def test_a_disruption_budget_keeps_one_replica_and_lets_a_drain_evict_the_leader
     # The disruption controller's arithmetic: disruptionsAllowed = currentHealthy - minAvailable. With a warm
     # standby ready, a drain may evict the leader (2 healthy - 1 = 1, and the leader hands over on SIGTERM); with
     # readiness as leadership it never could (1 healthy - 1 = 0).
+    replicas, min_available = EXTENDER["spec"]["replicas"], budget["spec"]["minAvailable"]
+    assert replicas - min_available == 1, "with every replica ready, a drain may evict one"
+    # With as many eligible nodes as replicas the evicted one waits for its node (anti-affinity), so a drain of a
+    # second node then waits on the budget (1 healthy - 1 = 0) until the first is uncordoned: README.md says so.
+    assert (replicas - 1) - min_available == 0
+    assert "uncordon the first node before draining the second" in " ".join(
+        (CONFIG / "README.md").read_text().split())
+
+
+CRITICAL_CLASSES = {"system-cluster-critical": 2_000_000_000, "system-node-critical": 2_000_001_000}
+
+
+def pods_of_class_at_most(workload: Doc) -> int:
+    """How many Pods of a Deployment may exist at once in a rollout (replicas + maxSurge, the default 25% rounded
+    up where unset). The two agent DaemonSets select complementary nodes (test_agent_manifests.py): one Pod per node
+    of a 5,000-node cluster between them, twice over for a mode switch or a rollout."""
+    if workload["kind"] == "DaemonSet":
+        return 5000
+    replicas = workload["spec"].get("replicas", 1)
+    surge = (workload["spec"].get("strategy", {}).get("rollingUpdate") or {}).get("maxSurge", "25%")
+    return replicas + (-(-replicas * int(surge[:-1]) // 100) if isinstance(surge, str) else surge)
+
+
+def test_every_workload_runs_critical_and_its_namespace_has_a_quota_for_the_class() -> None:
+    """The extender and the secondary scheduler sit on every GPU pod's scheduling path, the agents make GPU nodes
+    usable: each runs at a critical priority, which only classes of 2,000,000,000 and above give (the kubelet's
+    critical-pod admission; a PriorityClass of our own is capped at 1,000,000,000). Clusters whose ResourceQuota
+    admission limits those classes admit such a Pod only where a quota covers it, so each namespace has one, large
+    enough for every Pod of that class in it at once."""
+    workloads = [doc for _, doc in _docs() if doc.get("kind") in {"Deployment", "DaemonSet"}]
+    quotas = [doc for _, doc in _docs() if doc.get("kind") == "ResourceQuota"]
+    assert {(w["kind"], w["metadata"]["name"]): w["spec"]["template"]["spec"].get("priorityClassName")
+            for w in workloads} == {
+        ("Deployment", "gpu-topology-extender"): "system-cluster-critical",
+        ("Deployment", "gpu-topology-scheduler"): "system-cluster-critical",
+        ("DaemonSet", "gpu-topology-agent"): "system-node-critical",
+        ("DaemonSet", "gpu-topology-agent-deliver"): "system-node-critical",
+    }
+    for workload in workloads:
+        namespace = workload["metadata"]["namespace"]
+        wanted = workload["spec"]["template"]["spec"]["priorityClassName"]
+        assert wanted in CRITICAL_CLASSES
+        covering = [q for q in quotas if q["metadata"]["namespace"] == namespace
+                    and q["spec"]["scopeSelector"]["matchExpressions"] == [
+                        {"scopeName": "PriorityClass", "operator": "In", "values": [wanted]}]]
+        assert len(covering) == 1, (namespace, wanted)
+        same_class = [w for w in workloads if w["metadata"]["namespace"] == namespace
+                      and w["spec"]["template"]["spec"]["priorityClassName"] == wanted]
+        assert int(covering[0]["spec"]["hard"]["pods"]) >= sum(map(pods_of_class_at_most, same_class))
+        # Only pods are limited: a quota on cpu or memory would need every Pod of the class to request them.
+        assert set(covering[0]["spec"]["hard"]) == {"pods"}
+    # The quotas sit in the files that create their namespaces, applied first in option A too.
+    assert {file for file, doc in _docs() if doc.get("kind") == "ResourceQuota"} == {"namespace.yaml",
+                                                                                      "agent-namespace.yaml"}
 
 
 def test_extender_command_line_matches_the_manifests() -> None:
