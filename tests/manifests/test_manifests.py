@@ -1950,6 +1950,65 @@ def test_make_certs_makes_the_seal_key_the_extender_mounts(certs: tuple[Path, st
     assert seal.verify(seal.sign("uid", "node", "GPU-a", "c=GPU-a"), "uid", "node", "GPU-a", "c=GPU-a")
 
 
+def certificate_fields(path: Path) -> tuple[str, str, str]:
+    """(subject, SANs and usages, public key) of a certificate: what a renewal keeps, and what it changes."""
+    def openssl(*args: str) -> str:
+        return subprocess.run(["openssl", *args], check=True, capture_output=True, text=True, timeout=30).stdout
+    names = openssl("x509", "-in", str(path), "-noout", "-ext", "subjectAltName,extendedKeyUsage,keyUsage")
+    return certificate_subject(path), names, openssl("x509", "-in", str(path), "-noout", "-pubkey")
+
+
+def make_certs(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(MAKE_CERTS), *args], check=False, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})
+
+
+def test_make_certs_renews_both_leaves_with_the_kept_ca(tmp_path: Path) -> None:
+    required("openssl", "bash")
+    out = tmp_path / "out"
+    assert make_certs(str(out)).returncode == 0
+    kept = {name: (out / name).read_bytes() for name in ("ca.crt", "ca.key", "seal.key")}
+    leaves = {leaf: certificate_fields(out / f"{leaf}.crt") for leaf in ("extender", "scheduler-client")}
+    renewed = make_certs("--renew", str(out))
+    assert renewed.returncode == 0, renewed.stderr
+    # The CA and the seal key as they were; each leaf the same names and usages with a new key, from the same CA.
+    assert {name: (out / name).read_bytes() for name in kept} == kept
+    for leaf, (subject, names, public_key) in leaves.items():
+        assert certificate_fields(out / f"{leaf}.crt")[:2] == (subject, names)
+        assert certificate_fields(out / f"{leaf}.crt")[2] != public_key
+    verify = subprocess.run(["openssl", "verify", "-x509_strict", "-CAfile", str(out / "ca.crt"),
+                             str(out / "extender.crt"), str(out / "scheduler-client.crt")],
+                            check=False, capture_output=True, text=True, timeout=30)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert all(key.stat().st_mode & 0o077 == 0 for key in out.glob("*.key"))
+    # It prints the two TLS Secrets, replaced in place with the same keys; no seal Secret, no CA key.
+    printed = renewed.stdout
+    for secret, leaf in ((EXTENDER_TLS_SECRET, "extender"), (SCHEDULER_TLS_SECRET, "scheduler-client")):
+        assert secret_files(printed, secret) == {"tls.crt": out / f"{leaf}.crt", "tls.key": out / f"{leaf}.key",
+                                                 "ca.crt": out / "ca.crt"}
+    assert printed.count("--dry-run=client -o yaml | kubectl replace -f -") == 2
+    assert SEAL_SECRET not in printed and "ca.key" not in printed.split("Replace the two TLS Secrets", 1)[1]
+
+
+@pytest.mark.parametrize("case", ["no CA", "another CA's key", "a CA that expires first"])
+def test_make_certs_refuses_to_renew_without_a_sound_ca(tmp_path: Path, case: str) -> None:
+    required("openssl", "bash")
+    out, other = tmp_path / "out", tmp_path / "other"
+    assert make_certs(str(out)).returncode == 0
+    env = {}
+    if case == "no CA":
+        (out / "ca.key").unlink()
+    elif case == "another CA's key":
+        assert make_certs(str(other)).returncode == 0
+        (out / "ca.key").write_bytes((other / "ca.key").read_bytes())
+    else:
+        env["DAYS"] = str(3651)  # the CA lasts ten years from the first run
+    before = (out / "extender.crt").read_bytes()
+    refused = make_certs("--renew", str(out), env=env)
+    assert refused.returncode == 2 and refused.stderr.startswith("make-certs.sh: "), refused.stderr
+    assert (out / "extender.crt").read_bytes() == before
+
+
 FAKE_KUBECTL = """#!/usr/bin/env bash
 # Records each call; `get secret` succeeds once a Secret was created; `create secret generic` keeps its key file.
 echo "$*" >> "$STATE/calls"
