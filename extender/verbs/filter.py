@@ -18,6 +18,7 @@ from extender.cache.cluster_state import ClusterState
 from extender.cache.node_view import Key, SharedKey
 from extender.verbs.answer_memo import ON_LOOP, ShapeMemo
 from extender.verbs.drains import Drains, ends_by, keys_seen
+from extender.verbs.scoring import as_far_as
 from extender.verbs.wait import WAITING, WaitClock
 from topology.compiled import CompiledTopology
 from topology.full_sets import best_ring_gbps, full_choice
@@ -96,7 +97,7 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
     if rank is not None and state.given_keys(pod.request.count) is None:
         passing = {key for key in distinct if known[key] is None}
         if sum(seen[key] for key in passing) > rank_above:
-            ranks = _as_far_as(rank(passing), passing, seen, rank_above)
+            ranks = _ranks(rank(passing), passing, seen, rank_above)
     base = 1 if ranks is None else max(ranks.values()) + 1
     reasons: dict[tuple[str, bool], int] = {}
     number_of: dict[Key | None, int] = {}
@@ -115,19 +116,15 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
     return outcome
 
 
-def _as_far_as(ranks: Mapping[Key | None, int], passing: set[Key | None], seen: Mapping[Key | None, int],
-               best: int) -> dict[Key | None, int]:
-    """The passing keys' ranks as far as the `best` names need them: up to the rank of the best-th name as they
-    are, every lower rank numbered one past it, so that their names go to one list, not to hundreds."""
+def _ranks(ranked: Mapping[Key | None, int], passing: set[Key | None], seen: Mapping[Key | None, int],
+           best: int) -> dict[Key | None, int]:
+    """Each passing key's rank as far as the `best` names need it (scoring.as_far_as); the keys that pass are a few
+    dozen here (DRA nodes, whose keys are many, are ranked by scoring.ranked_names)."""
     names_of: dict[int, int] = {}
     for key in passing:
-        names_of[ranks[key]] = names_of.get(ranks[key], 0) + seen[key]
-    total = 0
-    for last in sorted(names_of):
-        total += names_of[last]
-        if total >= best:
-            break
-    return {key: min(ranks[key], last + 1) for key in passing}
+        names_of[ranked[key]] = names_of.get(ranked[key], 0) + seen[key]
+    cut = as_far_as(names_of, best)
+    return {key: cut[ranked[key]] for key in passing}
 
 
 def _pinned(state: ClusterState, pinned: frozenset[str], names: list[str]) -> FilterOutcome:

@@ -205,8 +205,8 @@ class ExtenderService:
         """The best `shortlist` of the nodes that passed, their scores kept for the pod's prioritize."""
         ranked = outcome.ranked
         if ranked is None:  # DRA nodes among the candidates: ranked by the keys prioritize reads
-            ranked = ranked_names(self.state, self.selector, pod, outcome.passed, self._offers, self.drains, compute,
-                                  self._scores)
+            ranked = ranked_names(self.state, self.selector, pod, outcome.passed, self.shortlist, self._offers,
+                                  self.drains, compute, self._scores)
         best, rest = best_of(ranked, self.shortlist)
         self._shortlists.keep(_version(raw), best)
         if not rest:
@@ -310,7 +310,7 @@ class ExtenderService:
         if self.observe:
             self.metrics.decisions.labels("bind", OBSERVE_ONLY).inc()
             return (f"binding {args.pod_namespace}/{args.pod_name} refused: the GPU topology extender observes only "
-                    "(--observe) and binds no pod; kube-scheduler's configuration for it sets no bindVerb")
+                    "(--observe) and binds no pod: its kube-scheduler configuration for observing sets no bindVerb")
         standby = self._not_leading()
         if standby is not None:
             self.metrics.decisions.labels("bind", "not-leader").inc()

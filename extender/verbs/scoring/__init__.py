@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 
-from extender.api._names import group, lookup_few, unique
+from extender.api._names import counts, group, lookup_few, unique
 from extender.api.pod_request import PodRequest
 from extender.cache.cluster_state import ClusterState
 from extender.cache.node_view import Key, NodeKey, SharedKey
@@ -46,24 +46,39 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
     return lookup_few(keys, key_scores(state, selector, pod.request, set(unique(keys)), memo, compute, book).score_of)
 
 
-def ranked_names(state: ClusterState, selector: Selector, pod: PodRequest, names: list[str],
+def ranked_names(state: ClusterState, selector: Selector, pod: PodRequest, names: list[str], best: int,
                  memo: ShapeMemo[Offer | None] | None = None, drains: Drains | None = None,
                  compute: bool = True, book: ScoreBook | None = None) -> list[list[str]]:
-    """The names in one list per `rank`, best first, each in the order given: where filter could not rank them
-    itself (filter_nodes' `rank`)."""
+    """The names in one list per `rank`, best first, each in the order given, as far as the `best` names need
+    (`as_far_as`): where filter could not rank them itself (filter_nodes' `rank`)."""
     assert pod.request is not None
     keys = keys_seen(state, names, drains, pod.uid, None, ends_by(pod, state.clock()), pod.request.count)
     ranks = key_scores(state, selector, pod.request, set(unique(keys)), memo, compute, book).rank_of
-    return group(names, keys, ranks, RANKS)
+    # By each name's rank, not its key's: DRA nodes' keys are many (a thousand and more of 2,500 DRA nodes), ranks
+    # a few dozen, so the ranks are counted and cut in C passes over the names, not in Python over the keys.
+    numbers = lookup_few(keys, ranks)
+    cut = as_far_as(counts(numbers), best)
+    return group(names, numbers, cut, max(cut.values(), default=0) + 1)
 
 
 PACKING_STEPS = MAX_GPUS + 1  # packing is a share of a board's GPUs, of 64 at most
-RANKS = (MAX_SCORE + 1) * PACKING_STEPS
 
 
 def rank(score: int, packing: float) -> int:
     """0 is best: by score, then by packing (the fuller node first), as one small number that C can bucket."""
     return (MAX_SCORE - score) * PACKING_STEPS + MAX_GPUS - round(packing * MAX_GPUS)
+
+
+def as_far_as(names_of: Mapping[int, int], best: int) -> dict[int, int]:
+    """Each `rank` of `names_of` (rank -> its names) as far as the `best` names need it: up to the rank of the
+    best-th name as it is, every lower one numbered one past it, so that grouping the names by these numbers
+    makes a few lists, not one per rank (715), the last one every name below the best."""
+    total, last = 0, -1
+    for last in sorted(names_of):
+        total += names_of[last]
+        if total >= best:
+            break
+    return {number: min(number, last + 1) for number in names_of}
 
 
 def rank_score(number: int) -> int:

@@ -33,7 +33,7 @@ def best_of(ranked: list[list[str]], k: int) -> tuple[dict[str, int], list[str]]
     best: dict[str, int] = {}
     rest: list[str] = []
     for number, members in enumerate(ranked):
-        if not members:  # most of the RANKS buckets
+        if not members:  # a rank no name has
             continue
         room = k - len(best)
         best.update(dict.fromkeys(members[:room], rank_score(number)))
