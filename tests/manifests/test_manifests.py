@@ -36,6 +36,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import kubernetes_validate
+import promql_parser
 import pytest
 import yaml
 from kubernetes_validate.utils import all_versions
@@ -155,7 +156,7 @@ def test_every_document_is_of_a_kind_this_suite_checks() -> None:
         SCHEDULER_CONFIG_GROUP: {"KubeSchedulerConfiguration"},
         KUSTOMIZE_GROUP: {"Kustomization"},
         CERT_MANAGER_GROUP: {"Issuer", "ClusterIssuer", "Certificate"},
-        MONITORING_GROUP: {"PrometheusRule"},
+        MONITORING_GROUP: {"PrometheusRule", "PodMonitor"},
     }
     for file, doc in _docs():
         group = _group(doc)
@@ -178,12 +179,13 @@ def test_no_secret_material_is_committed() -> None:
 (KUSTOMIZATION,) = DOCS["kustomization.yaml"]
 
 
-# Installed by hand where their CRDs exist: cert-manager.yaml (TLS option 1, with its admission policy) and
-# prometheus-rule.yaml (the Prometheus Operator's); and where the API server has its kind: dra-claims-policy.yaml
-# (MutatingAdmissionPolicy, GA in Kubernetes 1.36), on DRA clusters, and scheduler-name-policy.yaml (the same kind),
-# where namespaces opt in; and into users' namespaces: dra-claim-templates.yaml.
+# Installed by hand where their CRDs exist: cert-manager.yaml (TLS option 1, with its admission policy),
+# prometheus-rule.yaml and podmonitor.yaml (the Prometheus Operator's); and where the API server has its kind:
+# dra-claims-policy.yaml (MutatingAdmissionPolicy, GA in Kubernetes 1.36), on DRA clusters, and
+# scheduler-name-policy.yaml (the same kind), where namespaces opt in; and into users' namespaces:
+# dra-claim-templates.yaml.
 OPTIONAL_FILES = {"cert-manager.yaml", "prometheus-rule.yaml", "dra-claims-policy.yaml", "dra-claim-templates.yaml",
-                  "scheduler-name-policy.yaml",
+                  "scheduler-name-policy.yaml", "podmonitor.yaml",
                   "dra-pin-webhook.yaml"}
 
 
@@ -826,7 +828,7 @@ def test_every_workload_runs_critical_and_its_namespace_has_a_quota_for_the_clas
         assert len(covering) == 1, (namespace, wanted)
         same_class = [w for w in workloads if w["metadata"]["namespace"] == namespace
                       and w["spec"]["template"]["spec"]["priorityClassName"] == wanted]
-        assert int(covering[0]["spec"]["hard"]["pods"]) >= sum(map(pods_of_class_at_most, same_class))
+        assert quantity(covering[0]["spec"]["hard"]["pods"]) >= sum(map(pods_of_class_at_most, same_class))
         # Only pods are limited: a quota on cpu or memory would need every Pod of the class to request them.
         assert set(covering[0]["spec"]["hard"]) == {"pods"}
     # The quotas sit in the files that create their namespaces, applied first in option A too.
@@ -886,6 +888,38 @@ def test_service_reaches_the_extender_on_https() -> None:
     assert port["port"] == 443 and port["name"] == "https"
     (target,) = [p for p in container(EXTENDER)["ports"] if p["name"] == port["targetPort"]]
     assert target["containerPort"] == 8443
+
+
+def test_the_metrics_port_is_served_apart_and_reached_on_every_replica() -> None:
+    main = container(EXTENDER)
+    flags = flag_values(main["args"][1:])
+    (port,) = [p["containerPort"] for p in main["ports"] if p["name"] == "metrics"]
+    assert int(flags["--metrics-port"]) == port == 8890 != int(flags["--port"])
+    assert "--metrics-port" in console_script_help("gpu-topology-extender", "serve")
+    # Its Service: every replica (the app's labels, not the leader label), each its own endpoint.
+    spec = METRICS_SERVICE["spec"]
+    assert spec["selector"] == EXTENDER["spec"]["selector"]["matchLabels"] and KEYS.leader not in spec["selector"]
+    assert spec["clusterIP"] == "None"
+    assert spec["ports"] == [{"name": "metrics", "port": port, "targetPort": "metrics", "protocol": "TCP"}]
+
+
+def test_the_pod_monitor_scrapes_every_replica_over_checked_tls_without_a_client_certificate() -> None:
+    assert POD_MONITOR["apiVersion"] == "monitoring.coreos.com/v1"
+    assert POD_MONITOR["metadata"]["namespace"] == EXTENDER["metadata"]["namespace"]
+    spec = POD_MONITOR["spec"]
+    assert set(spec) == {"selector", "podMetricsEndpoints"}
+    assert spec["selector"] == {"matchLabels": EXTENDER["spec"]["selector"]["matchLabels"]}
+    (endpoint,) = spec["podMetricsEndpoints"]
+    assert endpoint["port"] in {p["name"] for p in container(EXTENDER)["ports"]} and endpoint["port"] == "metrics"
+    assert endpoint["scheme"] == "https" and endpoint["path"] == "/metrics"
+    tls = endpoint["tlsConfig"]
+    # The CA of the extender's own Secret, the name its certificate carries (the target is a Pod IP), checked; no
+    # client certificate or key, which the metrics port does not ask for.
+    assert tls == {"ca": {"secret": {"name": EXTENDER_TLS_SECRET, "key": "ca.crt"}},
+                   "serverName": tls["serverName"], "insecureSkipVerify": False}
+    # cert-manager's certificate carries the name; make-certs.sh's is checked against it by a real scrape below
+    # (test_the_real_extender_runs_the_deployments_command_line_with_mtls).
+    assert tls["serverName"] in CERTIFICATES[EXTENDER_TLS_SECRET]["spec"]["dnsNames"]
 
 
 def test_scheduler_deployment_is_hardened_and_probed() -> None:
@@ -1777,7 +1811,9 @@ def test_only_the_extenders_namespace_may_have_the_ca_sign(namespace: str, issue
 # Alerts (prometheus-rule.yaml): PromQL that parses, on metrics the extender exports
 # ---------------------------------------------------------------------------------------------------------------
 
-(PROMETHEUS_RULE,) = [doc for _, doc in _docs(MONITORING_GROUP)]
+(PROMETHEUS_RULE,) = [doc for _, doc in _docs(MONITORING_GROUP) if doc["kind"] == "PrometheusRule"]
+(POD_MONITOR,) = [doc for _, doc in _docs(MONITORING_GROUP) if doc["kind"] == "PodMonitor"]
+METRICS_SERVICE = obj("Service", "gpu-topology-extender-metrics", NAMESPACE)
 ALERTS = [rule for group in PROMETHEUS_RULE["spec"]["groups"] for rule in group["rules"]]
 
 
@@ -1794,9 +1830,41 @@ def test_prometheus_rule_is_well_formed() -> None:
             assert parse_go_duration(rule["for"]) > 0
 
 
+def certificate_series() -> frozenset[str]:
+    """The series the extender's certificate watch exports (extender/server/certificates.py), beside Metrics'."""
+    from prometheus_client import CollectorRegistry
+
+    from extender.server.certificates import Certificates
+
+    registry = CollectorRegistry()
+    Certificates((), registry)
+    suffix = {"counter": "_total", "gauge": ""}
+    return frozenset(family.name + suffix[family.type] for family in registry.collect())
+
+
 @pytest.mark.parametrize("rule", ALERTS, ids=[rule["alert"] for rule in ALERTS])
 def test_alert_parses_and_names_only_metrics_the_extender_exports(rule: Doc) -> None:
-    assert_promql_on_exported_metrics(rule["expr"])
+    named = set(re.findall(r"\bgpu_topology_extender_\w+", rule["expr"]))
+    certificates = named & certificate_series()
+    if certificates:  # exported by the server's certificate watch, not by Metrics
+        promql_parser.parse(rule["expr"])
+        assert named == certificates, named
+    else:
+        assert_promql_on_exported_metrics(rule["expr"])
+
+
+def test_the_certificate_alert_fires_two_weeks_before_either_certificate_expires() -> None:
+    (rule,) = [r for r in ALERTS if r["alert"] == "GPUTopologyExtenderCertificateExpiresSoon"]
+    expr = " ".join(rule["expr"].split())
+    assert expr == ("min by (certificate) (gpu_topology_extender_certificate_expiry_timestamp_seconds) - time() "
+                    "< 14 * 24 * 3600")
+    # cert-manager renews a month early (cert-manager.yaml): two weeks left means a renewal did not happen.
+    renew_before = {parse_go_duration(CERTIFICATES[s]["spec"]["renewBefore"]) for s in (EXTENDER_TLS_SECRET,
+                                                                                          SCHEDULER_TLS_SECRET)}
+    assert all(before > 14 * 24 * 3600 for before in renew_before), renew_before
+    from extender.server.certificates import CLIENT_CA, SERVING
+
+    assert {SERVING, CLIENT_CA} == {"serving", "client-ca"}  # the label's values the summary names
 
 
 def test_the_alerts_cover_the_failures_readme_operating_names() -> None:
@@ -1804,7 +1872,8 @@ def test_the_alerts_cover_the_failures_readme_operating_names() -> None:
     covered = " ".join(rule["expr"] for rule in ALERTS)
     for metric in ("gpu_topology_extender_leader", "gpu_topology_extender_request_seconds_bucket",
                    "gpu_topology_extender_nodes_refused", "gpu_topology_extender_stale_nodes",
-                   "gpu_topology_extender_requests_refused_total", "gpu_topology_extender_decisions_total"):
+                   "gpu_topology_extender_requests_refused_total", "gpu_topology_extender_decisions_total",
+                   "gpu_topology_extender_certificate_expiry_timestamp_seconds"):
         assert metric in covered, metric
 
 
@@ -1856,12 +1925,12 @@ def test_dockerfile_copies_everything_the_package_build_needs() -> None:
     assert {".git", ".venv", "scheduler-config"} <= ignored
 
 
-def test_dockerfile_runs_as_a_numeric_non_root_user_on_8443() -> None:
+def test_dockerfile_runs_as_a_numeric_non_root_user_on_the_extenders_ports() -> None:
     (user,) = _final("USER")
     uid = user.split(":")[0]
     assert uid.isdigit() and int(uid) > 0
     assert EXTENDER["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == int(uid)
-    assert _final("EXPOSE") == ["8443"]
+    assert _final("EXPOSE") == [" ".join(str(p["containerPort"]) for p in container(EXTENDER)["ports"])]
     (entrypoint,) = _final("ENTRYPOINT")
     assert yaml.safe_load(entrypoint) == ["gpu-topology-extender"]  # exec form, a JSON list
 
@@ -2201,7 +2270,9 @@ def test_the_real_extender_runs_the_deployments_command_line_with_mtls(certs: tu
     seal_dir = volume_mount_for_secret(EXTENDER, SEAL_SECRET)
     (seal_key,) = seal_secret_files(printed).values()
     port = _free_port()
-    local = {"--in-cluster": "--demo", "--host=0.0.0.0": "--host=127.0.0.1", "--port=8443": f"--port={port}"}
+    metrics_port = _free_port()
+    local = {"--in-cluster": "--demo", "--host=0.0.0.0": "--host=127.0.0.1", "--port=8443": f"--port={port}",
+             "--metrics-port=8890": f"--metrics-port={metrics_port}"}
     args = []
     for arg in container(EXTENDER)["args"]:
         if arg.startswith("--leader-elect"):
@@ -2249,6 +2320,14 @@ def test_the_real_extender_runs_the_deployments_command_line_with_mtls(certs: tu
         for health in ("/healthz", "/readyz"):
             probe = subprocess.run([sys.executable, "-c", script, health], check=False, capture_output=True, timeout=60)
             assert probe.returncode == 0, probe.stderr
+        # The metrics port, as the PodMonitor scrapes it: our CA, the Service's name, no client certificate. The
+        # probes and /metrics answer; no verb does.
+        scraper = ssl.create_default_context(cafile=str(extender_files["ca.crt"]))
+        server_name = POD_MONITOR["spec"]["podMetricsEndpoints"][0]["tlsConfig"]["serverName"]
+        for path in ("/metrics", "/healthz", "/readyz"):
+            assert _get(metrics_port, scraper, server_name, path) == 200, path
+        for path in ("/filter", "/prioritize", "/bind", "/preempt"):
+            assert _get(metrics_port, scraper, server_name, path, filter_call) == 404, path
     finally:
         server.terminate()
         try:
