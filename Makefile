@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test chart bench bench-select bench-bind bench-dra loadtest throughput hostile soak failover faults fuzz mutate clean
+.PHONY: demo test chart image bench bench-select bench-bind bench-dra loadtest throughput hostile soak failover faults fuzz mutate clean
 
 # Rebuilt when the C extension's source changes too: `pip install -e` compiles it into extender/.
 $(BIN)/activate: pyproject.toml extender/api/_names.c
@@ -23,6 +23,14 @@ chart: $(BIN)/activate
 	version = tomllib.load(open('pyproject.toml', 'rb'))['project']['version']; \
 	print(helm_python.package('scheduler-config/chart/gpu-topology-extender', destination='dist', version=version, \
 	app_version=version))"
+
+# One image for amd64 and arm64 (GB200 trays are arm64), tagged with pyproject.toml's version and pushed to IMAGE:
+# buildx builds each platform's stage (arm64 under emulation on an amd64 builder). The Dockerfile says why.
+IMAGE ?= gpu-topology-extender
+PLATFORMS ?= linux/amd64,linux/arm64
+image:
+	docker buildx build --platform $(PLATFORMS) --push \
+		-t $(IMAGE):$$($(PYTHON) -c "import tomllib; print(tomllib.load(open('pyproject.toml', 'rb'))['project']['version'])") .
 
 bench: $(BIN)/activate  # both run and write their sections; either's miss fails the target
 	$(BIN)/python -m loadtests.replay.bench --write BENCHMARKS.md; single=$$?; \
