@@ -77,7 +77,13 @@ def _parser() -> argparse.ArgumentParser:
     source.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8888)
-    serve.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate")
+    serve.add_argument("--metrics-port", type=int, metavar="PORT",
+                       help="also listen on PORT of --host for GET /metrics, /healthz and /readyz alone (404 for "
+                            "anything else, so no verb), over TLS with --tls-cert but asking no client certificate: a "
+                            "scraper needs none that --client-name lets through (default: none; the main port serves "
+                            "them too, as always)")
+    serve.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate; it and --tls-key and "
+                                                          "--client-ca are loaded again when their files change")
     serve.add_argument("--tls-key", metavar="FILE")
     serve.add_argument("--client-ca", metavar="FILE", help="require client certificates signed by this CA (mTLS)")
     serve.add_argument("--client-name", action="append", default=[], metavar="NAME",
@@ -193,7 +199,7 @@ def _levels(text: str) -> tuple[str, ...]:
 
 def _serve(args: argparse.Namespace) -> int:
     options = ServeOptions(args.host, args.port, args.tls_cert, args.tls_key, args.client_ca, tuple(args.client_name),
-                           args.log_level)
+                           args.log_level, metrics_port=args.metrics_port)
     if not 0 <= args.topology_wait <= MAX_TOPOLOGY_WAIT_SECONDS:
         raise ValueError(f"--topology-wait must be 0 to {MAX_TOPOLOGY_WAIT_SECONDS:g} seconds, "
                          f"not {args.topology_wait}")

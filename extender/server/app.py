@@ -155,20 +155,42 @@ def create_app(service: ExtenderService, max_body_bytes: int = MAX_BODY_BYTES) -
     verb_map[ADMISSION_PATH] = Verb(service, "admission", _guarded(service, "admission", do_admit, lambda _: b"{}"),
                                     max_body_bytes, binds, None, False)
 
-    @app.get("/healthz")
+    for path, probe in probes(service).items():
+        app.add_api_route(path, probe, methods=["GET"])
+    return ExtenderApp(app, verb_map)
+
+
+Probe = Callable[[], Awaitable[Response]]
+
+
+def probes(service: ExtenderService) -> dict[str, Probe]:
+    """GET /healthz, /readyz and /metrics: on the main port, and alone on the metrics port (ProbesOnly)."""
     async def healthz() -> PlainTextResponse:
         return PlainTextResponse("ok")
 
-    @app.get("/readyz")
     async def readyz() -> PlainTextResponse:
         why = service.readiness()
         return PlainTextResponse("ok") if why is None else PlainTextResponse(why, status_code=503)
 
-    @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return ExtenderApp(app, verb_map)
+    return {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics}
+
+
+class ProbesOnly:
+    """The metrics port's ASGI app (--metrics-port): GET of a probe, and 404 for anything else, so a client there,
+    which no certificate names, reaches no verb."""
+
+    def __init__(self, service: ExtenderService) -> None:
+        self._probes = probes(service)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        probe = self._probes.get(scope["path"]) if scope["method"] == "GET" else None
+        response = PlainTextResponse("not found", status_code=404) if probe is None else await probe()
+        await response(scope, receive, send)
 
 
 Answered = tuple[int, bytes, float]  # status, content, seconds in the verb

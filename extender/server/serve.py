@@ -7,24 +7,33 @@ of another name before any route runs. Each refusal is a log line and a count in
 `gpu_topology_extender_requests_refused_total{verb="connection"}`. It also answers kube-scheduler's verb
 requests itself, before ASGI (limited_protocol says why); such a body is held up to the verb's limit
 (MAX_BODY_BYTES) and refused with 413 as soon as it passes it.
+
+With `--metrics-port`, a second listener on the same host serves only the probes and /metrics (app.ProbesOnly),
+over TLS with the same serving certificate but asking none of the client, so a scraper that cannot bind needs no
+certificate that the main port's --client-name would let through. Both listen on one event loop, where the
+certificates are also taken up again when their files change (certificates.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 import ssl
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import uvicorn
+import uvloop
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from extender.server.app import (
     Answered,
     ExtenderApp,
+    ProbesOnly,
     Verb,
     answer_headers,
     create_app,
@@ -32,6 +41,7 @@ from extender.server.app import (
     over_limit,
     server_timing,
 )
+from extender.server.certificates import CHECK_SECONDS, CLIENT_CA, SERVING, Certificates, Files
 from extender.verbs.service import ExtenderService
 
 log = logging.getLogger(__name__)
@@ -58,6 +68,7 @@ class ServeOptions:
     client_names: tuple[str, ...] = ()  # with client_ca: only certificates of these names (CN or DNS SAN)
     log_level: str = "info"
     limits: Limits = Limits()
+    metrics_port: int | None = None  # a listener of the probes and /metrics alone, no client certificate asked
 
     def __post_init__(self) -> None:
         """TLS options that only work together, checked as the options are made: before the CLI starts anything."""
@@ -67,27 +78,22 @@ class ServeOptions:
             raise ValueError("--client-ca needs --tls-cert and --tls-key")
         if self.client_names and not self.client_ca:
             raise ValueError("--client-name needs --client-ca: without client certificates there is no name to check")
+        if self.metrics_port is not None and not (0 < self.metrics_port < 65536 and self.metrics_port != self.port):
+            raise ValueError(f"--metrics-port must be a port, 1 to 65535, other than --port, not {self.metrics_port}")
+
+
+# The event loop by measurement (a 20 KB request and its answer on a keep-alive connection, server CPU per request):
+# over TLS, asyncio's 90 us against uvloop's 140 us, as uvloop's TLS layer costs more than the standard library's;
+# in plain HTTP, uvloop's 65 us against asyncio's 75 to 110 us.
+_LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
 
 def server_config(service: ExtenderService, options: ServeOptions, app: ExtenderApp | None = None) -> uvicorn.Config:
     """`app`: the service's app with routes of its own on `app.web` (the load test's), else a new one."""
-    refused = service.metrics.requests_refused
     app = app or create_app(service)
-    protocol = limited_protocol(options.limits, frozenset(options.client_names),
-                                lambda reason: refused.labels("connection", reason).inc(),
+    protocol = limited_protocol(options.limits, frozenset(options.client_names), _refused(service),
                                 service.metrics.connections.inc, app.verbs)
-    # No access log: kube-scheduler calls several times per pod; the metrics count and time every verb. No proxy
-    # headers: nothing stands between kube-scheduler and the extender, and the client's address is only logged.
-    # The event loop by measurement (a 20 KB request and its answer on a keep-alive connection, server CPU per
-    # request): over TLS, asyncio's 90 us against uvloop's 140 us, as uvloop's TLS layer costs more than the
-    # standard library's; in plain HTTP, uvloop's 65 us against asyncio's 75 to 110 us.
-    config = uvicorn.Config(app, host=options.host, port=options.port, log_level=options.log_level,
-                            loop="asyncio" if options.tls_cert else "uvloop", proxy_headers=False,
-                            access_log=False, http=protocol, limit_concurrency=options.limits.max_connections,
-                            timeout_keep_alive=int(options.limits.idle_seconds),
-                            ssl_certfile=options.tls_cert, ssl_keyfile=options.tls_key, ssl_ca_certs=options.client_ca,
-                            ssl_cert_reqs=ssl.CERT_REQUIRED if options.client_ca else ssl.CERT_NONE)
-    config.load()
+    config = _config(app, options.port, protocol, options, options.client_ca)
     if config.ssl is not None:
         # No TLS 1.3 session tickets: kube-scheduler's client keeps no session cache, so it never resumes, and
         # it opens a connection whenever more than 2 requests overlap (Go keeps 2 idle per host): each full
@@ -96,8 +102,82 @@ def server_config(service: ExtenderService, options: ServeOptions, app: Extender
     return config
 
 
+def metrics_config(service: ExtenderService, options: ServeOptions) -> uvicorn.Config:
+    """The metrics port's listener: the probes and /metrics only, the same limits, no client certificate asked; its
+    connections are not counted in connections_opened_total, which counts kube-scheduler's handshakes."""
+    assert options.metrics_port is not None
+    protocol = limited_protocol(options.limits, frozenset(), _refused(service), lambda: None, {})
+    return _config(ProbesOnly(service), options.metrics_port, protocol, options, None, lifespan="off")
+
+
+def _refused(service: ExtenderService) -> Callable[[str], None]:
+    refused = service.metrics.requests_refused
+    return lambda reason: refused.labels("connection", reason).inc()
+
+
+def _config(app: Any, port: int, protocol: type[HttpToolsProtocol], options: ServeOptions, client_ca: str | None,
+            **more: Any) -> uvicorn.Config:
+    """A loaded uvicorn configuration. No access log: kube-scheduler calls several times per pod; the metrics
+    count and time every verb. No proxy headers: nothing stands between kube-scheduler and the extender, and the
+    client's address is only logged."""
+    config = uvicorn.Config(app, host=options.host, port=port, log_level=options.log_level,
+                            loop="asyncio" if options.tls_cert else "uvloop", proxy_headers=False,
+                            access_log=False, http=protocol, limit_concurrency=options.limits.max_connections,
+                            timeout_keep_alive=int(options.limits.idle_seconds),
+                            ssl_certfile=options.tls_cert, ssl_keyfile=options.tls_key, ssl_ca_certs=client_ca,
+                            ssl_cert_reqs=ssl.CERT_REQUIRED if client_ca else ssl.CERT_NONE, **more)
+    config.load()
+    return config
+
+
+class Listeners:
+    """The main port, the metrics port if asked, and the certificates they serve, on one event loop."""
+
+    def __init__(self, service: ExtenderService, options: ServeOptions, check_seconds: float = CHECK_SECONDS) -> None:
+        files = ([Files(SERVING, options.tls_cert, options.tls_key)] if options.tls_cert and options.tls_key else [])
+        if files and options.client_ca:
+            files.append(Files(CLIENT_CA, options.client_ca))
+        # Before the first load (Certificates says why).
+        self.certificates = Certificates(files, service.metrics.registry, check_seconds) if files else None
+        main = server_config(service, options)
+        self.main = uvicorn.Server(main)
+        self.metrics = None if options.metrics_port is None else _Beside(metrics_config(service, options))
+        if self.certificates is not None:
+            for server in (self.main, self.metrics):
+                if server is not None and server.config.ssl is not None:
+                    self.certificates.serve_with(server.config.ssl, client_ca=server is self.main)
+        self._loop = _LOOPS[main.loop]
+
+    def run(self, sockets: list[socket.socket] | None = None,
+            metrics_sockets: list[socket.socket] | None = None) -> None:
+        """Until the main listener stops (SIGTERM or SIGINT in the main thread, or `main.should_exit`)."""
+        with asyncio.Runner(loop_factory=self._loop) as runner:
+            runner.run(self.serve(sockets, metrics_sockets))
+
+    async def serve(self, sockets: list[socket.socket] | None = None,
+                    metrics_sockets: list[socket.socket] | None = None) -> None:
+        metrics = None if self.metrics is None else asyncio.create_task(self.metrics.serve(metrics_sockets))
+        checks = None if self.certificates is None else asyncio.create_task(self.certificates.watch())
+        try:
+            await self.main.serve(sockets)
+        finally:
+            if self.metrics is not None:
+                self.metrics.should_exit = True
+            if checks is not None:
+                checks.cancel()
+            await asyncio.gather(*(task for task in (metrics, checks) if task is not None), return_exceptions=True)
+
+
+class _Beside(uvicorn.Server):
+    """A listener beside the main one: the main one takes the signals, and stops it when it stops."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 def serve(service: ExtenderService, options: ServeOptions) -> None:
-    uvicorn.Server(server_config(service, options)).run()
+    Listeners(service, options).run()
 
 
 def certificate_names(peercert: dict[str, Any] | None) -> set[str]:

@@ -7,11 +7,13 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import NamedTuple
 
 import uvicorn
 
-from extender.server.serve import ServeOptions, server_config
+from extender.server.certificates import CHECK_SECONDS
+from extender.server.serve import Listeners, ServeOptions, server_config
 from extender.verbs.service import ExtenderService
 
 
@@ -24,9 +26,7 @@ class Serving(NamedTuple):
 @contextmanager
 def serving(service: ExtenderService, options: ServeOptions = ServeOptions()) -> Iterator[Serving]:
     """Serve until the block ends (or the block stops the server itself); the thread is joined on the way out."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", 0))
+    listener = _listener()
     server = uvicorn.Server(server_config(service, options))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, name="extender-server", daemon=True)
     thread.start()
@@ -47,3 +47,43 @@ def running_server(service: ExtenderService, options: ServeOptions = ServeOption
     """Serve until the block ends; yields the port."""
     with serving(service, options) as served:
         yield served.port
+
+
+class Listening(NamedTuple):
+    listeners: Listeners
+    port: int
+    metrics_port: int | None
+
+
+@contextmanager
+def listening(service: ExtenderService, options: ServeOptions = ServeOptions(),
+              check_seconds: float = CHECK_SECONDS) -> Iterator[Listening]:
+    """`serve`'s listeners (the main port, the metrics port if `options` asks for one, the certificates checked every
+    `check_seconds`) on free loopback ports, in a thread, until the block ends."""
+    sockets = [_listener() for _ in range(1 if options.metrics_port is None else 2)]
+    ports = [listener.getsockname()[1] for listener in sockets]
+    listeners = Listeners(service, replace(options, port=ports[0],
+                                           metrics_port=None if options.metrics_port is None else ports[1]),
+                          check_seconds)
+    thread = threading.Thread(target=listeners.run, args=(sockets[:1], sockets[1:] or None), name="extender-server",
+                              daemon=True)
+    thread.start()
+    servers = [server for server in (listeners.main, listeners.metrics) if server is not None]
+    started = threading.Event()
+    while not all(server.started for server in servers) and thread.is_alive() and not started.wait(0.02):
+        pass
+    assert all(server.started for server in servers), "the servers did not start"
+    try:
+        yield Listening(listeners, ports[0], ports[1] if len(ports) > 1 else None)
+    finally:
+        listeners.main.should_exit = True
+        thread.join(10)
+        for listener in sockets:
+            listener.close()
+
+
+def _listener() -> socket.socket:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    return listener

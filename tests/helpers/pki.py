@@ -27,12 +27,22 @@ def _openssl(directory: Path, *args: str) -> None:
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     required("openssl")
     directory = tmp_path_factory.mktemp("pki")
-    _openssl(directory, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-             "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=test-ca")
+    authority(directory, "ca")
     for name, (subject, san) in CERTIFICATES.items():
-        _openssl(directory, "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-                 "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject)
-        (directory / f"{name}.ext").write_text(f"subjectAltName = {san}\n" if san else "basicConstraints = CA:FALSE\n")
-        _openssl(directory, "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-days", "1", "-extfile", f"{name}.ext", "-out", f"{name}.crt")
+        issue(directory, name, subject, san)
     return directory
+
+
+def authority(directory: Path, name: str, days: int = 1) -> None:
+    """A CA: `name`.crt and `name`.key in `directory`."""
+    _openssl(directory, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+             "-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", str(days), "-subj", f"/CN=test-{name}")
+
+
+def issue(directory: Path, name: str, subject: str, san: str | None, days: int = 1, ca: str = "ca") -> None:
+    """A certificate signed by the CA `ca` of `directory`: `name`.crt and `name`.key."""
+    _openssl(directory, "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+             "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject)
+    (directory / f"{name}.ext").write_text(f"subjectAltName = {san}\n" if san else "basicConstraints = CA:FALSE\n")
+    _openssl(directory, "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
+             "-CAcreateserial", "-days", str(days), "-extfile", f"{name}.ext", "-out", f"{name}.crt")
