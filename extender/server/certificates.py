@@ -105,7 +105,7 @@ class Certificates:
             _load(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), certificate, key)
         except (OSError, ValueError, ssl.SSLError) as error:
             self._reloads.labels(found.name, FAILED).inc()
-            log.error("the %s certificate changed, but %s: %s; the one in use is kept", found.name,
+            log.error("the %s certificate %s changed but cannot be used: %s; the one in use is kept", found.name,
                       found.certificate, error)
             return
         try:
