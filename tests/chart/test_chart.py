@@ -75,7 +75,8 @@ def test_chart_versions_are_the_projects() -> None:
     ({"extender": {"extraArgs": ["observe"]}}, "at '/extender/extraArgs/0'"),
     ({"profile": "gb300"}, "at '/profile': value must be one of '', 'gb200'"),
     ({"agent": {"deliver": {"cdi": {"setup": "operator"}}}}, "at '/agent/deliver/cdi/setup': value must be one of"),
-    ({"monitoring": {"podMonitor": True}}, "at '/extender': missing property 'metricsPort'"),
+    ({"monitoring": {"podMonitor": True}, "extender": {"metricsPort": None}},
+     "at '/extender': missing property 'metricsPort'"),  # null takes a default away in Helm
     ({"monitorin": {}}, "additional properties 'monitorin' not allowed"),
 ])
 def test_schema_refuses_bad_values_saying_where_and_why(values, message) -> None:
