@@ -17,7 +17,7 @@ demo: $(BIN)/activate
 test: $(BIN)/activate
 	$(BIN)/python -m pytest -q
 
-# The Helm chart packaged into dist/, versioned as pyproject.toml (Chart.yaml says the same; tests/chart checks it).
+# The Helm chart packaged into dist/, versioned as pyproject.toml (Chart.yaml says the same; tests/manifests/chart checks it).
 chart: $(BIN)/activate
 	$(BIN)/python -c "import tomllib, helm_python; \
 	version = tomllib.load(open('pyproject.toml', 'rb'))['project']['version']; \

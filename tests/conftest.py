@@ -1,5 +1,6 @@
 """tests/ mirrors the code: topology/, agent/ (topology/agent/), extender/<package>/, replay/ (loadtests/replay/),
-loadtests/, manifests/ (scheduler-config/ and the Dockerfile), e2e/; what several suites share is in helpers/.
+loadtests/, manifests/ (scheduler-config/, its chart/, and the Dockerfile), e2e/, docs/ (the documents a user reads);
+what several suites share is in helpers/.
 
 tests/ goes on the path for `helpers`, and the checkout with it: otherwise, where an editable install's finder is all
 that provides topology, extender and loadtests, tests/'s folders of those names would be found first, as namespace

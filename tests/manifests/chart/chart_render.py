@@ -3,7 +3,7 @@ kustomize install built in Python from scheduler-config/kustomization.yaml (no k
 checks every render gets: objects valid against the Kubernetes 1.36 schemas, and every name a Pod or a policy binding
 refers to present in the same render.
 
-Used by tests/chart/test_chart.py, test_chart_matches_kustomize.py, test_chart_upgrade.py and
+Used by tests/manifests/chart/test_chart.py, test_chart_matches_kustomize.py, test_chart_upgrade.py and
 tests/e2e/test_chart_e2e.py.
 """
 
