@@ -30,10 +30,9 @@ import helm_python
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chart"))  # the chart suite's renderer, shared
-from chart_render import RELEASE, chart, containers, find, parse, pod_spec  # noqa: E402
-from helm_python import _native  # noqa: E402
-from kube_e2e import (  # noqa: E402
+from helpers.chart_render import RELEASE, chart, containers, find, parse, pod_spec
+from helm_python import _native
+from kube_e2e import (
     NODES,
     ROOT,
     FakeReporter,

@@ -13,7 +13,7 @@ from pathlib import Path
 import helm_python
 import pytest
 import yaml
-from chart_render import (
+from helpers.chart_render import (
     CHART,
     NAMESPACE,
     check_references,

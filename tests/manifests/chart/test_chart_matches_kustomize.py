@@ -11,7 +11,7 @@ import copy
 
 import pytest
 import yaml
-from chart_render import (
+from helpers.chart_render import (
     KUSTOMIZE_VALUES,
     NAMESPACE,
     Doc,

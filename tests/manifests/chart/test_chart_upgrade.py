@@ -1,5 +1,5 @@
 """An upgrade keeps the certificates and the seal key: Helm renders the upgrade with `lookup` reading the Secrets the
-install made (helm_python.Config.render against tests/manifests/chart/lookup_api_server.py, which serves them as kube-apiserver
+install made (helm_python.Config.render against tests/helpers/lookup_api_server.py, which serves them as kube-apiserver
 would). tests/e2e/test_chart_e2e.py does the same through a real install and upgrade.
 """
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import helm_python
 import pytest
-from chart_render import NAMESPACE, RELEASE, chart, parse, render, secret_data
-from lookup_api_server import LookupApiServer
+from helpers.chart_render import NAMESPACE, RELEASE, chart, parse, render, secret_data
+from helpers.lookup_api_server import LookupApiServer
 
 from helpers.tools import required
 
