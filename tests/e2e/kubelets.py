@@ -18,6 +18,10 @@ back after every kubelet stops, restarts included.
 
 What the kubelet recorded, to check delivery against: its device-manager checkpoint (every container, init
 containers too) and pod-resources `List` (app containers and sidecars).
+
+For the manifests' and the chart's e2e: two such nodes with kube-scheduler and the controllers a rollout needs
+(`start_two_nodes`), and the checks of the extender's Deployment there: a restart that rolls with a replica ready
+throughout (a watch of its Pods), and the surge strategy that stalls on the anti-affinity.
 """
 
 from __future__ import annotations
@@ -26,18 +30,22 @@ import base64
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from kube_e2e import (
     HOW_TO_RUN,
     ROOT,
+    ControlPlane,
     Kube,
     Pki,
     Process,
@@ -45,14 +53,18 @@ from kube_e2e import (
     find_kube_binaries,
     free_ports,
     local_get,
+    start_controller_manager,
+    start_scheduler,
     wait_until,
 )
+from kubernetes import watch
 
 from extender.api.pod_request import DEFAULT_GPU_RESOURCE
 from topology.agent import deviceplugin_v1beta1 as dp
 from topology.agent.podresources import PodResourcesClient
 from topology.codec import encode_topology
 from topology.model import Topology
+from topology.platforms import PLATFORMS
 
 KUBELET_BINARIES = ("kubelet", "fakecri")
 HOST_TOOLS = ("unshare", "mount")
@@ -343,3 +355,183 @@ def wait_node_ready(kube: Kube, node: KubeletNode, timeout: float = 120.0) -> No
 
     wait_until(ready, timeout, f"node {node.name} Ready with {node.topology.size} GPUs and the agent's annotations",
                watch=watched, interval=0.5)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Two nodes for the extender's two replicas: a rollout on real kubelets (the manifests' and the chart's e2e)
+# ---------------------------------------------------------------------------------------------------------
+
+EXTENDER_NAMESPACE = "gpu-topology-system"
+EXTENDER_DEPLOYMENT = "deployment/gpu-topology-extender"
+EXTENDER_SELECTOR = "app.kubernetes.io/name=gpu-topology-extender"
+TWO_NODES = ("kubelet-a", "kubelet-b")
+# What a rollout and a drain need besides the type-check controller: the Deployment's and ReplicaSet's, the quota's
+# (a ResourceQuota that admits the critical priority class is in force once it has a status) and the disruption
+# controller's (the eviction API reads the PodDisruptionBudget's status).
+ROLLOUT_CONTROLLERS = ("deployment-controller", "replicaset-controller", "resourcequota-controller",
+                       "disruption-controller")
+ROLLOUT_SECONDS = 240
+# The strategy the manifests and the chart had: a surge Pod that no node can take (anti-affinity), and no old
+# replica goes while it waits.
+SURGE_STRATEGY = {"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+STALL_SECONDS = 45
+WATCH_SECONDS = 5
+
+Doc = dict[str, Any]
+
+
+def start_two_nodes(plane: ControlPlane, stack: ExitStack,
+                    controllers: tuple[str, ...] = ROLLOUT_CONTROLLERS) -> list[KubeletNode]:
+    """kube-controller-manager running `controllers`, kube-scheduler (its defaults) and two real kubelets named
+    TWO_NODES, each with its fake runtime (the extender's container never really runs: fakecri pulls any image
+    name, an exec probe answers 0) and our agent. Skips the calling test where kubelets cannot run here."""
+    binaries, problem = find_kubelet_binaries()
+    if problem is not None or binaries is None:
+        pytest.skip(kubelet_skip_reason(problem or "no kubelet"))
+    kube = Kube(plane.kubeconfig)
+    stack.callback(kube.close)
+    start_controller_manager(plane.binaries.controller_manager, plane.workdir, plane.kubeconfig, stack, controllers)
+    config = plane.workdir / "default-scheduler.yaml"
+    config.write_text(yaml.safe_dump({"apiVersion": "kubescheduler.config.k8s.io/v1",
+                                      "kind": "KubeSchedulerConfiguration",
+                                      "clientConnection": {"kubeconfig": str(plane.kubeconfig)},
+                                      "leaderElection": {"leaderElect": False}}))
+    start_scheduler(plane.binaries.scheduler, plane.workdir, config, plane.kubeconfig, stack)
+    topology = PLATFORMS["rtx-a6000-pairs"].topology()
+    return start_kubelet_nodes(binaries, {name: topology for name in TWO_NODES}, kube, plane.kubeconfig, plane.pki,
+                               plane.workdir / "logs", stack)
+
+
+def publish_root_ca(plane: ControlPlane, namespace: str) -> None:
+    """The ConfigMaps a Pod's token volume projects, which kube-controller-manager publishes where it runs with a
+    root CA (and the service CA, in the OpenShift-derived v1.36.2 tree these binaries are built from)."""
+    for name, key in (("kube-root-ca.crt", "ca.crt"), ("openshift-service-ca.crt", "service-ca.crt")):
+        plane.apply("--server-side", "-f", "-", stdin=json.dumps({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace},
+            "data": {key: plane.pki.ca.read_text()}}))
+
+
+def extender_pods(plane: ControlPlane) -> list[Doc]:
+    """The extender's Pods, but those being deleted."""
+    return [pod for pod in plane.get_json("pods", "-n", EXTENDER_NAMESPACE, "-l", EXTENDER_SELECTOR)["items"]
+            if not pod["metadata"].get("deletionTimestamp")]
+
+
+def pod_ready(pod: Doc) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def rollout_status(plane: ControlPlane, seconds: int) -> subprocess.CompletedProcess[str]:
+    return plane.kubectl("-n", EXTENDER_NAMESPACE, "rollout", "status", EXTENDER_DEPLOYMENT,
+                         f"--timeout={seconds}s", check=False, timeout=seconds + 60)
+
+
+def extender_state(plane: ControlPlane) -> str:
+    """What a failed wait shows: the namespace's Pods and Events."""
+    return "\n".join(plane.kubectl(*args, check=False).stdout for args in (
+        ("-n", EXTENDER_NAMESPACE, "get", "pods,replicasets,deployments,poddisruptionbudgets", "-o", "wide"),
+        ("-n", EXTENDER_NAMESPACE, "get", "events", "--sort-by=.lastTimestamp")))
+
+
+def both_ready_on_both_nodes(plane: ControlPlane) -> bool:
+    pods = extender_pods(plane)
+    return len(pods) == 2 and all(map(pod_ready, pods)) and {p["spec"].get("nodeName") for p in pods} == set(TWO_NODES)
+
+
+def wait_both_ready(plane: ControlPlane, what: str, seconds: float = ROLLOUT_SECONDS) -> None:
+    wait_until(lambda: both_ready_on_both_nodes(plane), seconds, what, interval=2.0,
+               diagnose=lambda: extender_state(plane))
+
+
+class ReadyReplicas:
+    """The extender's Pods as a watch of the API server sees them: after each event, how many are Ready and not
+    being deleted (what the Service's endpoints count as serving)."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        self.kube = Kube(kubeconfig)
+        self.counts: list[int] = []
+        self.errors: list[str] = []
+        self._ready: dict[str, bool] = {}
+        self._version = ""
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ready-replicas", daemon=True)
+
+    def start(self) -> ReadyReplicas:
+        listed = self.kube.core.list_namespaced_pod(EXTENDER_NAMESPACE, label_selector=EXTENDER_SELECTOR,
+                                                    _preload_content=False)
+        body = json.loads(listed.data)
+        self._ready = {pod["metadata"]["name"]: self._serving(pod) for pod in body["items"]}
+        self.counts.append(sum(self._ready.values()))
+        self._version = body["metadata"]["resourceVersion"]
+        self._thread.start()
+        return self
+
+    @staticmethod
+    def _serving(pod: Doc) -> bool:
+        return pod_ready(pod) and not pod["metadata"].get("deletionTimestamp")
+
+    def _run(self) -> None:
+        # Short watches, each from the last event's resourceVersion, so that stop() returns within seconds.
+        while not self._stopped.is_set():
+            try:
+                for event in watch.Watch().stream(self.kube.core.list_namespaced_pod, EXTENDER_NAMESPACE,
+                                                  label_selector=EXTENDER_SELECTOR, resource_version=self._version,
+                                                  timeout_seconds=WATCH_SECONDS):
+                    pod = event["raw_object"]
+                    if event["type"] not in ("ADDED", "MODIFIED", "DELETED"):
+                        raise RuntimeError(f"{event['type']}: {pod}")
+                    if event["type"] == "DELETED":
+                        self._ready.pop(pod["metadata"]["name"], None)
+                    else:
+                        self._ready[pod["metadata"]["name"]] = self._serving(pod)
+                    self._version = pod["metadata"]["resourceVersion"]
+                    self.counts.append(sum(self._ready.values()))
+            except Exception as error:  # noqa: BLE001 - the test reads it: a gap in the watch is a failure
+                self.errors.append(repr(error))
+                return
+
+    def stop(self) -> list[int]:
+        """The counts, from the list before the watch to its last event."""
+        self._stopped.set()
+        self._thread.join(timeout=WATCH_SECONDS + 30)
+        self.kube.close()
+        return self.counts
+
+
+def restart_rolls_with_one_ready(plane: ControlPlane) -> list[int]:
+    """`kubectl rollout restart` of the extender, both replicas ready on both nodes before: it completes within
+    ROLLOUT_SECONDS, both replicas are new and ready on both nodes, and one replica at least was ready at every
+    step in between. Returns the ready counts the watch saw."""
+    before = {p["metadata"]["name"] for p in extender_pods(plane)}
+    replicas = ReadyReplicas(plane.kubeconfig).start()
+    try:
+        # One old replica goes, its successor takes the freed node and gets ready, then the other.
+        plane.kubectl("-n", EXTENDER_NAMESPACE, "rollout", "restart", EXTENDER_DEPLOYMENT)
+        done = rollout_status(plane, ROLLOUT_SECONDS)
+        assert done.returncode == 0, done.stdout + done.stderr + extender_state(plane)
+        wait_both_ready(plane, "both new replicas ready", 60)
+        assert not before & {p["metadata"]["name"] for p in extender_pods(plane)}
+        wait_until(lambda: replicas.counts[-1] == 2 or replicas.errors, 30, "the watch at both replicas ready")
+    finally:
+        counts = replicas.stop()
+    assert not replicas.errors, replicas.errors
+    assert counts[0] == counts[-1] == 2 and min(counts) >= 1, counts
+    return counts
+
+
+def surge_stalls(plane: ControlPlane) -> None:
+    """With SURGE_STRATEGY patched in, a restart stalls: the surge Pod stays Pending on the anti-affinity and no old
+    replica goes. The caller puts its own strategy back, which finishes the same rollout."""
+    wait_both_ready(plane, "two extender replicas ready")
+    plane.kubectl("-n", EXTENDER_NAMESPACE, "patch", EXTENDER_DEPLOYMENT, "--type=merge",
+                  "-p", json.dumps({"spec": {"strategy": SURGE_STRATEGY}}))
+    plane.kubectl("-n", EXTENDER_NAMESPACE, "rollout", "restart", EXTENDER_DEPLOYMENT)
+    stalled = rollout_status(plane, STALL_SECONDS)
+    assert stalled.returncode != 0, stalled.stdout
+    pods = extender_pods(plane)
+    pending = [p for p in pods if not p["spec"].get("nodeName")]
+    assert len(pending) == 1 and len(pods) == 3, [p["metadata"]["name"] for p in pods]
+    assert sum(map(pod_ready, pods)) == 2
+    messages = " ".join(c.get("message", "") for c in pending[0]["status"].get("conditions") or [])
+    assert "anti-affinity" in messages, messages

@@ -1,12 +1,21 @@
 """End to end: Helm (helm-python-sdk, Helm v4's Go SDK) installs the chart into a real kube-apiserver (v1.36), a real
 kube-scheduler runs the configuration the chart rendered and places a GPU pod through our extender, which runs with
-the chart's own certificates, seal key and ServiceAccount (its RBAC and admission policies enforcing); then an upgrade
-with the same values keeps the certificates and the seal key, and an uninstall leaves nothing of ours.
+the chart's own certificates, seal key and ServiceAccount (its RBAC and admission policies enforcing); the chart's
+extender Deployment rolls on two real kubelets; then an upgrade with the same values keeps the certificates and the
+seal key, and an uninstall leaves nothing of ours.
 
-No kubelet runs, and of kube-controller-manager only the policies' status and the namespace controllers, so the
-chart's Deployments and DaemonSets make no Pods:
-the extender runs here as a process, with the Deployment's own flags but for where it listens and what it reads
-from files (the Secrets' content). Runs only with KUBE_BIN_DIR (kube_e2e.skip_reason).
+Until the rollout, no kubelet runs, and of kube-controller-manager only the policies' status and the namespace
+controllers, so the chart's Deployments and DaemonSets make no Pods: for the GPU pod, the extender runs as a process,
+with the Deployment's own flags but for where it listens and what it reads from files (the Secrets' content). For
+the rollout (kubelets.py's two nodes: each its fake runtime, which pulls the chart's image by name and answers the
+exec probes with 0, and our agent; root, and `kubelet` and `fakecri` in KUBE_BIN_DIR, else those tests skip),
+kube-scheduler with its defaults, the Deployment, ReplicaSet, quota, disruption and garbage-collector controllers
+start, and the nodes without a kubelet are cordoned: the chart's two replicas become ready on the two nodes,
+`kubectl rollout restart` completes with one replica ready throughout, and the strategy the chart had (maxSurge 1,
+maxUnavailable 0) stalls there on the anti-affinity. Runs only with KUBE_BIN_DIR (kube_e2e.skip_reason).
+
+kubectl runs with --validate=false and Helm without its client-side OpenAPI validation: the v1.36.2 kube-apiserver
+built for these tests answers 503 on /openapi/v2 (the server still validates every object it admits).
 
     cd tests && KUBE_BIN_DIR=/work/kube-bin ../.venv/bin/python -m pytest -q e2e/test_chart_e2e.py
 """
@@ -16,9 +25,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import ssl
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -35,30 +42,45 @@ from helm_python import _native
 from kube_e2e import (
     NODES,
     ROOT,
+    ControlPlane,
     FakeReporter,
     Kube,
     Process,
     create_gpu_nodes,
     derive_scheduler_config,
     find_kube_binaries,
+    find_kubectl,
     free_ports,
     gpu_pod,
-    make_pki,
     node_topologies,
     scheduler_name,
     skip_reason,
-    start_apiserver,
-    start_controller_manager,
-    start_etcd,
+    start_control_plane,
     start_scheduler,
     wait_for_https,
     wait_until,
     write_kubeconfig,
 )
+from kubelets import (
+    EXTENDER_DEPLOYMENT,
+    ROLLOUT_CONTROLLERS,
+    ROLLOUT_SECONDS,
+    TWO_NODES,
+    extender_state,
+    publish_root_ca,
+    restart_rolls_with_one_ready,
+    rollout_status,
+    start_two_nodes,
+    surge_stalls,
+    wait_both_ready,
+)
 
 _BINARIES, _PROBLEM = find_kube_binaries()
 if _PROBLEM is not None:
     pytest.skip(skip_reason(_PROBLEM), allow_module_level=True)
+_KUBECTL = find_kubectl(_BINARIES) if _BINARIES is not None else None
+if _KUBECTL is None:
+    pytest.skip(skip_reason("no kubectl beside kube-apiserver or on PATH"), allow_module_level=True)
 
 NAMESPACE = "gpu-topology-system"
 PODS = "gpu-chart-e2e"
@@ -79,11 +101,8 @@ def helm(action: str, config: helm_python.Config, values: dict[str, Any]) -> dic
     return json.loads(payload)
 
 
-def kubectl(cluster: ChartCluster, *args: str, stdin: str | None = None) -> str:
-    done = subprocess.run([str(cluster.kubectl), f"--kubeconfig={cluster.admin}", *args], input=stdin,
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+def kubectl(cluster: ChartCluster, *args: str) -> str:
+    return cluster.plane.kubectl(*args, timeout=120).stdout
 
 
 def secrets(kube: Kube) -> dict[str, dict[str, str]]:
@@ -96,46 +115,37 @@ def secrets(kube: Kube) -> dict[str, dict[str, str]]:
 
 @dataclass
 class ChartCluster:
-    workdir: Path
+    plane: ControlPlane
     kube: Kube
-    admin: Path
     scheduler_kubeconfig: Path
-    server: str
-    ca: Path
     config: helm_python.Config
-    kubectl: Path
     stack: ExitStack
     release: dict[str, Any]
+
+    @property
+    def workdir(self) -> Path:
+        return self.plane.workdir
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChartCluster]:
-    assert _BINARIES is not None
-    workdir = tmp_path_factory.mktemp("chart-e2e")
+    assert _BINARIES is not None and _KUBECTL is not None
     with ExitStack() as stack:
-        pki = make_pki(workdir / "pki")
-        _, etcd_url = start_etcd(_BINARIES.etcd, workdir, stack)
-        _, port = start_apiserver(_BINARIES.apiserver, workdir, etcd_url, pki, stack)
-        server = f"https://127.0.0.1:{port}"
-        admin = write_kubeconfig(workdir / "admin.kubeconfig", server, pki, "admin")
         # The policies' type checking, and the deletion of the agent's namespace at the uninstall.
-        start_controller_manager(_BINARIES.controller_manager, workdir, admin, stack,
-                                 ["validatingadmissionpolicy-status-controller", "namespace-controller"])
-        kube = Kube(admin)
+        plane = start_control_plane(_BINARIES, _KUBECTL, tmp_path_factory.mktemp("chart-e2e"), stack,
+                                    ["validatingadmissionpolicy-status-controller", "namespace-controller"])
+        kube = Kube(plane.kubeconfig)
         stack.callback(kube.close)
         # The release's namespace, made as the chart's README says: before the install, with its Pod Security
         # level (a chart cannot own the namespace its release is stored in).
         kube.core.create_namespace({"metadata": {"name": NAMESPACE, "labels": {
             "pod-security.kubernetes.io/enforce": "restricted", "app.kubernetes.io/part-of": "gpu-topology"}}})
-        config = helm_python.Config(kubeconfig_path=str(admin), namespace=NAMESPACE)
+        config = helm_python.Config(kubeconfig_path=str(plane.kubeconfig), namespace=NAMESPACE)
         stack.callback(config.close)
-        kubectl_binary = Path(os.environ["KUBE_BIN_DIR"]) / "kubectl"
-        if not kubectl_binary.exists():
-            kubectl_binary = Path(shutil.which("kubectl") or "kubectl")
         release = helm("install", config, VALUES)
-        yield ChartCluster(workdir, kube, admin, write_kubeconfig(workdir / "scheduler.kubeconfig", server, pki,
-                                                                  "scheduler"),
-                           server, pki.ca, config, kubectl_binary, stack, release)
+        yield ChartCluster(plane, kube, write_kubeconfig(plane.workdir / "scheduler.kubeconfig", plane.server,
+                                                         plane.pki, "scheduler"),
+                           config, stack, release)
 
 
 def manifest_file(cluster: ChartCluster, release: dict[str, Any], name: str) -> Path:
@@ -185,7 +195,8 @@ def service_account_kubeconfig(cluster: ChartCluster) -> Path:
     path = cluster.workdir / "extender.kubeconfig"
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "extender",
-        "clusters": [{"name": "e2e", "cluster": {"server": cluster.server, "certificate-authority": str(cluster.ca)}}],
+        "clusters": [{"name": "e2e", "cluster": {"server": cluster.plane.server,
+                                                  "certificate-authority": str(cluster.plane.pki.ca)}}],
         "users": [{"name": "extender", "user": {"token": token}}],
         "contexts": [{"name": "extender", "context": {"cluster": "e2e", "user": "extender"}}]}))
     return path
@@ -251,6 +262,40 @@ def test_a_gpu_pod_is_placed_through_the_extender_with_the_rendered_configuratio
     assert annotations["gpu-topology.io/seal"]  # sealed with the chart's key
 
 
+@pytest.fixture(scope="module")
+def two_nodes(cluster: ChartCluster) -> ChartCluster:
+    """The installed chart's control plane with two real kubelets, kube-scheduler (its defaults) and the controllers
+    that make and roll the chart's Pods (and, at the uninstall, delete them with their Deployments). The nodes
+    without a kubelet (the GPU pod's) are cordoned first: only these two may host the extender, whose anti-affinity
+    wants one replica on each. They run until the module ends, the upgrade and the uninstall included."""
+    plane = cluster.plane
+    for node in cluster.kube.core.list_node().items:
+        if node.metadata.name not in TWO_NODES:
+            plane.kubectl("cordon", node.metadata.name)
+    publish_root_ca(plane, NAMESPACE)
+    start_two_nodes(plane, cluster.stack, (*ROLLOUT_CONTROLLERS, "garbage-collector-controller"))
+    return cluster
+
+
+def test_the_extender_rolls_on_two_nodes_with_a_replica_ready_throughout(two_nodes: ChartCluster) -> None:
+    plane = two_nodes.plane
+    wait_both_ready(plane, "the chart's two extender replicas ready, one a node")
+    restart_rolls_with_one_ready(plane)
+
+
+def test_the_surge_strategy_the_chart_replaced_stalls_there(two_nodes: ChartCluster) -> None:
+    """maxSurge 1 / maxUnavailable 0, as the chart had it: the surge Pod finds no node (anti-affinity) and no old
+    replica goes. The chart's own strategy put back finishes the same rollout."""
+    plane = two_nodes.plane
+    surge_stalls(plane)
+    rendered = find(parse({"installed": two_nodes.release["manifest"]}), "Deployment", "gpu-topology-extender")
+    plane.kubectl("-n", NAMESPACE, "patch", EXTENDER_DEPLOYMENT, "--type=merge",
+                  "-p", json.dumps({"spec": {"strategy": rendered["spec"]["strategy"]}}))
+    done = rollout_status(plane, ROLLOUT_SECONDS)
+    assert done.returncode == 0, done.stdout + done.stderr + extender_state(plane)
+    wait_both_ready(plane, "both replicas again")
+
+
 def test_an_upgrade_keeps_the_certificates_and_the_seal_key(cluster) -> None:
     before = secrets(cluster.kube)
     upgraded = helm("upgrade", cluster.config, VALUES)
@@ -267,9 +312,12 @@ def test_an_uninstall_leaves_nothing_of_ours(cluster) -> None:
     cluster.config.uninstall(RELEASE, timeout=120)
 
     def gone() -> bool:
-        return kubectl(cluster, "get", "-f", str(manifest), "--ignore-not-found", "-o", "name").strip() == ""
-    wait_until(gone, 120, "every object of the release deleted (the agent's namespace emptied by its controller)")
+        return (kubectl(cluster, "get", "-f", str(manifest), "--ignore-not-found", "-o", "name").strip() == ""
+                and not cluster.kube.core.list_namespaced_pod(NAMESPACE).items)
+    wait_until(gone, 120, "every object of the release deleted (the agent's namespace emptied by its controller) "
+               "and the Deployments' Pods gone from the kubelets")
     left = kubectl(cluster, "get", "-f", str(manifest), "--ignore-not-found", "-o", "name")
     assert left.strip() == ""
+    assert cluster.kube.core.list_namespaced_pod(NAMESPACE).items == []
     assert cluster.kube.core.list_namespaced_secret(NAMESPACE).items == []
     assert cluster.config.list() == []

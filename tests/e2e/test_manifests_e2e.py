@@ -18,8 +18,9 @@ with the real kubectl from KUBE_BIN_DIR, as README.md says to:
 - with two real kubelets (kubelets.py: each its fake runtime and our agent; root, and `kubelet` and `fakecri` in
   KUBE_BIN_DIR, else those two tests skip), kube-scheduler and the Deployment, ReplicaSet, quota and disruption
   controllers: the extender installed as README.md says (make-certs.sh's Secrets) runs a replica on each node,
-  `kubectl rollout restart` completes, a drain evicts one replica, a drain of the other node then waits on the
-  budget until the first is uncordoned, and the surge strategy extender.yaml had stalls on the anti-affinity.
+  `kubectl rollout restart` completes with a replica ready throughout, a drain evicts one replica, a drain of the
+  other node then waits on the budget until the first is uncordoned, and the surge strategy extender.yaml had
+  stalls on the anti-affinity.
 
 kubectl runs with --validate=false: its own schema check fetches the API server's OpenAPI v2, which the v1.36.2
 kube-apiserver built for these tests fails to serve (503, "$root has invalid property: Extensions" in its log). The
@@ -33,30 +34,31 @@ import os
 import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from kube_e2e import (
     ROOT,
-    Kube,
-    KubeBinaries,
-    Pki,
+    ControlPlane,
     find_kube_binaries,
-    make_pki,
+    find_kubectl,
     skip_reason,
-    start_apiserver,
-    start_controller_manager,
-    start_etcd,
-    start_scheduler,
+    start_control_plane,
     wait_until,
-    write_kubeconfig,
 )
-from kubelets import find_kubelet_binaries, kubelet_skip_reason, start_kubelet_nodes
-
-from topology.platforms import PLATFORMS
+from kubelets import (
+    EXTENDER_NAMESPACE,
+    ROLLOUT_SECONDS,
+    TWO_NODES,
+    extender_state,
+    publish_root_ca,
+    restart_rolls_with_one_ready,
+    rollout_status,
+    start_two_nodes,
+    surge_stalls,
+    wait_both_ready,
+)
 
 CONFIG = ROOT / "scheduler-config"
 POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy",
@@ -71,47 +73,17 @@ OPT_IN = {"gpu-topology.io/scheduler": "enabled"}
 Doc = dict[str, Any]
 
 
-@dataclass
-class ControlPlane:
-    kubectl_binary: Path
-    kubeconfig: Path
-    workdir: Path
-    binaries: KubeBinaries
-    pki: Pki
-
-    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True,
-                timeout: float = 180) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([str(self.kubectl_binary), *args], input=stdin, capture_output=True, text=True,
-                              timeout=timeout, check=False, env={**os.environ, "KUBECONFIG": str(self.kubeconfig)})
-        if check and done.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed ({done.returncode}): {done.stderr}")
-        return done
-
-    def apply(self, *args: str, stdin: str | None = None) -> list[str]:
-        """`kubectl apply` of the arguments; kubectl's lines, one per object."""
-        return self.kubectl("apply", "--validate=false", *args, stdin=stdin).stdout.splitlines()
-
-    def get_json(self, *args: str) -> Doc:
-        return json.loads(self.kubectl("get", "-o", "json", *args).stdout)
-
-
 @pytest.fixture(scope="module")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     binaries, problem = find_kube_binaries()
     if problem is not None or binaries is None:
         pytest.skip(skip_reason(problem or "no binaries"))
-    kubectl = binaries.apiserver.parent / "kubectl"
-    if not os.access(kubectl, os.X_OK):
-        pytest.skip(skip_reason(f"no kubectl beside {binaries.apiserver}"))
-    workdir = tmp_path_factory.mktemp("manifests-e2e")
+    kubectl = find_kubectl(binaries)
+    if kubectl is None:
+        pytest.skip(skip_reason(f"no kubectl beside {binaries.apiserver} or on PATH"))
     with ExitStack() as stack:
-        pki = make_pki(workdir / "pki")
-        _, etcd_url = start_etcd(binaries.etcd, workdir, stack)
-        _, port = start_apiserver(binaries.apiserver, workdir, etcd_url, pki, stack)
-        kubeconfig = write_kubeconfig(workdir / "admin.kubeconfig", f"https://127.0.0.1:{port}", pki, "admin")
-        start_controller_manager(binaries.controller_manager, workdir, kubeconfig, stack,
-                                 ["validatingadmissionpolicy-status-controller"])
-        yield ControlPlane(kubectl, kubeconfig, workdir, binaries, pki)
+        yield start_control_plane(binaries, kubectl, tmp_path_factory.mktemp("manifests-e2e"), stack,
+                                  ["validatingadmissionpolicy-status-controller"])
 
 
 def documents(file: str) -> list[Doc]:
@@ -310,38 +282,12 @@ def test_gpu_pods_in_a_labelled_namespace_get_our_scheduler(control_plane: Contr
 # Two nodes for two replicas: a rollout and a drain finish (real kubelets, kubelets.py)
 # ---------------------------------------------------------------------------------------------------------------
 
-EXTENDER_NAMESPACE = "gpu-topology-system"
-NODES = ("kubelet-a", "kubelet-b")
-# What a rollout and a drain need besides the type-check controller: the Deployment's and ReplicaSet's, the quota's
-# (namespace.yaml's ResourceQuota is in force once it has a status) and the disruption controller's (the eviction API
-# reads the PodDisruptionBudget's status).
-CONTROLLERS = ("deployment-controller", "replicaset-controller", "resourcequota-controller", "disruption-controller")
-ROLLOUT_SECONDS = 240
-
-
 @pytest.fixture(scope="module")
 def two_nodes(control_plane: ControlPlane) -> Iterator[ControlPlane]:
-    """The control plane with kube-scheduler (its defaults), the controllers above and two real kubelets, each
-    with its fake runtime (the extender's container never really runs: an exec probe answers 0) and our agent. Only
+    """The control plane with kube-scheduler, the rollout's controllers and two real kubelets (kubelets.py). Only
     these two nodes may host the extender, whose anti-affinity wants one replica on each."""
-    kubelet_binaries, problem = find_kubelet_binaries()
-    if problem is not None or kubelet_binaries is None:
-        pytest.skip(kubelet_skip_reason(problem or "no kubelet"))
-    workdir = control_plane.workdir
     with ExitStack() as stack:
-        kube = Kube(control_plane.kubeconfig)
-        stack.callback(kube.close)
-        start_controller_manager(control_plane.binaries.controller_manager, workdir, control_plane.kubeconfig, stack,
-                                 CONTROLLERS)
-        config = workdir / "default-scheduler.yaml"
-        config.write_text(yaml.safe_dump({"apiVersion": "kubescheduler.config.k8s.io/v1",
-                                          "kind": "KubeSchedulerConfiguration",
-                                          "clientConnection": {"kubeconfig": str(control_plane.kubeconfig)},
-                                          "leaderElection": {"leaderElect": False}}))
-        start_scheduler(control_plane.binaries.scheduler, workdir, config, control_plane.kubeconfig, stack)
-        topology = PLATFORMS["rtx-a6000-pairs"].topology()
-        start_kubelet_nodes(kubelet_binaries, {name: topology for name in NODES}, kube, control_plane.kubeconfig,
-                            control_plane.pki, workdir / "logs", stack)
+        start_two_nodes(control_plane, stack)
         yield control_plane
 
 
@@ -357,94 +303,38 @@ def install_extender(plane: ControlPlane) -> None:
     subprocess.run(["bash", "-euo", "pipefail", "-c", commands], check=True, capture_output=True, text=True,
                    timeout=120, env={**os.environ, "KUBECONFIG": str(plane.kubeconfig),
                                      "PATH": f"{plane.kubectl_binary.parent}:{os.environ['PATH']}"})
-    # The token volume's ConfigMaps, which kube-controller-manager publishes where it runs with a root CA (and the
-    # service CA, in the OpenShift-derived v1.36.2 tree these binaries are built from).
-    for name, key in (("kube-root-ca.crt", "ca.crt"), ("openshift-service-ca.crt", "service-ca.crt")):
-        plane.apply("--server-side", "-f", "-", stdin=json.dumps({
-            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": EXTENDER_NAMESPACE},
-            "data": {key: plane.pki.ca.read_text()}}))
+    publish_root_ca(plane, EXTENDER_NAMESPACE)
     plane.apply("--server-side", "-f", str(CONFIG / "extender-rbac.yaml"), "-f", str(CONFIG / "extender.yaml"))
-
-
-def extender_pods(plane: ControlPlane) -> list[Doc]:
-    return [pod for pod in plane.get_json("pods", "-n", EXTENDER_NAMESPACE,
-                                          "-l", "app.kubernetes.io/name=gpu-topology-extender")["items"]
-            if not pod["metadata"].get("deletionTimestamp")]
-
-
-def ready(pod: Doc) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-
-def rollout_status(plane: ControlPlane, seconds: int) -> subprocess.CompletedProcess[str]:
-    return plane.kubectl("-n", EXTENDER_NAMESPACE, "rollout", "status", "deployment/gpu-topology-extender",
-                         f"--timeout={seconds}s", check=False, timeout=seconds + 60)
-
-
-def extender_state(plane: ControlPlane) -> str:
-    """What a failed wait shows: the namespace's Pods and Events."""
-    return "\n".join(plane.kubectl(*args, check=False).stdout for args in (
-        ("-n", EXTENDER_NAMESPACE, "get", "pods,replicasets,deployments,poddisruptionbudgets", "-o", "wide"),
-        ("-n", EXTENDER_NAMESPACE, "get", "events", "--sort-by=.lastTimestamp")))
-
-
-def both_ready_on_both_nodes(plane: ControlPlane) -> bool:
-    pods = extender_pods(plane)
-    return len(pods) == 2 and all(map(ready, pods)) and {p["spec"].get("nodeName") for p in pods} == set(NODES)
 
 
 def test_a_rollout_and_a_drain_finish_on_two_nodes(two_nodes: ControlPlane) -> None:
     plane = two_nodes
     install_extender(plane)
-    wait_until(lambda: both_ready_on_both_nodes(plane), ROLLOUT_SECONDS, "two extender replicas ready, one a node",
-               interval=2.0,
-               diagnose=lambda: extender_state(plane))
-    before = {p["metadata"]["name"] for p in extender_pods(plane)}
-    # A rollout: one old replica goes, its successor takes the freed node, then the other.
-    plane.kubectl("-n", EXTENDER_NAMESPACE, "rollout", "restart", "deployment/gpu-topology-extender")
-    done = rollout_status(plane, ROLLOUT_SECONDS)
-    assert done.returncode == 0, done.stdout + done.stderr
-    wait_until(lambda: both_ready_on_both_nodes(plane), 60, "both new replicas ready", interval=2.0,
-               diagnose=lambda: extender_state(plane))
-    assert not before & {p["metadata"]["name"] for p in extender_pods(plane)}
+    wait_both_ready(plane, "two extender replicas ready, one a node")
+    restart_rolls_with_one_ready(plane)
     # A drain evicts one replica (the budget allows one while both are ready); its successor waits for a node.
-    drained = plane.kubectl("drain", NODES[0], "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=120s",
-                            check=False)
+    drained = plane.kubectl("drain", TWO_NODES[0], "--ignore-daemonsets", "--delete-emptydir-data",
+                            "--timeout=120s", check=False)
     assert drained.returncode == 0, drained.stdout + drained.stderr
     # A drain of the other node then waits on the budget (1 healthy, minAvailable 1), as README.md says ...
-    blocked = plane.kubectl("drain", NODES[1], "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=20s",
+    blocked = plane.kubectl("drain", TWO_NODES[1], "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=20s",
                             check=False)
     assert blocked.returncode != 0 and "disruption budget" in blocked.stdout + blocked.stderr, blocked.stderr
     # ... until the first node is back and its replica with it.
-    plane.kubectl("uncordon", NODES[0])
-    wait_until(lambda: both_ready_on_both_nodes(plane), ROLLOUT_SECONDS, "the evicted replica back on its node",
-               interval=2.0,
-               diagnose=lambda: extender_state(plane))
-    drained = plane.kubectl("drain", NODES[1], "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=120s",
-                            check=False)
+    plane.kubectl("uncordon", TWO_NODES[0])
+    wait_both_ready(plane, "the evicted replica back on its node")
+    drained = plane.kubectl("drain", TWO_NODES[1], "--ignore-daemonsets", "--delete-emptydir-data",
+                            "--timeout=120s", check=False)
     assert drained.returncode == 0, drained.stdout + drained.stderr
-    plane.kubectl("uncordon", NODES[1])
-    wait_until(lambda: both_ready_on_both_nodes(plane), ROLLOUT_SECONDS, "both replicas again", interval=2.0,
-               diagnose=lambda: extender_state(plane))
+    plane.kubectl("uncordon", TWO_NODES[1])
+    wait_both_ready(plane, "both replicas again")
 
 
 def test_the_surge_strategy_it_replaces_stalls_there(two_nodes: ControlPlane) -> None:
     """maxSurge 1 / maxUnavailable 0, as extender.yaml had it: the surge Pod finds no node (anti-affinity) and no
     old replica goes. Put back, the manifest's strategy finishes the same rollout."""
     plane = two_nodes
-    wait_until(lambda: both_ready_on_both_nodes(plane), ROLLOUT_SECONDS, "two extender replicas ready", interval=2.0,
-               diagnose=lambda: extender_state(plane))
-    surge = {"spec": {"strategy": {"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}}}
-    plane.kubectl("-n", EXTENDER_NAMESPACE, "patch", "deployment/gpu-topology-extender", "--type=merge",
-                  "-p", json.dumps(surge))
-    plane.kubectl("-n", EXTENDER_NAMESPACE, "rollout", "restart", "deployment/gpu-topology-extender")
-    stalled = rollout_status(plane, 45)
-    assert stalled.returncode != 0, stalled.stdout
-    pending = [p for p in extender_pods(plane) if not p["spec"].get("nodeName")]
-    assert len(pending) == 1 and len(extender_pods(plane)) == 3, [p["metadata"]["name"] for p in extender_pods(plane)]
-    messages = " ".join(c.get("message", "") for c in pending[0]["status"].get("conditions") or [])
-    assert "anti-affinity" in messages, messages
+    surge_stalls(plane)
     plane.apply("--server-side", "--force-conflicts", "-f", str(CONFIG / "extender.yaml"))
     done = rollout_status(plane, ROLLOUT_SECONDS)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr + extender_state(plane)
