@@ -21,7 +21,7 @@ What the verbs decided stays whole inside (FilterOutcome, prioritize_nodes' scor
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -234,9 +234,11 @@ class NameLists:
     ENTRIES = 4
     MAX_BYTES = 1 << 20  # 20,000 names of 50 characters
 
-    def __init__(self) -> None:
+    def __init__(self, own: Callable[[list[str]], list[str]] | None = None) -> None:
+        """`own`: the names as the cluster's own str objects (ClusterState.own_names), for the lists kept."""
         self._kept: list[tuple[bytes, list[str]]] = []  # (the array's bytes and the `}` after it, its names)
         self._lock = threading.Lock()
+        self._own = own or list
 
     def get(self, array: bytes) -> list[str] | None:
         with self._lock:
@@ -249,8 +251,9 @@ class NameLists:
     def keep(self, array: bytes, names: list[str]) -> None:
         if len(array) > self.MAX_BYTES:
             return
+        names = self._own(names)
         with self._lock:
-            self._kept.insert(0, (array, list(names)))
+            self._kept.insert(0, (array, names))
             del self._kept[self.ENTRIES:]
 
 

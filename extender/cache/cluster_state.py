@@ -84,6 +84,7 @@ class ClusterState:
         self.group_sizes: dict[str, int] = {}  # group key -> members, from PodGroup objects (groups/sizes.py)
         self._views: dict[str, NodeView] = {}
         self._keys: dict[str, Key] = {}
+        self._names: dict[str, str] = {}  # each node's name as the watch gave it, by itself: `own_names`
         self._held: dict[str, int] = {}  # node -> GPUs held back from every pod but the drain's own
         self._seen_keys: dict[str, Key] = {}  # _keys with the held-back GPUs taken out: what other pods see
         self._interned: dict[KeyValue, NodeKey] = {}
@@ -161,7 +162,13 @@ class ClusterState:
                                                            else key for name, key in self._keys.items()}
         return lookup(names, table)
 
+    def own_names(self, names: list[str]) -> list[str]:
+        """`names` as the very str objects the node tables hold (a name of no node as it is): a lookup of one of
+        those in a table finds its entry by identity, reading neither the name's characters nor the table's."""
+        return lookup(names, self._names, names)
+
     def _set_key(self, name: str, key: Key) -> None:
+        self._names.setdefault(name, name)
         self._keys[name] = key
         for (count, verdict), table in self._by_size.items():
             given = (self._verdicts if verdict else self._given).get(count, {})
@@ -244,6 +251,7 @@ class ClusterState:
             if kind == "DELETED":
                 self._views.pop(name, None)
                 self._keys.pop(name, None)
+                self._names.pop(name, None)
                 for table in self._by_size.values():
                     table.pop(name, None)
                 self._seen_keys.pop(name, None)

@@ -92,7 +92,7 @@ def create_app(service: ExtenderService, max_body_bytes: int = MAX_BODY_BYTES) -
                   telemetry={"tracing": False, "metrics": False, "logs": False})
 
     last: list[tuple[bytes, ExtenderArgs]] = []
-    recent = NameLists()
+    recent = NameLists(service.state.own_names)
     # Filter, prioritize and preempt run one at a time (`one_at_a_time`), so the remembered body and the memos
     # need no lock of their own. Filter and prioritize are answered on the event loop when all they need is
     # remembered, or is a few new answers on boards of at most 8 GPUs (memo.ON_LOOP; memo.Unknown otherwise):
