@@ -6,6 +6,8 @@ serves (core/v1 only):
     GET   /api/v1/nodes, /api/v1/pods, /api/v1/namespaces/{ns}/pods    list, or watch=true
     GET   /api/v1/nodes/{name}, /api/v1/namespaces/{ns}/pods/{name}
     GET   /api/v1/namespaces/{ns}/events                                 list (fieldSelector on involvedObject)
+    GET   /api/v1/namespaces/{ns}/secrets/{name}, .../configmaps/{name}  (Helm's `lookup`, with /version, /api,
+                                                                          /apis and /api/v1's discovery)
     PATCH /api/v1/nodes/{name}, /api/v1/namespaces/{ns}/pods/{name}     merge-patch (strategic = merge)
     POST  /api/v1/namespaces/{ns}/pods/{name}/binding, /api/v1/namespaces/{ns}/bindings
     POST  /api/v1/namespaces/{ns}/events
@@ -53,12 +55,13 @@ import pytest
 
 NODES, PODS, LEASES = "nodes", "pods", "leases"
 SLICES, CLAIMS, TEMPLATES = "resourceslices", "resourceclaims", "resourceclaimtemplates"
+SECRETS, CONFIGMAPS = "secrets", "configmaps"  # read by Helm's `lookup` (tests/manifests/chart/)
 _KINDS = {NODES: "Node", PODS: "Pod", LEASES: "Lease", SLICES: "ResourceSlice", CLAIMS: "ResourceClaim",
-          TEMPLATES: "ResourceClaimTemplate"}
+          TEMPLATES: "ResourceClaimTemplate", SECRETS: "Secret", CONFIGMAPS: "ConfigMap"}
 COORDINATION = "coordination.k8s.io/v1"
 RESOURCE = "resource.k8s.io/v1"
 _API_VERSIONS = {SLICES: RESOURCE, CLAIMS: RESOURCE, TEMPLATES: RESOURCE}  # the rest are "v1"
-_NAMESPACED = (PODS, LEASES, CLAIMS, TEMPLATES)
+_NAMESPACED = (PODS, LEASES, CLAIMS, TEMPLATES, SECRETS, CONFIGMAPS)
 # The fields the real API server lets a fieldSelector name (a typo is a 400 there, and here).
 _SELECTABLE = {
     NODES: {"metadata.name", "spec.unschedulable"},
@@ -208,6 +211,20 @@ def _conflict(resource: str, name: str, why: str) -> ApiError:
         f'Operation cannot be fulfilled on {resource} "{name}": {why}',
         {"name": name, "kind": resource},
     )
+
+
+def _discovery(parts: list[str]) -> dict:
+    """What a client asks before it reads an object (Helm's `lookup`): the version, the API groups, and core/v1's
+    resources. The groups this server serves besides core/v1 are not listed: nothing here asks discovery for them."""
+    if parts == ["version"]:
+        return {"major": "1", "minor": "36", "gitVersion": "v1.36.0"}
+    if parts == ["api"]:
+        return {"kind": "APIVersions", "versions": ["v1"]}
+    if parts == ["apis"]:
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}
+    return {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+        {"name": resource, "singularName": _KINDS[resource].lower(), "namespaced": resource in _NAMESPACED,
+         "kind": _KINDS[resource], "verbs": ["get", "list"]} for resource in (NODES, PODS, SECRETS, CONFIGMAPS)]}
 
 
 @dataclass
@@ -399,14 +416,14 @@ current-context: test
     def pod(self, namespace: str, name: str) -> dict:
         return self._get(PODS, (namespace, name))
 
-    def put_dra(self, resource: str, obj: dict) -> dict:
+    def put(self, resource: str, obj: dict) -> dict:
         """Create or replace a ResourceSlice (SLICES), ResourceClaim (CLAIMS) or ResourceClaimTemplate (TEMPLATES),
-        as a driver, kube-scheduler or a user."""
+        as a driver, kube-scheduler or a user, or a Secret (SECRETS) or ConfigMap (CONFIGMAPS), as an install."""
         with self._lock:
             exists = self._key(resource, copy.deepcopy(obj)) in self._objects[resource]
             return self._put(resource, obj, create=not exists)
 
-    def delete_dra(self, resource: str, namespace: str, name: str) -> dict:
+    def delete(self, resource: str, namespace: str, name: str) -> dict:
         return self._delete(resource, (namespace, name))
 
     def create_claim(self, namespace: str, claim: Any) -> dict:
@@ -918,6 +935,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _route(self, method: str, parts: list[str], query: dict, body: Any, watch: bool) -> None:
         api = self.api
+        if method == "GET" and parts in (["version"], ["api"], ["apis"], ["api", "v1"]):
+            self._send(200, _discovery(parts))
+            return
         if parts[:3] == ["apis", *COORDINATION.split("/")]:
             self._route_lease(method, parts[3:], body)
             return
@@ -945,6 +965,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, api.node(name))
             case ("GET", ["pods", name], str()):
                 self._send(200, api.pod(namespace, name))
+            case ("GET", [resource, name], str()) if resource in (SECRETS, CONFIGMAPS):
+                self._send(200, api._get(resource, (namespace, name)))
             case ("PATCH", ["nodes", name], None):
                 self._send(200, api.patch(NODES, ("", name), self._content_type(), body))
             case ("PATCH", ["pods", name], str()):

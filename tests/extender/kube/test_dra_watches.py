@@ -27,8 +27,8 @@ def _free(state: ClusterState) -> int:
 def test_slices_and_claims_are_followed_and_the_state_is_ready_only_once_both_are_listed(
         kube_server: FakeKubeApiServer) -> None:
     uuids = [gpu.uuid or "" for gpu in with_uuids(NODE, PLATFORMS["rtx-a6000-pairs"].topology()).gpus]
-    kube_server.put_dra(SLICES, gpu_slice(NODE, uuids, seed=2))
-    kube_server.put_dra(CLAIMS, allocated_claim("c1", NODE, ["gpu-2", "gpu-6"], pods=["p1"]))
+    kube_server.put(SLICES, gpu_slice(NODE, uuids, seed=2))
+    kube_server.put(CLAIMS, allocated_claim("c1", NODE, ["gpu-2", "gpu-6"], pods=["p1"]))
     state = reported_cluster({NODE: ("rtx-a6000-pairs", ())})
     state.watch_dra()
     assert not state.ready
@@ -41,11 +41,11 @@ def test_slices_and_claims_are_followed_and_the_state_is_ready_only_once_both_ar
         wait_until(lambda: state.ready, what="both DRA lists")
         assert _free(state) == 6
         claim = allocated_claim("c2", NODE, ["gpu-0"])
-        kube_server.put_dra(CLAIMS, claim)
+        kube_server.put(CLAIMS, claim)
         wait_until(lambda: _free(state) == 5, what="the new claim")
-        kube_server.delete_dra(CLAIMS, "ml", "claim-c1")
+        kube_server.delete(CLAIMS, "ml", "claim-c1")
         wait_until(lambda: _free(state) == 7, what="the deleted claim")
-        kube_server.put_dra(SLICES, gpu_slice(NODE, uuids[:4], seed=2, generation=2))  # GPUs 4-7 unpublished
+        kube_server.put(SLICES, gpu_slice(NODE, uuids[:4], seed=2, generation=2))  # GPUs 4-7 unpublished
         wait_until(lambda: _free(state) == 3, what="the new generation")
     finally:
         for reflector in reflectors:

@@ -369,8 +369,8 @@ def test_a_dra_node_shows_where_its_gpus_come_from_and_what_its_claims_hold(tmp_
     uuids = [gpu.uuid or "" for gpu in cluster.topologies["a6000-dra"].gpus]
     with FakeKubeApiServer() as server:
         server.add_node(cluster.list_nodes()[0][0])
-        server.put_dra(SLICES, gpu_slice("a6000-dra", uuids, seed=3))
-        server.put_dra(CLAIMS, allocated_claim("c1", "a6000-dra", ["gpu-0", "gpu-5", "gpu-6"]))
+        server.put(SLICES, gpu_slice("a6000-dra", uuids, seed=3))
+        server.put(CLAIMS, allocated_claim("c1", "a6000-dra", ["gpu-0", "gpu-5", "gpu-6"]))
         kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
         code = main(["nodes", "-o", "json", "--kubeconfig", str(kubeconfig)])
         (item,) = orjson.loads(capsys.readouterr().out)["items"]

@@ -25,7 +25,7 @@ def test_a_pinned_claim_is_made_through_the_api_and_an_allocated_one_cannot_be_d
     state = dra_cluster({"a": CROSSED})
     api = KubernetesApi.from_configuration(k8s.Configuration(host=kube_server.url), timeout=5.0)
     planner = PinPlanner(state, Selector(), api, state.keys, state.clock)
-    kube_server.put_dra(TEMPLATES, template())
+    kube_server.put(TEMPLATES, template())
     kube_server.add_node({"metadata": {"name": "a"}, "spec": {}})
     kube_server.add_pod({"metadata": {"name": "train", "namespace": "ml",
                                       "annotations": {"gpu-topology.io/claim-templates": "gpus=two-gpus"}},
@@ -48,7 +48,7 @@ def test_a_pinned_claim_is_made_through_the_api_and_an_allocated_one_cannot_be_d
         assert {uuids("a").index(gpu) for gpu in pinned} in NVLINK_PAIRS
         # kube-scheduler allocates it: its resourceVersion moves on, and the planner's delete would be refused.
         allocated = allocated_claim("x", "a", sorted(f"gpu-{uuids('a').index(gpu)}" for gpu in pinned))
-        kube_server.put_dra(CLAIMS, {**made, "status": allocated["status"]})
+        kube_server.put(CLAIMS, {**made, "status": allocated["status"]})
         with pytest.raises(KubeError) as refused:
             api.delete_resource_claim("ml", "train-gpus-x7k2p", made["metadata"]["uid"],
                                       made["metadata"]["resourceVersion"])
