@@ -202,15 +202,14 @@ class ExtenderService:
 
     def _shortlisted(self, raw: Mapping[str, Any], pod: PodRequest, outcome: FilterOutcome,
                      compute: bool) -> FilterOutcome:
-        """The best `shortlist` of the nodes that passed, their scores kept for the pod's prioritize."""
+        """The best `shortlist` of the nodes that passed, more than that many, their scores kept for the pod's
+        prioritize."""
         ranked = outcome.ranked
         if ranked is None:  # DRA nodes among the candidates: ranked by the keys prioritize reads
             ranked = ranked_names(self.state, self.selector, pod, outcome.passed, self.shortlist, self._offers,
                                   self.drains, compute, self._scores)
         best, rest = best_of(ranked, self.shortlist)
         self._shortlists.keep(_version(raw), best)
-        if not rest:
-            return outcome
         return FilterOutcome(list(best), {**outcome.failed, OUTRANKED: rest}, outcome.unresolvable)
 
     def _drain(self, pod: PodRequest, waiting: list[str]) -> None:
