@@ -25,6 +25,7 @@ scores) stays in Python; these functions only move names between lists and bytes
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 #include <string.h>
 
 #define MAX_SCORE 10
@@ -88,11 +89,21 @@ identity_free(Identity *table)
     PyMem_Free(table->values);
 }
 
+/* Where an object's search starts in a table of mask + 1 slots. Objects made one after another sit at addresses a
+   few words apart, so their addresses' low bits alone would fill a run of neighbouring slots, and linear probing
+   then walks the whole run (1,500 node keys: 0.86 ms a pass); multiplying by 2^64 / golden ratio spreads them
+   (Knuth's multiplicative hashing), and the high bits, the best mixed, pick the slot. */
+static size_t
+identity_home(PyObject *key, size_t mask)
+{
+    return (size_t)(((uint64_t)(uintptr_t)key * UINT64_C(0x9E3779B97F4A7C15)) >> 32) & mask;
+}
+
 /* The slot that holds `key`, or the empty one where it would go. */
 static size_t
 identity_slot(const Identity *table, PyObject *key)
 {
-    size_t at = ((size_t)key >> 4) & table->mask;
+    size_t at = identity_home(key, table->mask);
     while (table->keys[at] != NULL && table->keys[at] != key)
         at = (at + 1) & table->mask;
     return at;
@@ -273,7 +284,7 @@ counts(PyObject *module, PyObject *items)
     size_t mask = slots - 1;
     for (Py_ssize_t i = 0; i < size; i++) {
         PyObject *item = PyList_GET_ITEM(items, i);
-        size_t at = ((size_t)item >> 4) & mask;
+        size_t at = identity_home(item, mask);
         while (keys[at] != NULL && keys[at] != item)
             at = (at + 1) & mask;
         keys[at] = item;
