@@ -11,8 +11,11 @@ scores) stays in Python; these functions only move names between lists and bytes
     lookup(items, table, fallback=None) -> list
                                            table.get(item) for each item; where the table has none,
                                            fallback[i] (a list as long as the items), or None
-    lookup_few(items, table) -> list       table.get(item) for items that are a few objects repeated (node
-                                           keys): each distinct object looked up once
+    lookup_few(items, table, make=None) -> list
+                                           table.get(item) for items that are a few objects repeated (node
+                                           keys): each distinct object looked up once; where the table has
+                                           none, make(item), stored in the table (an exception from make
+                                           ends the pass, what it stored before kept)
     unique(items) -> list                  the items without repeats of one object (equal objects that are not
                                            one may repeat), in their order
     counts(items) -> dict                  each item and how many times it occurs (equal items that are not one
@@ -205,12 +208,37 @@ lookup(PyObject *module, PyObject *args)
     return values;
 }
 
+/* table[key] as `recall`; where the dict has none and `make` is a callable, make(key), stored in the dict first.
+   Borrowed (the dict holds it); NULL with an error set on failure, NULL without one for a key with no value. */
+static PyObject *
+recall_or_make(Identity *seen, PyObject *table, PyObject *key, PyObject *make)
+{
+    PyObject *value = recall(seen, table, key);
+    if (value != NULL || PyErr_Occurred() || make == Py_None)
+        return value;
+    PyObject *made = PyObject_CallOneArg(make, key);
+    if (made == NULL)
+        return NULL;
+    int stored = PyDict_SetItem(table, key, made);
+    Py_DECREF(made);
+    if (stored < 0)
+        return NULL;
+    value = recall(seen, table, key);
+    if (value == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "lookup_few: what make() gave was not kept in the table");
+    return value;
+}
+
 static PyObject *
 lookup_few(PyObject *module, PyObject *args)
 {
-    PyObject *items, *table;
-    if (!PyArg_ParseTuple(args, "O!O!:lookup_few", &PyList_Type, &items, &PyDict_Type, &table))
+    PyObject *items, *table, *make = Py_None;
+    if (!PyArg_ParseTuple(args, "O!O!|O:lookup_few", &PyList_Type, &items, &PyDict_Type, &table, &make))
         return NULL;
+    if (make != Py_None && !PyCallable_Check(make)) {
+        PyErr_SetString(PyExc_TypeError, "lookup_few: make must be None or a callable");
+        return NULL;
+    }
     Py_ssize_t count = PyList_GET_SIZE(items);
     PyObject *values = PyList_New(count);
     Identity seen;
@@ -219,7 +247,7 @@ lookup_few(PyObject *module, PyObject *args)
         return NULL;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *value = recall(&seen, table, PyList_GET_ITEM(items, i));
+        PyObject *value = recall_or_make(&seen, table, PyList_GET_ITEM(items, i), make);
         if (value == NULL) {
             if (PyErr_Occurred()) {
                 Py_CLEAR(values);
@@ -538,7 +566,8 @@ static PyMethodDef methods[] = {
     {"lookup", lookup, METH_VARARGS,
      "lookup(items, table, fallback=None): [table.get(item, fallback[i] if fallback else None) for each item]."},
     {"lookup_few", lookup_few, METH_VARARGS,
-     "lookup_few(items, table): [table.get(item) for item in items], each distinct object looked up once."},
+     "lookup_few(items, table, make=None): [table.get(item) for item in items], each distinct object looked up once;"
+     " where the table has none, make(item), stored in the table."},
     {"unique", unique, METH_O, "unique(items): the items without repeats of one object, in their order."},
     {"counts", counts, METH_O, "counts(items): {item: how many times it occurs}, items told apart by identity."},
     {"group", group, METH_VARARGS,

@@ -89,14 +89,12 @@ class ClusterState:
         self._seen_keys: dict[str, Key] = {}  # _keys with the held-back GPUs taken out: what other pods see
         self._interned: dict[KeyValue, NodeKey] = {}
         # Request size -> each DRA node key (with its slice order) -> the key of what its first fit gives for that
-        # size, which nodes of other orders share: prioritize scores once per such key. Filter's verdict reads no
-        # more than the GPUs given and the unhealthy ones, so its keys (`_verdicts`) keep only those: fewer still.
+        # size, which nodes of other orders share: filter and prioritize decide once per such key.
         self._given: dict[int, dict[NodeKey, NodeKey]] = {}
-        self._verdicts: dict[int, dict[NodeKey, NodeKey]] = {}
-        # (size, verdict) -> each node's key as read for that request size: on a DRA node what its first fit gives,
-        # so that a request reads its names in one C pass, not one for the keys and one for what they give. Made
-        # on the first request of the size once a DRA node is known, kept as keys change, dropped with dead keys.
-        self._by_size: dict[tuple[int, bool], dict[str, Key]] = {}
+        # Size -> each node's key as read for that request size: on a DRA node what its first fit gives, so that a
+        # request reads its names in one C pass, not one for the keys and one for what they give. Made on the first
+        # request of the size once a DRA node is known, kept as keys change, dropped with dead keys.
+        self._by_size: dict[int, dict[str, Key]] = {}
         self._interned_boards: set[CompiledTopology] = set()
         self._boards_limit = MAX_DEAD_BOARDS
         self.key_epoch = 0  # bumped when keys are forgotten: memos of answers per key must be emptied
@@ -149,17 +147,17 @@ class ClusterState:
         """Each node's key, None for a node never seen; one C pass (extender/api/_names.c) for thousands of names."""
         return lookup(names, self._keys)
 
-    def keys_given(self, names: list[str], count: int, verdict: bool = False) -> list[Key | None]:
-        """Each node's key, a DRA node's as what its first fit gives `count` GPUs (for filter's `verdict`, that
-        alone): `keys_for` and `given_keys` in one C pass."""
-        given = (self._verdicts if verdict else self._given).get(count)
+    def keys_given(self, names: list[str], count: int) -> list[Key | None]:
+        """Each node's key, a DRA node's as what its first fit gives `count` GPUs: `keys_for` and `given_keys` in
+        one C pass."""
+        given = self._given.get(count)
         if not given:
             return lookup(names, self._keys)
-        table = self._by_size.get((count, verdict))
+        table = self._by_size.get(count)
         if table is None:
             with self.ledger.lock:
-                table = self._by_size[(count, verdict)] = {name: given.get(key, key) if isinstance(key, NodeKey)
-                                                           else key for name, key in self._keys.items()}
+                table = self._by_size[count] = {name: given.get(key, key) if isinstance(key, NodeKey) else key
+                                                for name, key in self._keys.items()}
         return lookup(names, table)
 
     def own_names(self, names: list[str]) -> list[str]:
@@ -170,8 +168,8 @@ class ClusterState:
     def _set_key(self, name: str, key: Key) -> None:
         self._names.setdefault(name, name)
         self._keys[name] = key
-        for (count, verdict), table in self._by_size.items():
-            given = (self._verdicts if verdict else self._given).get(count, {})
+        for count, table in self._by_size.items():
+            given = self._given.get(count, {})
             table[name] = given.get(key, key) if isinstance(key, NodeKey) else key
 
     def keys_held_back(self, names: list[str]) -> list[Key | None]:
@@ -351,11 +349,10 @@ class ClusterState:
             return self._intern(key.compiled, key.free & ~gpus, key.unhealthy, key.whole, key.order,
                                 pinned=key.pinned)
 
-    def given_keys(self, count: int, verdict: bool = False) -> dict[NodeKey, NodeKey] | None:
-        """For a request of `count` GPUs, each DRA node key -> the key of what its first fit gives (for filter's
-        `verdict`, of that alone); None when no node is a DRA node (NodeKey.deliverable)."""
-        table = self._verdicts if verdict else self._given
-        return table.get(count) if table else None
+    def given_keys(self, count: int) -> dict[NodeKey, NodeKey] | None:
+        """For a request of `count` GPUs, each DRA node key -> the key of what its first fit gives; None when no node
+        is a DRA node (NodeKey.deliverable)."""
+        return self._given.get(count) if self._given else None
 
     def _intern(self, compiled: CompiledTopology, free: int, unhealthy: int, whole: bool = False,
                 order: tuple[int, ...] | None = None, given: int | None = None, pinned: int = 0) -> NodeKey:
@@ -373,8 +370,6 @@ class ClusterState:
             for count in range(1, compiled.size + 1):
                 given = allocator_pick(free, pinned, order, count)
                 self._given.setdefault(count, {})[key] = self._intern(compiled, free, unhealthy, whole, None, given)
-                self._verdicts.setdefault(count, {})[key] = self._intern(compiled, given, unhealthy, False, None,
-                                                                         given)
         return key
 
     def _forget_dead_keys(self) -> None:
@@ -383,13 +378,12 @@ class ClusterState:
         MAX_DEAD_BOARDS boards beyond the live ones stay, and `key_epoch` tells the answer memos to let go."""
         live = [key for keys in (self._keys, self._seen_keys) for key in keys.values() if isinstance(key, NodeKey)]
         alive = set(live)
-        for table in (self._given, self._verdicts):  # a live DRA key keeps what its first fits give
-            live += [given for keys in table.values() for key, given in keys.items() if key in alive]
+        # a live DRA key keeps what its first fits give
+        live += [given for keys in self._given.values() for key, given in keys.items() if key in alive]
         self._interned = {key.value: key for key in live}
-        for table in (self._given, self._verdicts):
-            for keys in table.values():
-                for key in [key for key in keys if key.value not in self._interned]:
-                    del keys[key]
+        for keys in self._given.values():
+            for key in [key for key in keys if key.value not in self._interned]:
+                del keys[key]
         self._interned_boards = {key.compiled for key in live}
         self._boards_limit = len(self._interned_boards) + MAX_DEAD_BOARDS
         self._by_size.clear()

@@ -7,10 +7,11 @@ and constraints), so filter verdicts and prioritize offers repeat from one sched
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from extender.api._names import lookup_few
 from extender.cache.node_view import NodeKey
 
 K = TypeVar("K", bound=Hashable)
@@ -43,33 +44,35 @@ ON_LOOP = Inline(lambda key: not isinstance(key, NodeKey) or key.compiled.size <
 
 class ShapeMemo(Generic[V]):
     """One dictionary per request shape, keyed by node key; emptied whole when it holds too much, or when the
-    cluster state forgot keys (its `key_epoch` moved on), so that no answer keeps a dead node's board alive."""
+    cluster state forgot keys (its `key_epoch` moved on), so that no answer keeps a dead node's board alive. Equal
+    answers are kept as one object, so that a C pass can count them by identity (extender/api/_names.c counts)."""
 
     def __init__(self, max_entries: int = 1 << 18) -> None:
         self._max_entries = max_entries
         self._shapes: dict[Hashable, dict[Hashable, V]] = {}
+        self._values: dict[V, V] = {}
         self._entries = 0
         self._epoch = 0
 
-    def answers(self, shape: Hashable, keys: Iterable[K], compute: Callable[[K], V], epoch: int = 0,
-                inline: Inline | None = None) -> dict[Hashable, V]:
-        """The shape's answers, with those for `keys` computed where not yet known; with `inline`, only the
+    def answers(self, shape: Hashable, keys: list[K], compute: Callable[[K], V], epoch: int = 0,
+                inline: Inline | None = None) -> list[V]:
+        """The shape's answer for each of `keys` (a node key per name: a few objects repeated), in one C pass
+        (extender/api/_names.c lookup_few) that works out only the answers not yet known; with `inline`, only the
         missing answers it allows, and Unknown for the rest (a new answer may take a selection's whole work
-        budget). What was computed before Unknown is kept."""
+        budget). What was worked out before Unknown is kept."""
         if self._entries > self._max_entries or epoch != self._epoch:
             self._shapes.clear()
+            self._values.clear()
             self._entries = 0
             self._epoch = epoch
         known = self._shapes.setdefault(shape, {})
-        missing = [key for key in keys if key not in known]
-        if inline is None:
-            known.update((key, compute(key)) for key in missing)
-            self._entries += len(missing)
-            return known
-        deadline = time.perf_counter() + inline.seconds
-        for key in missing:
-            if not inline.cheap(key) or time.perf_counter() > deadline:
+        deadline = 0.0 if inline is None else time.perf_counter() + inline.seconds
+
+        def make(key: K) -> V:
+            if inline is not None and (not inline.cheap(key) or time.perf_counter() > deadline):
                 raise Unknown
-            known[key] = compute(key)
+            value = compute(key)
             self._entries += 1
-        return known
+            return self._values.setdefault(value, value)
+
+        return lookup_few(keys, known, make)

@@ -194,17 +194,16 @@ class Drains:
 
 
 def keys_seen(state: ClusterState, names: list[str], drains: Drains | None, uid: str,
-              stale: Key | None, ends_by: float | None = None, count: int = 0,
-              verdict: bool = False) -> list[Key | None]:
+              stale: Key | None, ends_by: float | None = None, count: int = 0) -> list[Key | None]:
     """Each candidate's key as filter and prioritize read it for pod `uid`, which is bound to end by `ends_by`:
     GPUs drained for other pods hidden (but for the drains it backfills), a DRA node's as what its first fit gives
-    `count` GPUs (for filter's `verdict`, only that), and `stale` in place of a node whose GPU state is too old.
-    Passes over the names run in C (extender/api/_names.c)."""
+    `count` GPUs, and `stale` in place of a node whose GPU state is too old. Passes over the names run in C
+    (extender/api/_names.c)."""
     if drains is None or not len(drains):  # no drain in force, the common case: one C pass
-        keys = state.keys_given(names, count, verdict)
+        keys = state.keys_given(names, count)
     else:
         keys = drains.seen(names, uid, state.clock(), ends_by)
-        given = state.given_keys(count, verdict)
+        given = state.given_keys(count)
         if given:
             keys = lookup(keys, given, keys)
     old = state.stale_names()

@@ -7,7 +7,7 @@ topology, or a node that could not serve the pod even with every healthy GPU fre
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain
@@ -15,10 +15,11 @@ from itertools import chain
 from extender.api._names import counts, group
 from extender.api.pod_request import PodRequest
 from extender.cache.cluster_state import ClusterState
-from extender.cache.node_view import Key, SharedKey
+from extender.cache.node_view import Key, NodeKey, SharedKey
 from extender.verbs.answer_memo import ON_LOOP, ShapeMemo
 from extender.verbs.drains import Drains, ends_by, keys_seen
-from extender.verbs.scoring import as_far_as
+from extender.verbs.scoring import as_far_as, grade_ranks, offer_of
+from extender.verbs.scoring.grade import Grade, grade
 from extender.verbs.wait import WAITING, WaitClock
 from topology.compiled import CompiledTopology
 from topology.full_sets import best_ring_gbps, full_choice
@@ -65,17 +66,15 @@ Verdict = tuple[str, bool] | None
 
 
 def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: list[str],
-                 memo: ShapeMemo[Verdict] | None = None, wait: WaitClock | None = None,
-                 drains: Drains | None = None, compute: bool = True,
-                 rank: Callable[[set[Key | None]], Mapping[Key | None, int]] | None = None,
-                 rank_above: int = 0) -> FilterOutcome:
-    """One verdict per distinct node key (remembered across requests in `memo`); every pass over the names
-    runs in C (extender/api/_names.c), not Python loops. A pod within its topology wait (extender/verbs/wait.py) passes
-    only nodes that can give it a full-bandwidth set; GPUs drained for other waiting pods (extender/verbs/drains.py)
-    are not free to it. Without `compute`, only remembered verdicts and those quick to work out (memo.ON_LOOP) are
-    used: memo.Unknown if one more is missing. `rank` (the passing keys' ranks, scoring.rank): where more than
-    `rank_above` names pass, they come best first, in `ranked` too, sorted in the same C pass; not where a node is
-    a DRA node, whose key here is only what its first fit gives, while prioritize scores what remains too."""
+                 memo: ShapeMemo[Grade] | None = None, wait: WaitClock | None = None,
+                 drains: Drains | None = None, compute: bool = True, rank_above: int = 0) -> FilterOutcome:
+    """One grade per distinct node key (scoring/grade.py: the verdict, and what prioritize would score),
+    remembered across requests in `memo`; the names are read as grades in C passes (extender/api/_names.c), and
+    everything after is decided per grade. A pod within its topology wait (extender/verbs/wait.py) passes only nodes
+    that can give it a full-bandwidth set; GPUs drained for other waiting pods (extender/verbs/drains.py) are not
+    free to it. Without `compute`, only remembered grades and those quick to work out (memo.ON_LOOP) are used:
+    memo.Unknown if one more is missing. Where more than `rank_above` names pass (0: never), they come best first
+    by prioritize's rank (scoring.grade_ranks), in `ranked` too, sorted in the same C pass."""
     if pod.problem is not None:
         if pod.transient:
             return FilterOutcome([], {pod.problem: list(names)}, {})
@@ -84,30 +83,28 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
         return FilterOutcome(list(names), {}, {})
     if pod.pinned:
         return _pinned(state, pod.pinned, names)
-    keys = keys_seen(state, names, drains, pod.uid, STALE, ends_by(pod, state.clock()), pod.request.count, True)
-    seen = counts(keys)
-    distinct = seen.keys()
+    keys = keys_seen(state, names, drains, pod.uid, STALE, ends_by(pod, state.clock()), pod.request.count)
     waiting = wait is not None and wait.waits(pod, state.clock())
-    known = (memo or ShapeMemo()).answers((pod.request, pod.required, waiting), distinct,
-                                          partial(_verdict, selector, pod, waiting), state.key_epoch,
-                                          None if compute else ON_LOOP)
+    grades = (memo or ShapeMemo()).answers((pod.request, pod.required, waiting), keys,
+                                           partial(_grade, selector, pod, waiting), state.key_epoch,
+                                           None if compute else ON_LOOP)
+    seen = counts(grades)
     # Number the names (the passing ones by rank, or all 0; each failing verdict one number after them), then sort
     # them into one list per number in one C pass.
     ranks = None
-    if rank is not None and state.given_keys(pod.request.count) is None:
-        passing = {key for key in distinct if known[key] is None}
-        if sum(seen[key] for key in passing) > rank_above:
-            ranks = _ranks(rank(passing), passing, seen, rank_above)
+    if rank_above > 0:
+        passing = [found for found in seen if found.verdict is None]
+        if sum(seen[found] for found in passing) > rank_above:
+            ranks = _ranks(grade_ranks(pod.request, passing), seen, rank_above)
     base = 1 if ranks is None else max(ranks.values()) + 1
     reasons: dict[tuple[str, bool], int] = {}
-    number_of: dict[Key | None, int] = {}
-    for key in distinct:
-        verdict = known[key]
-        if verdict is not None:
-            number_of[key] = reasons.setdefault(verdict, base + len(reasons))
+    number_of: dict[Grade, int] = {}
+    for found in seen:
+        if found.verdict is not None:
+            number_of[found] = reasons.setdefault(found.verdict, base + len(reasons))
         else:
-            number_of[key] = 0 if ranks is None else ranks[key]
-    groups = group(names, keys, number_of, base + len(reasons))
+            number_of[found] = 0 if ranks is None else ranks[found]
+    groups = group(names, grades, number_of, base + len(reasons))
     outcome = (FilterOutcome(groups[0], {}, {}) if ranks is None
                else FilterOutcome(list(chain.from_iterable(groups[:base])), {}, {}, groups[:base]))
     for (reason, resolvable), number in reasons.items():
@@ -116,15 +113,13 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
     return outcome
 
 
-def _ranks(ranked: Mapping[Key | None, int], passing: set[Key | None], seen: Mapping[Key | None, int],
-           best: int) -> dict[Key | None, int]:
-    """Each passing key's rank as far as the `best` names need it (scoring.as_far_as); the keys that pass are a few
-    dozen here (DRA nodes, whose keys are many, are ranked by scoring.ranked_names)."""
+def _ranks(ranked: Mapping[Grade, int], seen: Mapping[Grade, int], best: int) -> dict[Grade, int]:
+    """Each passing grade's rank as far as the `best` names need it (scoring.as_far_as)."""
     names_of: dict[int, int] = {}
-    for key in passing:
-        names_of[ranked[key]] = names_of.get(ranked[key], 0) + seen[key]
+    for found, number in ranked.items():
+        names_of[number] = names_of.get(number, 0) + seen[found]
     cut = as_far_as(names_of, best)
-    return {key: cut[ranked[key]] for key in passing}
+    return {found: cut[number] for found, number in ranked.items()}
 
 
 def _pinned(state: ClusterState, pinned: frozenset[str], names: list[str]) -> FilterOutcome:
@@ -141,6 +136,14 @@ def _pinned(state: ClusterState, pinned: frozenset[str], names: list[str]) -> Fi
         else:
             outcome.passed.append(name)
     return outcome
+
+
+def _grade(selector: Selector, pod: PodRequest, waiting: bool, key: Key | None) -> Grade:
+    """The key's verdict, and where it passes, what prioritize would score (for the shortlist's rank)."""
+    assert pod.request is not None
+    verdict = _verdict(selector, pod, waiting, key)
+    passes = verdict is None and type(key) is NodeKey
+    return grade(key, offer_of(selector, pod.request, key) if passes else None, verdict)
 
 
 def _verdict(selector: Selector, pod: PodRequest, waiting: bool, key: Key | None) -> Verdict:

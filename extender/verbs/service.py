@@ -32,7 +32,7 @@ from extender.api.pod_request import PodRequest, parse_pod
 from extender.api.wire import BindingArgs, ExtenderArgs, PreemptionArgs, Victims
 from extender.cache.assignments import Assignment
 from extender.cache.cluster_state import ClusterState
-from extender.cache.node_view import Key, NodeKey
+from extender.cache.node_view import NodeKey
 from extender.groups.plans import GROUP_TIMEOUT_SECONDS, GroupPlans
 from extender.kube.binding_writer import StaleConnection
 from extender.kube.client import KubeApi
@@ -48,15 +48,16 @@ from extender.verbs.bind import (
     post_binding,
 )
 from extender.verbs.drains import Drains, ends_by
-from extender.verbs.filter import FilterOutcome, Verdict, filter_nodes
+from extender.verbs.filter import FilterOutcome, filter_nodes
 from extender.verbs.group_placement import GROUP_AGE_BOUND_SECONDS, GroupPlacement
 from extender.verbs.metrics import Metrics
 from extender.verbs.preempt import preempt_nodes
-from extender.verbs.scoring import Offer, ScoreBook, key_scores, prioritize_nodes, ranked_names
+from extender.verbs.scoring import prioritize_nodes
+from extender.verbs.scoring.grade import Grade
 from extender.verbs.scoring.shortlist import OUTRANKED, SHORTLIST, Shortlists, best_of
 from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS, WAITING, WaitClock
 from topology.collectives import COMM_SHARE
-from topology.select import Request, Selector
+from topology.select import Selector
 
 log = logging.getLogger(__name__)
 
@@ -134,9 +135,7 @@ class ExtenderService:
             leader.on_new_term(self._new_term)
         self.metrics = Metrics(state, self.plans, leading=lambda: leader is None or leader.term() is not None,
                                drains=self.drains)
-        self._verdicts: ShapeMemo[Verdict] = ShapeMemo()
-        self._offers: ShapeMemo[Offer | None] = ShapeMemo()
-        self._scores = ScoreBook()
+        self._grades: ShapeMemo[Grade] = ShapeMemo()  # filter's and prioritize's, per request shape
         self._pods: OrderedDict[str, tuple[str, PodRequest]] = OrderedDict()  # uid -> (resourceVersion, request)
         self._pods_lock = threading.Lock()
         self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
@@ -151,17 +150,15 @@ class ExtenderService:
         pod = self.pod_request(args.pod)
         if self.observe:
             return self._observed(args.candidates(), filter_nodes(
-                self.state, self.selector, pod, args.candidates(), self._verdicts, self.wait, None, compute))
+                self.state, self.selector, pod, args.candidates(), self._grades, self.wait, None, compute))
         if not compute and pod.group_key is not None:
             raise Unknown
         outcome = self.groups.filter(pod, args.candidates()) if pod.group_key is not None else None
         if outcome is None:
-            rank = partial(self._ranks, pod.request, compute) if (
-                self.shortlist > 0 and pod.request is not None and not pod.pinned) else None
-            outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._verdicts, self.wait,
-                                   self.drains, compute, rank, self.shortlist)
-            if rank is not None and len(outcome.passed) > self.shortlist:
-                outcome = self._shortlisted(args.pod, pod, outcome, compute)
+            outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._grades, self.wait,
+                                   self.drains, compute, self.shortlist)
+            if outcome.ranked is not None and len(outcome.passed) > self.shortlist:
+                outcome = self._shortlisted(args.pod, outcome)
         if not outcome.passed and WAITING in outcome.failed:
             if not compute:
                 raise Unknown
@@ -194,21 +191,13 @@ class ExtenderService:
         shortlisted = self._shortlists.scores(_version(args.pod), names)
         if shortlisted is not None:
             return names, shortlisted
-        return names, prioritize_nodes(self.state, self.selector, pod, names, self._offers, self.drains, compute,
-                                       self._scores)
+        return names, prioritize_nodes(self.state, self.selector, pod, names, self._grades, self.drains, compute)
 
-    def _ranks(self, request: Request, compute: bool, distinct: set[Key | None]) -> Mapping[Key | None, int]:
-        return key_scores(self.state, self.selector, request, distinct, self._offers, compute, self._scores).rank_of
-
-    def _shortlisted(self, raw: Mapping[str, Any], pod: PodRequest, outcome: FilterOutcome,
-                     compute: bool) -> FilterOutcome:
-        """The best `shortlist` of the nodes that passed, more than that many, their scores kept for the pod's
-        prioritize."""
-        ranked = outcome.ranked
-        if ranked is None:  # DRA nodes among the candidates: ranked by the keys prioritize reads
-            ranked = ranked_names(self.state, self.selector, pod, outcome.passed, self.shortlist, self._offers,
-                                  self.drains, compute, self._scores)
-        best, rest = best_of(ranked, self.shortlist)
+    def _shortlisted(self, raw: Mapping[str, Any], outcome: FilterOutcome) -> FilterOutcome:
+        """The best `shortlist` of the nodes that passed, more than that many, ranked by filter; their scores kept
+        for the pod's prioritize."""
+        assert outcome.ranked is not None
+        best, rest = best_of(outcome.ranked, self.shortlist)
         self._shortlists.keep(_version(raw), best)
         return FilterOutcome(list(best), {**outcome.failed, OUTRANKED: rest}, outcome.unresolvable)
 

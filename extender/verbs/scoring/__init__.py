@@ -9,21 +9,20 @@ kube-scheduler's MostAllocated packs too.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
 from functools import partial
 
-from extender.api._names import counts, group, lookup_few, unique
+from extender.api._names import lookup_few, unique
 from extender.api.pod_request import PodRequest
 from extender.cache.cluster_state import ClusterState
-from extender.cache.node_view import Key, NodeKey, SharedKey
+from extender.cache.node_view import Key, NodeKey
 from extender.verbs.answer_memo import ON_LOOP, ShapeMemo
 from extender.verbs.drains import Drains, ends_by, keys_seen
 from extender.verbs.scoring.bandwidth import bandwidth_score
-from extender.verbs.scoring.book import ScoreBook
-from extender.verbs.scoring.offer import Offer
 from extender.verbs.scoring.domains import domain_penalty
 from extender.verbs.scoring.fragmentation import fragmentation_score, lost_gpus
+from extender.verbs.scoring.grade import SHARED, Grade, grade
+from extender.verbs.scoring.offer import Offer
 from extender.verbs.scoring.packing import packing_score
 from topology.bounds import MAX_GPUS
 from topology.select import Choice, Request, Selector, mask_of
@@ -33,32 +32,50 @@ WEIGHTS = {"bandwidth": 0.6, "packing": 0.1, "fragmentation": 0.3}
 
 
 def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: list[str],
-                     memo: ShapeMemo[Offer | None] | None = None, drains: Drains | None = None,
-                     compute: bool = True, book: ScoreBook | None = None) -> list[int]:
-    """A score per name (see `key_scores`). The passes over the names run in C (extender/api/_names.c). GPUs
-    drained for other pods (extender/verbs/drains.py) are not free to this one."""
+                     memo: ShapeMemo[Grade] | None = None, drains: Drains | None = None,
+                     compute: bool = True) -> list[int]:
+    """A score per name, against the best ring on offer, the most GPUs a choice breaks and whether some candidate's
+    domain is not whole among all the names (`grade_scores`). Each name's key is read as its grade (scoring/grade.py,
+    remembered per request in `memo`) in C passes (extender/api/_names.c), and each distinct grade is scored once.
+    GPUs drained for other pods (extender/verbs/drains.py) are not free to this one. Without `compute`, only
+    remembered grades and those quick to work out (memo.ON_LOOP) are used: memo.Unknown if one more is missing."""
     if pod.request is None:
         return [0] * len(names)
     if pod.pinned:  # exactly the pinned GPUs, where they are (filter passed only that node)
         return [MAX_SCORE if (view := state.view(name)) is not None and pod.pinned <= view.index_of.keys() else 0
                 for name in names]
     keys = keys_seen(state, names, drains, pod.uid, None, ends_by(pod, state.clock()), pod.request.count)
-    return lookup_few(keys, key_scores(state, selector, pod.request, set(unique(keys)), memo, compute, book).score_of)
+    grades = (memo or ShapeMemo()).answers(pod.request, keys, partial(score_grade, selector, pod.request),
+                                           state.key_epoch, None if compute else ON_LOOP)
+    return lookup_few(grades, grade_scores(pod.request, unique(grades)))
 
 
-def ranked_names(state: ClusterState, selector: Selector, pod: PodRequest, names: list[str], best: int,
-                 memo: ShapeMemo[Offer | None] | None = None, drains: Drains | None = None,
-                 compute: bool = True, book: ScoreBook | None = None) -> list[list[str]]:
-    """The names in one list per `rank`, best first, each in the order given, as far as the `best` names need
-    (`as_far_as`): where filter could not rank them itself (filter_nodes' `rank`)."""
-    assert pod.request is not None
-    keys = keys_seen(state, names, drains, pod.uid, None, ends_by(pod, state.clock()), pod.request.count)
-    ranks = key_scores(state, selector, pod.request, set(unique(keys)), memo, compute, book).rank_of
-    # By each name's rank, not its key's: DRA nodes' keys are many (a thousand and more of 2,500 DRA nodes), ranks
-    # a few dozen, so the ranks are counted and cut in C passes over the names, not in Python over the keys.
-    numbers = lookup_few(keys, ranks)
-    cut = as_far_as(counts(numbers), best)
-    return group(names, numbers, cut, max(cut.values(), default=0) + 1)
+def score_grade(selector: Selector, request: Request, key: Key | None) -> Grade:
+    """What prioritize scores of `key` for `request`."""
+    return grade(key, offer_of(selector, request, key) if type(key) is NodeKey else None)
+
+
+def grade_scores(request: Request, grades: Collection[Grade]) -> dict[Grade, int]:
+    """Each grade's score among `grades`, those of all the candidates: scored against the best ring on offer among
+    them, the most GPUs a choice breaks, and whether some candidate's domain is not whole."""
+    offered = [found for found in grades if found.offered]
+    best_ring = max((found.ring_part for found in offered), default=0.0)
+    most_lost = max((found.lost_gpus for found in offered), default=0)
+    choice = any(found.board and not found.whole for found in grades)
+    scores = {found: _score(found, best_ring, most_lost, choice) for found in grades}
+    shared = [found for found in grades if found.kind == SHARED]
+    if shared and not request.constrained:
+        # A pod that asks nothing of topology is not scored down for sharing: level with the best whole-GPU
+        # node, so kube-scheduler's own plugins choose among them as they would without us. One that prefers an
+        # interconnect keeps 0 there: replicas and MIG slices offer no ring (topology/sharing.py).
+        level = max((scores[found] for found in grades if found.board), default=MAX_SCORE)
+        scores.update(dict.fromkeys(shared, level))
+    return scores
+
+
+def grade_ranks(request: Request, grades: Collection[Grade]) -> dict[Grade, int]:
+    """Each grade's `rank` among `grades` (`grade_scores`), for filter's shortlist."""
+    return {found: rank(score, found.packing) for found, score in grade_scores(request, grades).items()}
 
 
 PACKING_STEPS = MAX_GPUS + 1  # packing is a share of a board's GPUs, of 64 at most
@@ -86,61 +103,16 @@ def rank_score(number: int) -> int:
     return MAX_SCORE - number // PACKING_STEPS
 
 
-@dataclass(frozen=True, slots=True)
-class KeyScores:
-    """Each distinct key's score, and its `rank` (for filter's shortlist)."""
-
-    score_of: Mapping[Key | None, int]
-    rank_of: Mapping[Key | None, int]
-
-
-def key_scores(state: ClusterState, selector: Selector, request: Request, distinct: set[Key | None],
-               memo: ShapeMemo[Offer | None] | None = None, compute: bool = True,
-               book: ScoreBook | None = None) -> KeyScores:
-    """Scores depend only on the node key, so each distinct key of the candidates is scored once; what each node
-    key offers the pod is remembered across requests in `memo`, and its score in `book` while the candidates' best
-    ring, most GPUs lost and whole domains stay the same. Without `compute`, only remembered offers and those quick
-    to work out (memo.ON_LOOP) are used: memo.Unknown if one more is missing."""
-    book = book or ScoreBook()
-    tally = book.tally(request, state.key_epoch)
-    dropped = tally.seen.difference(distinct)
-    added = [key for key in distinct.difference(tally.seen) if type(key) is NodeKey]
-    known = (memo or ShapeMemo()).answers(request, added, partial(_offer, selector, request),
-                                          state.key_epoch, None if compute else ON_LOOP)
-    tally.move(distinct, dropped, {key: known[key] for key in added})
-    norms = tally.norms()
-    page = book.page(request, norms)
-    scored = page.scores
-    new = [key for key in distinct.difference(scored) if type(key) is NodeKey]
-    for key in new:
-        offer = tally.offers[key]
-        scored[key] = score = _score(key, offer, *norms)
-        page.ranks[key] = rank(score, 0.0 if offer is None else offer.packing)
-    book.grew(2 * (len(added) + len(new)))
-    if len(distinct) == len(tally.offers):
-        return KeyScores(scored, page.ranks)
-    score_of = {key: scored.get(key, 0) for key in distinct}
-    shared = [key for key in distinct if isinstance(key, SharedKey)]
-    if shared and not request.constrained:
-        # A pod that asks nothing of topology is not scored down for sharing: level with the best whole-GPU
-        # node, so kube-scheduler's own plugins choose among them as they would without us. One that prefers an
-        # interconnect keeps 0 there: replicas and MIG slices offer no ring (topology/sharing.py).
-        level = max((score_of[key] for key in tally.offers), default=MAX_SCORE)
-        score_of.update(dict.fromkeys(shared, level))
-    ranks = page.ranks
-    return KeyScores(score_of, {key: ranks[key] if key in ranks else rank(score_of[key], 0.0) for key in distinct})
-
-
-def _score(key: NodeKey, offer: Offer | None, best_ring: float, most_lost: int, choice: bool) -> int:
-    if offer is None:
+def _score(found: Grade, best_ring: float, most_lost: int, choice: bool) -> int:
+    if not found.offered:
         return 0
-    value = (WEIGHTS["bandwidth"] * bandwidth_score(offer.choice, offer.meets_preferences, best_ring)
-             + WEIGHTS["packing"] * offer.packing
-             + WEIGHTS["fragmentation"] * fragmentation_score(offer.lost_gpus, most_lost))
-    return max(0, round(MAX_SCORE * value) - domain_penalty(key.whole, choice))
+    value = (WEIGHTS["bandwidth"] * bandwidth_score(found.ring_gbps, found.meets_preferences, best_ring)
+             + WEIGHTS["packing"] * found.packing
+             + WEIGHTS["fragmentation"] * fragmentation_score(found.lost_gpus, most_lost))
+    return max(0, round(MAX_SCORE * value) - domain_penalty(found.whole, choice))
 
 
-def _offer(selector: Selector, request: Request, key: NodeKey) -> Offer | None:
+def offer_of(selector: Selector, request: Request, key: NodeKey) -> Offer | None:
     """What the node gives: on a DRA node, the set its allocator will pick (NodeKey.deliverable)."""
     given = key.deliverable(request.count)
     if request.constrained:

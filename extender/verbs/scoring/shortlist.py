@@ -45,8 +45,8 @@ def best_of(ranked: list[list[str]], k: int) -> tuple[dict[str, int], list[str]]
 
 
 class Shortlists:
-    """Each recent pod version's shortlist and scores, for its prioritize: scoring the K names anew would move
-    prioritize's tally (verbs/scoring/book.py) from every fit to K and back each cycle. Bounded; filter and
+    """Each recent pod version's shortlist and scores, for its prioritize: scored anew, the K names would be scored
+    against the best of K, not of every fit, and could rank otherwise than filter ranked them. Bounded; filter and
     prioritize run one at a time (server/app.py), so it needs no lock."""
 
     def __init__(self, size: int = _REMEMBERED) -> None:

@@ -94,12 +94,12 @@ def test_dra_nodes_of_other_orders_share_the_key_of_what_their_first_fit_gives()
         state.slices.apply("ADDED", gpu_slice(name, (), seed=None, devices=[gpu_device(i, uuids[i]) for i in order]))
     keys = state.keys_for(list(orders))
     assert len(set(keys)) == 3  # three orders, three keys
-    verdicts, given = state.given_keys(2, verdict=True), state.given_keys(2)
-    assert verdicts is not None and given is not None
-    assert verdicts[keys[0]] is verdicts[keys[1]] is not verdicts[keys[2]]  # 4-5 first on both, 0-5 on the third
-    assert given[keys[0]] is given[keys[1]] and given[keys[0]].deliverable(2) == 0b110000
-    sized = state.given_keys(3, verdict=True)
-    assert sized is not None and sized[keys[0]] is not verdicts[keys[0]]  # each size has its own
+    given = state.given_keys(2)
+    assert given is not None
+    assert given[keys[0]] is given[keys[1]] is not given[keys[2]]  # 4-5 first on both, 0-5 on the third
+    assert given[keys[0]].deliverable(2) == 0b110000
+    sized = state.given_keys(3)
+    assert sized is not None and sized[keys[0]] is not given[keys[0]]  # each size has its own
     assert reported_cluster(nodes).given_keys(2) is None  # no DRA node: nothing to read through
 
 
@@ -110,7 +110,6 @@ def test_forgetting_dead_keys_keeps_what_live_dra_keys_give_and_drops_the_rest()
     (after,) = state.keys_for([DRA])
     assert isinstance(before, NodeKey) and isinstance(after, NodeKey) and before is not after
     state._forget_dead_keys()  # as when the intern table passes its bound
-    for verdict in (False, True):
-        table = state.given_keys(2, verdict)
-        assert table is not None and after in table and before not in table
-        assert state._intern(*table[after].value) is table[after]  # still the interned one
+    table = state.given_keys(2)
+    assert table is not None and after in table and before not in table
+    assert state._intern(*table[after].value) is table[after]  # still the interned one

@@ -11,6 +11,7 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
+from extender.api._names import counts
 from extender.cache.cluster_state import ClusterState, NodeKey
 from extender.demo.cluster import DemoCluster
 from extender.server.app import create_app
@@ -104,21 +105,22 @@ def test_a_group_member_is_never_answered_on_the_loop(served) -> None:
 def test_remembered_answers_only_raise_unknown_for_a_missing_one() -> None:
     memo: ShapeMemo[int] = ShapeMemo()
     nothing = Inline(lambda key: False, 1.0)
-    assert memo.answers("shape", ["a", "b"], len) == {"a": 1, "b": 1}
-    assert memo.answers("shape", ["a"], len, inline=nothing) == {"a": 1, "b": 1}
+    assert memo.answers("shape", ["a", "b", "a"], len) == [1, 1, 1]
+    assert memo.answers("shape", ["a"], len, inline=nothing) == [1]
     with pytest.raises(Unknown):
         memo.answers("shape", ["a", "ccc"], len, inline=nothing)
     with pytest.raises(Unknown):
         memo.answers("other", ["a"], len, inline=nothing)
-    assert memo.answers("shape", ["ccc"], len)["ccc"] == 3
+    assert memo.answers("shape", ["ccc"], len) == [3]
 
 
 def test_inline_answers_only_cheap_keys_within_its_time_and_keeps_what_it_computed() -> None:
     memo: ShapeMemo[int] = ShapeMemo()
     short = Inline(lambda key: len(key) < 3, 1.0)
-    assert memo.answers("shape", ["a", "bb"], len, inline=short) == {"a": 1, "bb": 2}
+    assert memo.answers("shape", ["a", "bb"], len, inline=short) == [1, 2]
     with pytest.raises(Unknown):
         memo.answers("shape", ["cc", "ddd"], len, inline=short)  # "ddd" is not cheap
+    assert memo.answers("shape", ["cc"], len, inline=Inline(lambda key: False, 0.0)) == [2], "what came before kept"
     computed: list[str] = []
 
     def slow(key: str) -> int:
@@ -128,7 +130,14 @@ def test_inline_answers_only_cheap_keys_within_its_time_and_keeps_what_it_comput
     with pytest.raises(Unknown):
         memo.answers("slow", ["e", "f"], slow, inline=Inline(lambda key: True, 0.05))
     assert computed == ["e"], "past its time, the next answer is left to the verbs' thread"
-    assert memo.answers("slow", ["e"], slow, inline=Inline(lambda key: False, 0.0)) == {"e": 1}, "kept"
+    assert memo.answers("slow", ["e"], slow, inline=Inline(lambda key: False, 0.0)) == [1], "kept"
+
+
+def test_equal_answers_are_one_object_so_a_c_pass_counts_them_by_identity() -> None:
+    memo: ShapeMemo[tuple[int, ...]] = ShapeMemo()
+    found = memo.answers("shape", ["ab", "cd", "ab", "xyz"], lambda key: (len(key),))
+    assert found[0] is found[1] is found[2] and found[3] == (3,)
+    assert counts(found) == {(2,): 3, (3,): 1}
 
 
 def test_on_the_loop_only_boards_of_at_most_8_gpus_are_cheap() -> None:
