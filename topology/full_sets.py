@@ -45,8 +45,14 @@ def is_full(selector: Selector, compiled: CompiledTopology, gpus: int, healthy: 
 
 
 def full_sets(selector: Selector, compiled: CompiledTopology, free: int, healthy: int, size: int) -> int:
-    """Disjoint full-bandwidth sets of `size` among `free`, taken greedily best first. The selector remembers
-    each answer, and few free masks recur."""
+    """Disjoint full-bandwidth sets of `size` among `free`, taken greedily best first; remembered by the selector.
+    Scoring a node counts them before and after each choice (scoring/fragmentation.py), for every size and pod
+    shape, and a node's free mask recurs across those."""
+    return selector.remembered(("full_sets", compiled.fingerprint, free, healthy, size),
+                               lambda: _full_sets(selector, compiled, free, healthy, size))
+
+
+def _full_sets(selector: Selector, compiled: CompiledTopology, free: int, healthy: int, size: int) -> int:
     count, rest = 0, free
     while rest.bit_count() >= size:
         choice = full_choice(selector, compiled, rest, healthy, size)

@@ -36,15 +36,18 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
 from itertools import combinations, islice
 from dataclasses import dataclass, replace
 from enum import Enum
 from threading import Lock
+from typing import Any, TypeVar
 
 from topology.budget import WORK_BUDGET, BudgetExhausted, WorkBudget
 from topology.compiled import CompiledTopology, bits
 from topology.levels import Interconnect, Level
+
+T = TypeVar("T")
 
 
 class NoFitReason(str, Enum):
@@ -108,6 +111,7 @@ class Selector:
         self._maxsize = maxsize
         self.budget = budget
         self._memo: OrderedDict[tuple[str, int, int, Level, int], Choice | NoFit] = OrderedDict()
+        self._derived: OrderedDict[Hashable, Any] = OrderedDict()
         self._lock = Lock()
 
     def select(self, compiled: CompiledTopology, free: int | Iterable[int], request: Request) -> Choice | NoFit:
@@ -129,6 +133,20 @@ class Selector:
                 self._memo.popitem(last=False)
         return result
 
+    def remembered(self, key: Hashable, work: Callable[[], T]) -> T:
+        """An answer worked out from selections (the full sets a mask holds, topology/full_sets.py), remembered
+        beside them under the same bound. `key` names the board by its fingerprint, so that no board is kept alive."""
+        with self._lock:
+            if key in self._derived:
+                self._derived.move_to_end(key)
+                return self._derived[key]  # type: ignore[no-any-return]
+        found = work()
+        with self._lock:
+            self._derived[key] = found
+            if len(self._derived) > self._maxsize:
+                self._derived.popitem(last=False)
+        return found
+
     def precompute(self, compiled: CompiledTopology) -> int:
         """Answer every (free mask, k) of a node without constraints; returns how many answers that is."""
         answered = 0
@@ -141,6 +159,7 @@ class Selector:
     def cache_clear(self) -> None:
         with self._lock:
             self._memo.clear()
+            self._derived.clear()
 
     def __len__(self) -> int:
         return len(self._memo)

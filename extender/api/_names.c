@@ -11,11 +11,12 @@ scores) stays in Python; these functions only move names between lists and bytes
     lookup(items, table, fallback=None) -> list
                                            table.get(item) for each item; where the table has none,
                                            fallback[i] (a list as long as the items), or None
-    lookup_few(items, table, make=None) -> list
+    lookup_few(items, table, make=None, last_items=None, last_values=None) -> list
                                            table.get(item) for items that are a few objects repeated (node
                                            keys): each distinct object looked up once; where the table has
                                            none, make(item), stored in the table (an exception from make
-                                           ends the pass, what it stored before kept)
+                                           ends the pass, what it stored before kept); where last_items[i]
+                                           is items[i], last_values[i] (what an earlier pass gave)
     unique(items) -> list                  the items without repeats of one object (equal objects that are not
                                            one may repeat), in their order
     counts(items) -> dict                  each item and how many times it occurs (equal items that are not one
@@ -232,14 +233,23 @@ recall_or_make(Identity *seen, PyObject *table, PyObject *key, PyObject *make)
 static PyObject *
 lookup_few(PyObject *module, PyObject *args)
 {
-    PyObject *items, *table, *make = Py_None;
-    if (!PyArg_ParseTuple(args, "O!O!|O:lookup_few", &PyList_Type, &items, &PyDict_Type, &table, &make))
+    PyObject *items, *table, *make = Py_None, *last_items = Py_None, *last_values = Py_None;
+    if (!PyArg_ParseTuple(args, "O!O!|OOO:lookup_few", &PyList_Type, &items, &PyDict_Type, &table, &make,
+                          &last_items, &last_values))
         return NULL;
     if (make != Py_None && !PyCallable_Check(make)) {
         PyErr_SetString(PyExc_TypeError, "lookup_few: make must be None or a callable");
         return NULL;
     }
     Py_ssize_t count = PyList_GET_SIZE(items);
+    /* The values of an earlier pass over a list of as many items: where an item is the one there, its value is the
+       one there, read in order with no lookup (a request that repeats its names: most of their keys the same). */
+    int with_last = last_items != Py_None;
+    if (with_last && (!PyList_Check(last_items) || !PyList_Check(last_values)
+                      || PyList_GET_SIZE(last_items) != count || PyList_GET_SIZE(last_values) != count)) {
+        PyErr_SetString(PyExc_ValueError, "lookup_few: last_items and last_values must be lists as long as the items");
+        return NULL;
+    }
     PyObject *values = PyList_New(count);
     Identity seen;
     if (values == NULL || identity_init(&seen, 1) < 0) {
@@ -247,7 +257,16 @@ lookup_few(PyObject *module, PyObject *args)
         return NULL;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *value = recall_or_make(&seen, table, PyList_GET_ITEM(items, i), make);
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (with_last && PyList_GET_ITEM(last_items, i) == item) {
+            PyObject *same = PyList_GET_ITEM(last_values, i);
+            Py_INCREF(same);
+            PyList_SET_ITEM(values, i, same);
+            continue;
+        }
+        Py_INCREF(item);  /* make() runs Python, which may drop the list's reference */
+        PyObject *value = recall_or_make(&seen, table, item, make);
+        Py_DECREF(item);
         if (value == NULL) {
             if (PyErr_Occurred()) {
                 Py_CLEAR(values);
@@ -566,8 +585,9 @@ static PyMethodDef methods[] = {
     {"lookup", lookup, METH_VARARGS,
      "lookup(items, table, fallback=None): [table.get(item, fallback[i] if fallback else None) for each item]."},
     {"lookup_few", lookup_few, METH_VARARGS,
-     "lookup_few(items, table, make=None): [table.get(item) for item in items], each distinct object looked up once;"
-     " where the table has none, make(item), stored in the table."},
+     "lookup_few(items, table, make=None, last_items=None, last_values=None): [table.get(item) for item in items],"
+     " each distinct object looked up once; where the table has none, make(item), stored in the table; where"
+     " last_items[i] is items[i], last_values[i]."},
     {"unique", unique, METH_O, "unique(items): the items without repeats of one object, in their order."},
     {"counts", counts, METH_O, "counts(items): {item: how many times it occurs}, items told apart by identity."},
     {"group", group, METH_VARARGS,

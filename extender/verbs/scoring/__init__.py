@@ -10,7 +10,7 @@ kube-scheduler's MostAllocated packs too.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from functools import partial
+from functools import lru_cache, partial
 
 from extender.api._names import lookup_few, unique
 from extender.api.pod_request import PodRequest
@@ -46,7 +46,7 @@ def prioritize_nodes(state: ClusterState, selector: Selector, pod: PodRequest, n
                 for name in names]
     keys = keys_seen(state, names, drains, pod.uid, None, ends_by(pod, state.clock()), pod.request.count)
     grades = (memo or ShapeMemo()).answers(pod.request, keys, partial(score_grade, selector, pod.request),
-                                           state.key_epoch, None if compute else ON_LOOP)
+                                           state.key_epoch, None if compute else ON_LOOP, names)
     return lookup_few(grades, grade_scores(pod.request, unique(grades)))
 
 
@@ -103,7 +103,10 @@ def rank_score(number: int) -> int:
     return MAX_SCORE - number // PACKING_STEPS
 
 
+@lru_cache(maxsize=1 << 14)
 def _score(found: Grade, best_ring: float, most_lost: int, choice: bool) -> int:
+    """Remembered: from one request to the next the grades and the three figures mostly stay (a grade holds no
+    board, so none is kept alive)."""
     if not found.offered:
         return 0
     value = (WEIGHTS["bandwidth"] * bandwidth_score(found.ring_gbps, found.meets_preferences, best_ring)

@@ -10,7 +10,7 @@ request grows with the grades, a few dozen, and not with the nodes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from extender.cache.node_view import Key, NodeKey, SharedKey
 from extender.verbs.scoring.offer import Offer
@@ -34,6 +34,16 @@ class Grade:
     packing: float = 0.0
     ring_part: float = 0.0
     offered: bool = False
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # A request hashes each grade into several dicts: hashing nine fields each time costs more than the rest.
+        object.__setattr__(self, "_hash", hash((self.kind, self.whole, self.verdict, self.meets_preferences,
+                                                self.ring_gbps, self.lost_gpus, self.packing, self.ring_part,
+                                                self.offered)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def board(self) -> bool:
