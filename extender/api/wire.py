@@ -220,6 +220,17 @@ def binding_result(error: str = "") -> bytes:
 _GO_NAMES = {"podname": "PodName", "podnamespace": "PodNamespace", "poduid": "PodUID", "node": "Node"}
 
 
+class RecentNames(list[str]):
+    """A request's copy of a name list kept by NameLists. `origin` is the kept list, one object for every request
+    that repeats it, by which the cluster state keeps those nodes' keys (cache/kept_keys.py); nobody changes it."""
+
+    __slots__ = ("origin",)
+
+    def __init__(self, names: list[str], origin: list[str]) -> None:
+        super().__init__(names)
+        self.origin = origin
+
+
 class NameLists:
     """The NodeNames of the last few requests, by their bytes.
 
@@ -245,7 +256,7 @@ class NameLists:
             for at, (kept, names) in enumerate(self._kept):
                 if kept == array:
                     self._kept.insert(0, self._kept.pop(at))
-                    return list(names)
+                    return RecentNames(names, names)
         return None
 
     def keep(self, array: bytes, names: list[str]) -> None:

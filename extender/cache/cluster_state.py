@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Protocol
 
 from extender.api._names import lookup
@@ -23,6 +24,7 @@ from extender.cache.assignments import Assignment, Phase
 from extender.cache.domains import DomainIndex
 from extender.cache.dra_crosscheck import ClaimCheck
 from extender.cache.dra_inventory import DraInventory
+from extender.cache.kept_keys import HELD_BACK, KeptKeys
 from extender.cache.ledger import BIND_OUTCOME_SECONDS, Ledger, NoClaims, SlotClaims
 from extender.cache.node_view import REFUSED, Key, KeyValue, NodeKey, NodeView, SharedKey, allocator_pick
 from extender.cache.seal import Seal
@@ -95,6 +97,7 @@ class ClusterState:
         # request reads its names in one C pass, not one for the keys and one for what they give. Made on the first
         # request of the size once a DRA node is known, kept as keys change, dropped with dead keys.
         self._by_size: dict[int, dict[str, Key]] = {}
+        self._kept = KeptKeys()  # the keys of the name lists requests repeat, size by size
         self._interned_boards: set[CompiledTopology] = set()
         self._boards_limit = MAX_DEAD_BOARDS
         self.key_epoch = 0  # bumped when keys are forgotten: memos of answers per key must be emptied
@@ -149,16 +152,46 @@ class ClusterState:
 
     def keys_given(self, names: list[str], count: int) -> list[Key | None]:
         """Each node's key, a DRA node's as what its first fit gives `count` GPUs: `keys_for` and `given_keys` in
-        one C pass."""
+        one C pass; for a name list that requests repeat (api/wire.py RecentNames), a copy of the keys kept for it
+        (cache/kept_keys.py)."""
         given = self._given.get(count)
-        if not given:
-            return lookup(names, self._keys)
+        return self._kept_lookup(names, count, self._size_table(count)) if given else self._kept_lookup(
+            names, 0, self._keys)
+
+    def _kept_lookup(self, names: list[str], size: int, table: dict[str, Key]) -> list[Key | None]:
+        """`names` looked up in `table`, the keys as requests of `size` read them (`_kept_key`); for a list that
+        requests repeat, a copy of those kept for it."""
+        origin = getattr(names, "origin", None)
+        if origin is None:
+            return lookup(names, table)
+        kept = self._kept.get(origin, size)
+        if kept is not None:
+            return kept
+        with self.ledger.lock:  # no change between the lookup and the keeping
+            keys = lookup(origin, table)
+            self._kept.keep(origin, size, keys)
+        return keys
+
+    def _kept_key(self, name: str, size: int) -> Key | None:
+        """The node's key as requests of `size` read it: HELD_BACK, with held-back GPUs taken; 0, as it is; else
+        as a request of that many GPUs (`keys_given`)."""
+        if size == HELD_BACK:
+            return self._seen_keys.get(name)
+        key = self._keys.get(name)
+        return None if key is None else self._key_of_size(key, size)
+
+    def _rekept(self, name: str) -> None:
+        """The node's keys changed: so do those kept for the lists that name it."""
+        self._kept.changed(name, partial(self._kept_key, name))
+
+    def _size_table(self, count: int) -> dict[str, Key]:
+        """Each node's key as a request of `count` GPUs reads it, made on the first such request."""
         table = self._by_size.get(count)
         if table is None:
             with self.ledger.lock:
-                table = self._by_size[count] = {name: given.get(key, key) if isinstance(key, NodeKey) else key
+                table = self._by_size[count] = {name: self._key_of_size(key, count)
                                                 for name, key in self._keys.items()}
-        return lookup(names, table)
+        return table
 
     def own_names(self, names: list[str]) -> list[str]:
         """`names` as the very str objects the node tables hold (a name of no node as it is): a lookup of one of
@@ -169,13 +202,17 @@ class ClusterState:
         self._names.setdefault(name, name)
         self._keys[name] = key
         for count, table in self._by_size.items():
-            given = self._given.get(count, {})
-            table[name] = given.get(key, key) if isinstance(key, NodeKey) else key
+            table[name] = self._key_of_size(key, count)
+
+    def _key_of_size(self, key: Key, count: int) -> Key:
+        """The key as a request of `count` GPUs reads it (0: as it is)."""
+        return self._given.get(count, {}).get(key, key) if count and isinstance(key, NodeKey) else key
 
     def keys_held_back(self, names: list[str]) -> list[Key | None]:
         """Each node's key as a pod sees it with the held-back GPUs (`hold_back`) not free: one C pass, as
-        `keys_for`, whatever the number of nodes holding GPUs back."""
-        return lookup(names, self._seen_keys)
+        `keys_for`, whatever the number of nodes holding GPUs back; kept for a list requests repeat, as
+        `keys_given`."""
+        return self._kept_lookup(names, HELD_BACK, self._seen_keys)
 
     def hold_back(self, node: str, gpus: int) -> None:
         """Hold these GPUs of the node back from every pod but the one draining them (extender/verbs/drains.py
@@ -187,6 +224,7 @@ class ClusterState:
                 self._held.pop(node, None)
             if node in self._keys:
                 self._seen_keys[node] = self._held_key(node)
+                self._rekept(node)
             self.version += 1
 
     def _held_key(self, node: str) -> Key:
@@ -253,6 +291,7 @@ class ClusterState:
                 for table in self._by_size.values():
                     table.pop(name, None)
                 self._seen_keys.pop(name, None)
+                self._rekept(name)
                 self.domains.remove(name)
                 self._observed.pop(name, None)
                 self.ledger.forget_node(name)
@@ -330,6 +369,7 @@ class ClusterState:
                                                   pinned=view.dra_pinned & ~view.free))
             self._observed[view.name] = float("-inf") if view.observed is None else view.observed
         self._seen_keys[view.name] = self._held_key(view.name)
+        self._rekept(view.name)
         self.domains.set_busy(view.name, view.compiled is not None and view.free != view.compiled.full_mask)
 
     def _rekey(self, name: str) -> None:
@@ -339,6 +379,7 @@ class ClusterState:
             self._set_key(name, self._intern(key.compiled, key.free, key.unhealthy, name in self.domains.whole,
                                              key.order, pinned=key.pinned))
             self._seen_keys[name] = self._held_key(name)
+            self._rekept(name)
 
     def key_without(self, key: NodeKey, gpus: int) -> NodeKey:
         """The key of a node with `gpus` taken out of its free ones, as a pod sees a node that drains GPUs for
@@ -387,6 +428,7 @@ class ClusterState:
         self._interned_boards = {key.compiled for key in live}
         self._boards_limit = len(self._interned_boards) + MAX_DEAD_BOARDS
         self._by_size.clear()
+        self._kept.clear()
         self.key_epoch += 1
 
     def _decode_node(self, name: str, annotations: Mapping[str, Any], labels: Mapping[str, Any]) -> NodeView:

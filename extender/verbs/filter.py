@@ -87,7 +87,7 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
     waiting = wait is not None and wait.waits(pod, state.clock())
     grades = (memo or ShapeMemo()).answers((pod.request, pod.required, waiting), keys,
                                            partial(_grade, selector, pod, waiting), state.key_epoch,
-                                           None if compute else ON_LOOP)
+                                           None if compute else ON_LOOP, names)
     seen = counts(grades)
     # Number the names (the passing ones by rank, or all 0; each failing verdict one number after them), then sort
     # them into one list per number in one C pass.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
+from typing import Any
 
 from extender.cache.cluster_state import ClusterState
 from extender.cache.seal import Seal
@@ -34,19 +35,24 @@ def reported_cluster(used: Mapping[str, tuple[str, tuple[int, ...]]], *, clock: 
     its labels (GPU feature discovery's, the network levels'); `observed` node name -> the sharing its agent
     saw; `levels` the extender's --topology-levels."""
     state = ClusterState(clock=clock, stale_after=stale_after, levels=levels, seal=seal)
-    nodes = []
-    for name, (platform, held) in used.items():
-        topology = with_uuids(name, PLATFORMS[platform].topology())
-        sick = (unhealthy or {}).get(name, ())
-        reported = NodeState(frozenset(topology.gpus[i].uuid for i in held),
-                             frozenset(topology.gpus[i].uuid for i in sick),
-                             datetime.fromtimestamp(clock(), timezone.utc), 1,
-                             sharing=(observed or {}).get(name, Sharing.NONE))
-        nodes.append({"metadata": {"name": name, "labels": dict((labels or {}).get(name, {})),
-                                   "annotations": {state.keys.topology: encode_topology(topology),
-                                                   state.keys.state: encode_state(reported)}}})
-    state.nodes.replace(nodes)
+    state.nodes.replace([reported_node(state, name, platform, held, clock=clock, unhealthy=(unhealthy or {}).get(name, ()),
+                                       labels=(labels or {}).get(name, {}),
+                                       sharing=(observed or {}).get(name, Sharing.NONE))
+                         for name, (platform, held) in used.items()])
     state.nodes.synced()
     state.pods.replace([])
     state.pods.synced()
     return state
+
+
+def reported_node(state: ClusterState, name: str, platform: str, held: Sequence[int], *,
+                  clock: Callable[[], float] = time.time, unhealthy: Sequence[int] = (),
+                  labels: Mapping[str, str] | None = None, sharing: Sharing = Sharing.NONE) -> dict[str, Any]:
+    """The Node object of a node whose agent reports the platform's board with GPUs `held` in use."""
+    topology = with_uuids(name, PLATFORMS[platform].topology())
+    reported = NodeState(frozenset(topology.gpus[i].uuid for i in held),
+                         frozenset(topology.gpus[i].uuid for i in unhealthy),
+                         datetime.fromtimestamp(clock(), timezone.utc), 1, sharing=sharing)
+    return {"metadata": {"name": name, "labels": dict(labels or {}),
+                         "annotations": {state.keys.topology: encode_topology(topology),
+                                         state.keys.state: encode_state(reported)}}}

@@ -183,3 +183,39 @@ def test_every_install_builds_the_extension() -> None:
     build, runtime = (ROOT / "Dockerfile").read_text().split("\nFROM ")[1:]
     assert "gcc" in build and "COPY extender ./extender" in build
     assert "gcc" not in runtime and "apt-get" not in runtime
+
+
+@given(st.lists(st.integers(0, 9), max_size=40), st.lists(st.integers(0, 9), max_size=40), st.integers(0, 10))
+def test_lookup_few_makes_what_the_table_lacks_and_reads_a_last_pass_where_the_item_is_the_same(
+        picks: list[int], before: list[int], known: int) -> None:
+    objects = [object() for _ in range(10)]
+    table = {objects[i]: i for i in range(known)}
+    made: list[object] = []
+
+    def make(item: object) -> int:
+        made.append(item)
+        return 100 + objects.index(item)
+
+    items = [objects[i] for i in picks]
+    expected = [i if i < known else 100 + i for i in picks]
+    last_items = [objects[i] for i in (before + picks)[:len(picks)]]
+    last_values = [-1] * len(picks)  # what a last pass gave: read where its item is the same one
+    found = lookup_few(items, table, make, last_items, last_values)
+    assert found == [-1 if last is item else value for item, last, value in zip(items, last_items, expected)]
+    assert len(made) == len(set(map(id, made)))  # each missing object made once, then kept in the table
+    assert all(table[item] == 100 + objects.index(item) for item in made)
+    with pytest.raises(ValueError):
+        lookup_few(items + [objects[0]], table, make, last_items, last_values)
+
+
+def test_an_exception_from_make_ends_the_pass_and_keeps_what_was_made() -> None:
+    first, second = object(), object()
+    table: dict[object, int] = {}
+
+    def make(item: object) -> int:
+        if item is second:
+            raise KeyError("not this one")
+        return 1
+    with pytest.raises(KeyError):
+        lookup_few([first, second], table, make)
+    assert table == {first: 1}

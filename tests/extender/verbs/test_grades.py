@@ -8,9 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extender.api.pod_request import PodRequest, parse_pod
+from extender.api.wire import RecentNames
 from extender.demo.dra_objects import allocated_claim, gpu_device, gpu_slice
 from extender.verbs.answer_memo import ShapeMemo
 from extender.cache.cluster_state import ClusterState
+from extender.cache.kept_keys import KEEP_FROM
 from extender.cache.node_view import NodeKey, SharedKey
 from extender.verbs.scoring import MAX_SCORE, WEIGHTS, offer_of, prioritize_nodes
 from extender.verbs.scoring.bandwidth import bandwidth_score
@@ -85,8 +87,12 @@ def test_keys_by_size_are_the_keys_mapped_through_what_their_first_fits_give(
         ids = uuids(name)
         state.slices.apply("ADDED", gpu_slice(name, (), seed=None, devices=[gpu_device(i, ids[i]) for i in order]))
     names = sorted(NODES)
+    listed = names + [f"absent-{i}" for i in range(KEEP_FROM)]  # long enough to be kept
+    kept = RecentNames(listed, listed)  # a list requests repeat (api/wire.py NameLists): its keys are kept
     state.keys_given(names, count)
+    assert state.keys_given(kept, count) is not state.keys_given(kept, count), "each request its own copy"
     for node, gpu, take in changes:
         state.claims.apply("ADDED" if take else "DELETED", allocated_claim(f"c-{node}-{gpu}", node, [f"gpu-{gpu}"]))
         given = state.given_keys(count) or {}
         assert state.keys_given(names, count) == [given.get(key, key) for key in state.keys_for(names)]
+        assert state.keys_given(kept, count) == [given.get(key, key) for key in state.keys_for(kept)]
