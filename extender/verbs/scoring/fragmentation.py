@@ -21,7 +21,14 @@ the boards' NVLink domains."""
 
 
 def lost_gpus(selector: Selector, compiled: CompiledTopology, free: int, healthy: int, chosen: int) -> int:
-    """GPUs of the full-bandwidth sets that taking `chosen` out of `free` breaks, beyond its own."""
+    """GPUs of the full-bandwidth sets that taking `chosen` out of `free` breaks, beyond its own. Remembered by the
+    selector: on a DRA node the set is what its first fit gives, the same for every pod shape of a size, and each
+    shape grades the node's new key anew (scoring/grade.py)."""
+    return selector.remembered(("lost", compiled.fingerprint, free, healthy, chosen),
+                               lambda: _lost_gpus(selector, compiled, free, healthy, chosen))
+
+
+def _lost_gpus(selector: Selector, compiled: CompiledTopology, free: int, healthy: int, chosen: int) -> int:
     own = chosen.bit_count()
     lost = 0
     for size in SIZES:
