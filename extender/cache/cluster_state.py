@@ -97,7 +97,7 @@ class ClusterState:
         # request reads its names in one C pass, not one for the keys and one for what they give. Made on the first
         # request of the size once a DRA node is known, kept as keys change, dropped with dead keys.
         self._by_size: dict[int, dict[str, Key]] = {}
-        self._kept = KeptKeys()  # the keys of the name lists requests repeat, size by size
+        self._kept = KeptKeys(self.ledger.lock)  # the keys of the name lists requests repeat, size by size
         self._interned_boards: set[CompiledTopology] = set()
         self._boards_limit = MAX_DEAD_BOARDS
         self.key_epoch = 0  # bumped when keys are forgotten: memos of answers per key must be emptied
@@ -154,9 +154,9 @@ class ClusterState:
         """Each node's key, a DRA node's as what its first fit gives `count` GPUs: `keys_for` and `given_keys` in
         one C pass; for a name list that requests repeat (api/wire.py RecentNames), a copy of the keys kept for it
         (cache/kept_keys.py)."""
-        given = self._given.get(count)
-        return self._kept_lookup(names, count, self._size_table(count)) if given else self._kept_lookup(
-            names, 0, self._keys)
+        if self._given.get(count):
+            return self._kept_lookup(names, count, self._size_table(count))
+        return self._kept_lookup(names, 0, self._keys)
 
     def _kept_lookup(self, names: list[str], size: int, table: dict[str, Key]) -> list[Key | None]:
         """`names` looked up in `table`, the keys as requests of `size` read them (`_kept_key`); for a list that
@@ -164,13 +164,7 @@ class ClusterState:
         origin = getattr(names, "origin", None)
         if origin is None:
             return lookup(names, table)
-        kept = self._kept.get(origin, size)
-        if kept is not None:
-            return kept
-        with self.ledger.lock:  # no change between the lookup and the keeping
-            keys = lookup(origin, table)
-            self._kept.keep(origin, size, keys)
-        return keys
+        return self._kept.read(origin, size, lambda listed: lookup(listed, table))
 
     def _kept_key(self, name: str, size: int) -> Key | None:
         """The node's key as requests of `size` read it: HELD_BACK, with held-back GPUs taken; 0, as it is; else

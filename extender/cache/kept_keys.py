@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from extender.cache.node_view import Key
@@ -30,39 +31,41 @@ KEEP_FROM = 500
 @dataclass(slots=True)
 class _Kept:
     names: list[str]  # the kept list itself (NameLists'), which no request changes
-    positions: dict[str, int]
+    positions: dict[str, int] | None  # None: the list names a node twice, so its keys are looked up each time
     keys: list[Key | None]
 
 
 class KeptKeys:
-    """Called under the ledger lock for every change (`keep`, `changed`, `clear`); `get` reads without it, as one
-    copy of a list."""
+    """Changed under `lock` (the ledger's): `read` where it keeps a list, `changed` and `clear` always. A kept
+    list is read without it, as one copy."""
 
-    def __init__(self) -> None:
+    def __init__(self, lock: AbstractContextManager[object]) -> None:
+        self._lock = lock
         self._kept: OrderedDict[tuple[int, int], _Kept] = OrderedDict()
 
-    def get(self, names: list[str], size: int) -> list[Key | None] | None:
-        """A copy of the kept keys of `names` (a kept list) for requests of `size`, or None."""
+    def read(self, names: list[str], size: int, look: Callable[[list[str]], list[Key | None]]) -> list[Key | None]:
+        """The keys of `names` (a kept list) for requests of `size`: a copy of those kept, else `look(names)`, kept
+        where the list is long enough."""
         found = self._kept.get((id(names), size))
-        return list(found.keys) if found is not None and found.names is names else None
-
-    def keep(self, names: list[str], size: int, keys: list[Key | None]) -> None:
-        """Keep `keys`, looked up now for `names`; a list that names a node twice is not kept."""
+        if found is not None and found.names is names:
+            return list(found.keys) if found.positions is not None else look(names)
         if len(names) < KEEP_FROM:
-            return
-        positions = next((kept.positions for kept in self._kept.values() if kept.names is names), None)
-        if positions is None:
-            positions = {name: at for at, name in enumerate(names)}
-            if len(positions) != len(names):
-                return
-        self._kept[(id(names), size)] = _Kept(names, positions, list(keys))
-        while len(self._kept) > KEPT:
-            self._kept.popitem(last=False)
+            return look(names)
+        with self._lock:  # no change between the lookup and the keeping
+            keys = look(names)
+            positions = next((kept.positions for kept in self._kept.values() if kept.names is names), None)
+            if positions is None:
+                positions = {name: at for at, name in enumerate(names)}
+            whole = len(positions) == len(names)
+            self._kept[(id(names), size)] = _Kept(names, positions if whole else None, list(keys) if whole else [])
+            while len(self._kept) > KEPT:
+                self._kept.popitem(last=False)
+        return keys
 
     def changed(self, name: str, key_of: Callable[[int], Key | None]) -> None:
         """The node's key changed: `key_of(size)` is its key as requests of that size read it."""
         for (_, size), kept in self._kept.items():
-            at = kept.positions.get(name)
+            at = None if kept.positions is None else kept.positions.get(name)
             if at is not None:
                 kept.keys[at] = key_of(size)
 
