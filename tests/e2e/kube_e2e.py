@@ -1010,6 +1010,17 @@ def find_kubectl(binaries: KubeBinaries) -> Path | None:
     return Path(found) if found else None
 
 
+def find_kube_binaries_and_kubectl() -> tuple[KubeBinaries | None, Path | None, str | None]:
+    """The binaries (find_kube_binaries) and kubectl (find_kubectl), or why the suite cannot have them."""
+    binaries, problem = find_kube_binaries()
+    if problem is not None or binaries is None:
+        return None, None, problem or "no binaries"
+    kubectl = find_kubectl(binaries)
+    if kubectl is None:
+        return binaries, None, f"no kubectl beside {binaries.apiserver} or on PATH"
+    return binaries, kubectl, None
+
+
 def start_control_plane(binaries: KubeBinaries, kubectl: Path, workdir: Path, stack: ExitStack,
                         controllers: Sequence[str]) -> ControlPlane:
     """etcd, kube-apiserver and kube-controller-manager running only `controllers`, each stopped by `stack`."""

@@ -48,8 +48,7 @@ from kube_e2e import (
     Process,
     create_gpu_nodes,
     derive_scheduler_config,
-    find_kube_binaries,
-    find_kubectl,
+    find_kube_binaries_and_kubectl,
     free_ports,
     gpu_pod,
     node_topologies,
@@ -75,12 +74,9 @@ from kubelets import (
     wait_both_ready,
 )
 
-_BINARIES, _PROBLEM = find_kube_binaries()
+_BINARIES, _KUBECTL, _PROBLEM = find_kube_binaries_and_kubectl()
 if _PROBLEM is not None:
     pytest.skip(skip_reason(_PROBLEM), allow_module_level=True)
-_KUBECTL = find_kubectl(_BINARIES) if _BINARIES is not None else None
-if _KUBECTL is None:
-    pytest.skip(skip_reason("no kubectl beside kube-apiserver or on PATH"), allow_module_level=True)
 
 NAMESPACE = "gpu-topology-system"
 PODS = "gpu-chart-e2e"

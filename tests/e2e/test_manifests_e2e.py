@@ -41,8 +41,7 @@ import yaml
 from kube_e2e import (
     ROOT,
     ControlPlane,
-    find_kube_binaries,
-    find_kubectl,
+    find_kube_binaries_and_kubectl,
     skip_reason,
     start_control_plane,
     wait_until,
@@ -75,12 +74,10 @@ Doc = dict[str, Any]
 
 @pytest.fixture(scope="module")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    binaries, problem = find_kube_binaries()
-    if problem is not None or binaries is None:
-        pytest.skip(skip_reason(problem or "no binaries"))
-    kubectl = find_kubectl(binaries)
-    if kubectl is None:
-        pytest.skip(skip_reason(f"no kubectl beside {binaries.apiserver} or on PATH"))
+    binaries, kubectl, problem = find_kube_binaries_and_kubectl()
+    if problem is not None:
+        pytest.skip(skip_reason(problem))
+    assert binaries is not None and kubectl is not None
     with ExitStack() as stack:
         yield start_control_plane(binaries, kubectl, tmp_path_factory.mktemp("manifests-e2e"), stack,
                                   ["validatingadmissionpolicy-status-controller"])
