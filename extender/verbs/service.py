@@ -119,7 +119,7 @@ class ExtenderService:
             raise ValueError("--observe pins no claim: a pinned claim decides the pod's node and GPUs")
         self.state = state
         self.kube = kube
-        self.selector = selector or Selector()
+        self.selector = selector if selector is not None else Selector()  # an empty one is falsy (its len)
         self.wait = WaitClock(topology_wait)
         self.drains = Drains(state)
         self.plans = GroupPlans(state, group_timeout)

@@ -59,7 +59,7 @@ class Board:
         self.ids: tuple[str, ...] = GpuIds(topology).ids
         self.index: dict[str, int] = {gpu: position for position, gpu in enumerate(self.ids)}
         self.compiled: CompiledTopology = compile_topology(topology)
-        self.selector = selector or Selector()
+        self.selector = selector if selector is not None else Selector()  # an empty one is falsy (its len)
 
     def ordered(self, ids: Iterable[str]) -> tuple[str, ...]:
         """Without repeats, this node's GPUs by index first, then any other id in the order given."""

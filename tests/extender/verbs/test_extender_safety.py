@@ -16,7 +16,10 @@ from extender.cache.ledger import Phase
 from extender.demo.cluster import DemoCluster
 from extender.server.app import create_app
 from extender.verbs.service import ExtenderService
+from topology.agent.claims import Board
 from topology.codec import NodeState, encode_state
+from topology.platforms import PLATFORMS
+from topology.select import Selector
 
 NODES = (("dgx-a", "dgx-h100"), ("dgx-b", "dgx-h100"), ("v100", "dgx1-v100"), ("a6000", "rtx-a6000-pairs"))
 
@@ -213,3 +216,12 @@ def test_server_timing_header_reports_the_verb_time() -> None:
     response = TestClient(create_app(service)).post("/filter", content=b'{"Pod": {"metadata": {}}, "NodeNames": []}')
     name, duration = response.headers["Server-Timing"].split(";dur=")
     assert name == "verb" and 0 <= float(duration) < 1000
+
+
+def test_the_selector_given_is_the_one_used_even_while_empty() -> None:
+    """`serve` hands one Selector to the pin planner and the service, so that both remember the same selections;
+    an empty Selector is falsy (its len), and was replaced."""
+    selector = Selector()
+    assert len(selector) == 0
+    assert ExtenderService(ClusterState(), DemoCluster(ClusterState(), ()), selector).selector is selector
+    assert Board(PLATFORMS["rtx-a6000-pairs"].topology(), selector).selector is selector
