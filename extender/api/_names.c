@@ -360,10 +360,10 @@ done:
 static PyObject *
 group(PyObject *module, PyObject *args)
 {
-    PyObject *items, *labels, *number_of;
+    PyObject *items, *labels, *number_of, *room = Py_None;
     Py_ssize_t count;
-    if (!PyArg_ParseTuple(args, "O!O!O!n:group", &PyList_Type, &items, &PyList_Type, &labels, &PyDict_Type,
-                          &number_of, &count))
+    if (!PyArg_ParseTuple(args, "O!O!O!n|O:group", &PyList_Type, &items, &PyList_Type, &labels, &PyDict_Type,
+                          &number_of, &count, &room))
         return NULL;
     Py_ssize_t size = PyList_GET_SIZE(items);
     if (PyList_GET_SIZE(labels) != size) {
@@ -374,15 +374,30 @@ group(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "group: count must not be negative");
         return NULL;
     }
+    if (room != Py_None && !(PyList_Check(room) && PyList_GET_SIZE(room) == count)) {
+        PyErr_SetString(PyExc_ValueError, "group: room must be None or a list of count ints");
+        return NULL;
+    }
     /* First each item's number and each list's length, then the lists at their final length: no list grows. */
     Py_ssize_t *numbers = PyMem_Malloc((size > 0 ? (size_t)size : 1) * sizeof(Py_ssize_t));
     Py_ssize_t *filled = PyMem_Calloc(count > 0 ? (size_t)count : 1, sizeof(Py_ssize_t));
+    Py_ssize_t *limit = PyMem_Malloc((count > 0 ? (size_t)count : 1) * sizeof(Py_ssize_t));
     PyObject *lists = NULL;
     Identity seen;
-    if (numbers == NULL || filled == NULL || identity_init(&seen, 1) < 0) {
+    if (numbers == NULL || filled == NULL || limit == NULL || identity_init(&seen, 1) < 0) {
         PyMem_Free(numbers);
         PyMem_Free(filled);
+        PyMem_Free(limit);
         return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+    }
+    for (Py_ssize_t n = 0; n < count; n++) {
+        limit[n] = room == Py_None ? PY_SSIZE_T_MAX : PyLong_AsSsize_t(PyList_GET_ITEM(room, n));
+        if (limit[n] == -1 && PyErr_Occurred())
+            goto fail;
+        if (limit[n] < 0) {
+            PyErr_Format(PyExc_ValueError, "group: room %zd is negative", limit[n]);
+            goto fail;
+        }
     }
     for (Py_ssize_t i = 0; i < size; i++) {
         PyObject *label = PyList_GET_ITEM(labels, i);
@@ -406,16 +421,20 @@ group(PyObject *module, PyObject *args)
     if (lists == NULL)
         goto fail;
     for (Py_ssize_t n = 0; n < count; n++) {
-        PyObject *list = PyList_New(filled[n]);
+        PyObject *list = PyList_New(filled[n] < limit[n] ? filled[n] : limit[n]);
         if (list == NULL)
             goto fail;
         PyList_SET_ITEM(lists, n, list);
         filled[n] = 0;
     }
+    /* An item past its list's room is not read at all: filter's shortlist keeps K of thousands of names. */
     for (Py_ssize_t i = 0; i < size; i++) {
+        Py_ssize_t n = numbers[i];
+        if (filled[n] == limit[n])
+            continue;
         PyObject *item = PyList_GET_ITEM(items, i);
         Py_INCREF(item);
-        PyList_SET_ITEM(PyList_GET_ITEM(lists, numbers[i]), filled[numbers[i]]++, item);
+        PyList_SET_ITEM(PyList_GET_ITEM(lists, n), filled[n]++, item);
     }
     goto done;
 fail:
@@ -424,6 +443,7 @@ done:
     identity_free(&seen);
     PyMem_Free(numbers);
     PyMem_Free(filled);
+    PyMem_Free(limit);
     return lists;
 }
 
@@ -591,7 +611,8 @@ static PyMethodDef methods[] = {
     {"unique", unique, METH_O, "unique(items): the items without repeats of one object, in their order."},
     {"counts", counts, METH_O, "counts(items): {item: how many times it occurs}, items told apart by identity."},
     {"group", group, METH_VARARGS,
-     "group(items, labels, number_of, count): count lists, items[i] in lists[number_of[labels[i]]]."},
+     "group(items, labels, number_of, count, room=None): count lists, items[i] in lists[number_of[labels[i]]]; with"
+     " room, lists[n] holds only the first room[n] of its items."},
     {"scores_json", scores_json, METH_VARARGS,
      "scores_json(hosts, scores): the prioritize answer, each score less the least, hosts at the least left out."},
     {NULL, NULL, 0, NULL},

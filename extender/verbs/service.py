@@ -54,7 +54,7 @@ from extender.verbs.metrics import Metrics
 from extender.verbs.preempt import preempt_nodes
 from extender.verbs.scoring import prioritize_nodes
 from extender.verbs.scoring.grade import Grade
-from extender.verbs.scoring.shortlist import OUTRANKED, SHORTLIST, Shortlists, best_of
+from extender.verbs.scoring.shortlist import OUTRANKED, SHORTLIST, Shortlists, scores_of
 from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS, WAITING, WaitClock
 from topology.collectives import COMM_SHARE
 from topology.select import Selector
@@ -157,17 +157,20 @@ class ExtenderService:
         if outcome is None:
             outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._grades, self.wait,
                                    self.drains, compute, self.shortlist)
-            if outcome.ranked is not None and len(outcome.passed) > self.shortlist:
-                outcome = self._shortlisted(args.pod, outcome)
+            if outcome.ranked is not None:  # for the pod's prioritize (Shortlists says why)
+                self._shortlists.keep(_version(args.pod), scores_of(outcome.ranked))
         if not outcome.passed and WAITING in outcome.failed:
             if not compute:
                 raise Unknown
             self._drain(pod, outcome.failed[WAITING])
-        outranked = len(outcome.failed.get(OUTRANKED, ()))
+        unlisted = outcome.unlisted
+        outranked = unlisted.get((OUTRANKED, True), 0)
         self.metrics.decisions.labels("filter", "pass").inc(len(outcome.passed))
         self.metrics.decisions.labels("filter", "outranked").inc(outranked)
-        self.metrics.decisions.labels("filter", "fail").inc(sum(map(len, outcome.failed.values())) - outranked)
-        self.metrics.decisions.labels("filter", "unresolvable").inc(sum(map(len, outcome.unresolvable.values())))
+        self.metrics.decisions.labels("filter", "fail").inc(
+            sum(map(len, outcome.failed.values())) + sum(n for (_, fix), n in unlisted.items() if fix) - outranked)
+        self.metrics.decisions.labels("filter", "unresolvable").inc(
+            sum(map(len, outcome.unresolvable.values())) + sum(n for (_, fix), n in unlisted.items() if not fix))
         return outcome
 
     def _observed(self, names: list[str], outcome: FilterOutcome) -> FilterOutcome:
@@ -192,14 +195,6 @@ class ExtenderService:
         if shortlisted is not None:
             return names, shortlisted
         return names, prioritize_nodes(self.state, self.selector, pod, names, self._grades, self.drains, compute)
-
-    def _shortlisted(self, raw: Mapping[str, Any], outcome: FilterOutcome) -> FilterOutcome:
-        """The best `shortlist` of the nodes that passed, more than that many, ranked by filter; their scores kept
-        for the pod's prioritize."""
-        assert outcome.ranked is not None
-        best, rest = best_of(outcome.ranked, self.shortlist)
-        self._shortlists.keep(_version(raw), best)
-        return FilterOutcome(list(best), {**outcome.failed, OUTRANKED: rest}, outcome.unresolvable)
 
     def _drain(self, pod: PodRequest, waiting: list[str]) -> None:
         """Every candidate refused the pod only to wait for a full set: drain the one nearest to free."""

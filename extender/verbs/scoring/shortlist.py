@@ -4,7 +4,8 @@ kube-scheduler scores only the nodes that pass the extenders' filter, and sends 
 nodes, passing every fit made it score thousands of nodes a pod and encode their names twice (issue 32). A node
 left out can never cost the pod its placement: kube-scheduler reads the statuses of refused nodes only when no
 node passes (schedulePod's FitError, then preemption), and then no shortlist applies. The ones left out are
-refused as OUTRANKED, which the answer does not write while a node passes (api/wire.py).
+refused as OUTRANKED, which the answer does not write while a node passes (api/wire.py); filter only counts them
+(verbs/filter.py `_best`), and the nodes refused for a reason of their own.
 
 The rank is prioritize's own score, then its packing (fuller nodes first), so kube-scheduler's own packing
 (NodeResourcesFit MostAllocated) still chooses among nodes our score ties, from the fullest ones. Names of equal
@@ -14,7 +15,6 @@ rank keep kube-scheduler's order.
 from __future__ import annotations
 
 from collections import OrderedDict
-from itertools import chain
 
 from extender.verbs.scoring import rank_score
 
@@ -27,21 +27,9 @@ OUTRANKED = "fits, but not among the nodes that give the pod the best placement"
 _REMEMBERED = 256  # prioritize follows its filter in the same scheduling cycle: a few pods' lists are enough
 
 
-def best_of(ranked: list[list[str]], k: int) -> tuple[dict[str, int], list[str]]:
-    """The `k` best names, each with its score, and the rest; `ranked` holds one list of names per rank
-    (scoring.rank), best first."""
-    best: dict[str, int] = {}
-    rest: list[str] = []
-    for number, members in enumerate(ranked):
-        if not members:  # a rank no name has
-            continue
-        room = k - len(best)
-        best.update(dict.fromkeys(members[:room], rank_score(number)))
-        if len(members) >= room:
-            rest.extend(members[room:])
-            rest.extend(chain.from_iterable(ranked[number + 1:]))
-            break
-    return best, rest
+def scores_of(ranked: list[list[str]]) -> dict[str, int]:
+    """Each shortlisted name's score, from the rank number of its list (filter's `FilterOutcome.ranked`)."""
+    return {name: rank_score(number) for number, members in enumerate(ranked) for name in members}
 
 
 class Shortlists:

@@ -121,6 +121,22 @@ def test_group_sorts_items_by_their_labels_number(pairs: list[tuple[str, str | N
     assert group(items, labels, number_of, 3) == expected
 
 
+@given(st.lists(st.tuples(TEXT, st.sampled_from(["a", "b", "c"])), max_size=40),
+       st.lists(st.integers(0, 50), min_size=3, max_size=3))
+def test_group_with_room_keeps_the_first_of_each_number(pairs: list[tuple[str, str]], room: list[int]) -> None:
+    number_of = {"a": 0, "b": 1, "c": 2}
+    items, labels = [item for item, _ in pairs], [label for _, label in pairs]
+    whole = group(items, labels, number_of, 3)
+    assert group(items, labels, number_of, 3, room) == [found[:limit] for found, limit in zip(whole, room)]
+    assert group(items, labels, number_of, 3, None) == whole
+
+
+@pytest.mark.parametrize("room", [[1, 1], [1, 1, -1], [1, 1, "1"], (1, 1, 1)])
+def test_group_refuses_room_it_cannot_read(room: Any) -> None:
+    with pytest.raises((ValueError, TypeError)):
+        group(["item"], ["x"], {"x": 0}, 3, room)
+
+
 @pytest.mark.parametrize(("labels", "number_of", "error"), [
     (["x"], {}, KeyError),
     (["x"], {"x": 3}, ValueError),

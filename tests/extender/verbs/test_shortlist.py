@@ -1,5 +1,6 @@
-"""filter's shortlist (verbs/scoring/shortlist.py): where more than K nodes fit, the K that prioritize ranks best pass, the
-rest are refused as OUTRANKED, and the pod's prioritize scores them as it would have scored them among every fit."""
+"""filter's shortlist (verbs/scoring/shortlist.py): where more than K nodes fit, the K that prioritize ranks best
+pass, the rest are refused as OUTRANKED (counted, not listed, as every refusal then), and the pod's prioritize
+scores them as it would have scored them among every fit."""
 
 from __future__ import annotations
 
@@ -47,13 +48,17 @@ def test_the_shortlist_is_the_best_ranked_fits_and_prioritize_scores_them_as_amo
     cut = short.filter(ExtenderArgs(pod("p", gpus), names, None))
     full_scores = dict(zip(full.passed, prioritize_nodes(everyone.state, everyone.selector,
                                                          everyone.pod_request(pod("p", gpus)), full.passed)))
-    assert cut.unresolvable == full.unresolvable
-    assert {reason: names for reason, names in cut.failed.items() if reason != OUTRANKED} == full.failed
     if len(full.passed) <= k:
-        assert cut.passed == full.passed and OUTRANKED not in cut.failed
+        assert (cut.passed, cut.failed, cut.unresolvable, cut.unlisted) == (full.passed, full.failed,
+                                                                           full.unresolvable, {})
         return
-    outranked = cut.failed[OUTRANKED]
-    assert len(cut.passed) == k and sorted(cut.passed + outranked) == sorted(full.passed)
+    # The refused names are counted, not listed: the answer writes none while a node passes.
+    assert cut.failed == cut.unresolvable == {}
+    assert cut.unlisted == {**{(reason, True): len(names) for reason, names in full.failed.items()},
+                            **{(reason, False): len(names) for reason, names in full.unresolvable.items()},
+                            (OUTRANKED, True): len(full.passed) - k}
+    assert len(cut.passed) == k == len(set(cut.passed)) and set(cut.passed) <= set(full.passed)
+    outranked = [name for name in full.passed if name not in cut.passed]
     # No node left out scores above one kept; a pod is never left without the best placement on offer.
     assert min(full_scores[name] for name in cut.passed) >= max(full_scores[name] for name in outranked)
     assert max(full_scores[name] for name in cut.passed) == max(full_scores.values())
@@ -71,9 +76,9 @@ def test_among_equal_scores_the_fuller_node_is_kept_then_kube_schedulers_order()
         "h1": 9, "h3b": 10, "h2": 6, "h3": 10, "h5": 10, "h2b": 6}
     assert service_over(nodes, 2).filter(ExtenderArgs(pod("p", 1), names, None)).passed == ["h5", "h3b"]
     outcome = service_over(nodes, 5).filter(ExtenderArgs(pod("p", 1), names, None))
-    assert outcome.passed == ["h5", "h3b", "h3", "h1", "h2"] and outcome.failed == {OUTRANKED: ["h2b"]}
+    assert outcome.passed == ["h5", "h3b", "h3", "h1", "h2"] and outcome.unlisted == {(OUTRANKED, True): 1}
     outcome = service_over(nodes, 5).filter(ExtenderArgs(pod("p", 1), names[::-1], None))
-    assert outcome.passed == ["h5", "h3", "h3b", "h1", "h2b"] and outcome.failed == {OUTRANKED: ["h2"]}
+    assert outcome.passed == ["h5", "h3", "h3b", "h1", "h2b"] and outcome.unlisted == {(OUTRANKED, True): 1}
 
 
 def test_the_answer_writes_no_reason_while_one_passes_and_every_reason_when_none_does() -> None:
@@ -84,7 +89,11 @@ def test_the_answer_writes_no_reason_while_one_passes_and_every_reason_when_none
     args = ExtenderArgs(pod("p", 2), ["two-pairs", "full", "pair"], None)
     outcome = service.filter(args)
     assert outcome.passed == ["pair"]
-    assert outcome.failed == {NOT_ENOUGH_FREE: ["full"], OUTRANKED: ["two-pairs"]}
+    assert outcome.unlisted == {(NOT_ENOUGH_FREE, True): 1, (OUTRANKED, True): 1} and outcome.failed == {}
+    assert {decision: service.metrics.registry.get_sample_value(
+        "gpu_topology_extender_decisions_total", {"verb": "filter", "outcome": decision})
+        for decision in ("pass", "outranked", "fail", "unresolvable")} == {
+        "pass": 1, "outranked": 1, "fail": 1, "unresolvable": 0}
     assert filter_result(args, outcome.passed, outcome.failed, outcome.unresolvable) == (
         b'{"NodeNames":["pair"],"FailedNodes":{},"FailedAndUnresolvableNodes":{},"Error":""}')
     args = ExtenderArgs(pod("q", 8), ["two-pairs", "full", "pair"], None)
