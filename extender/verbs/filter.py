@@ -100,8 +100,7 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
     if rank_above > 0:
         passing = [found for found in seen if found.verdict is None]
         if sum(seen[found] for found in passing) > rank_above:
-            return _best(names, grades, seen, _ranks(grade_ranks(pod.request, passing), seen, rank_above),
-                         rank_above)
+            return _best(names, grades, seen, grade_ranks(pod.request, passing), rank_above)
     # The passing names numbered 0, each failing verdict one number after them, sorted into one list per number in
     # one C pass.
     reasons: dict[Refusal, int] = {}
@@ -118,33 +117,28 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
 
 def _best(names: list[str], grades: list[Grade], seen: Mapping[Grade, int], ranks: Mapping[Grade, int],
           best: int) -> FilterOutcome:
-    """The `best` passing names by rank (`ranks`, of the passing grades), in one list per rank number, in
-    kube-scheduler's order within one: the one C pass reads no other name out of `names` (at 5,000 names, the
-    refused ones were 18% of filter's time). The rest are counted."""
-    below = max(ranks.values()) + 1  # every failing grade's number
-    number_of = {found: ranks.get(found, below) for found in seen}
-    names_of = [0] * (below + 1)
+    """The `best` passing names by rank (`ranks`, of the passing grades), in one list per rank number as far as
+    they reach (scoring.as_far_as), in kube-scheduler's order within one: the one C pass reads no other name out of
+    `names` (at 5,000 names, the refused ones were 18% of filter's time). The rest are counted."""
+    names_of: dict[int, int] = {}
     unlisted: dict[Refusal, int] = {}
     for found, count in seen.items():
-        names_of[number_of[found]] += count
-        if found.verdict is not None:
+        if found.verdict is None:
+            names_of[ranks[found]] = names_of.get(ranks[found], 0) + count
+        else:
             unlisted[found.verdict] = unlisted.get(found.verdict, 0) + count
-    room, left = [0] * (below + 1), best
-    for number in range(below):
-        room[number] = min(names_of[number], left)
-        left -= room[number]
-    ranked = group(names, grades, number_of, below + 1, room)[:below]
-    unlisted[OUTRANKED, True] = sum(names_of[:below]) - best
-    return FilterOutcome(list(chain.from_iterable(ranked)), {}, {}, ranked, unlisted)
-
-
-def _ranks(ranked: Mapping[Grade, int], seen: Mapping[Grade, int], best: int) -> dict[Grade, int]:
-    """Each passing grade's rank as far as the `best` names need it (scoring.as_far_as)."""
-    names_of: dict[int, int] = {}
-    for found, number in ranked.items():
-        names_of[number] = names_of.get(number, 0) + seen[found]
     cut = as_far_as(names_of, best)
-    return {found: cut[number] for found, number in ranked.items()}
+    below = max(cut.values()) + 1  # every failing grade's number
+    number_of = {found: cut[ranks[found]] if found.verdict is None else below for found in seen}
+    room, left = [0] * (below + 1), best
+    for number in sorted(names_of):
+        if left == 0:
+            break
+        room[cut[number]] = min(names_of[number], left)
+        left -= room[cut[number]]
+    ranked = group(names, grades, number_of, below + 1, room)[:below]
+    unlisted[OUTRANKED, True] = sum(names_of.values()) - best
+    return FilterOutcome(list(chain.from_iterable(ranked)), {}, {}, ranked, unlisted)
 
 
 def _pinned(state: ClusterState, pinned: frozenset[str], names: list[str]) -> FilterOutcome:
