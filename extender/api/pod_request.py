@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from extender.api.dra import ClaimAsk, ClaimUnseen, pod_claims
 from extender.api.group_request import GroupRequest, parse_group
+from extender.api.preferences import Toleration, kube_weighs, soft_tolerations
 from topology.annotations import AnnotationKeys
 from topology.bounds import MAX_ACTIVE_DEADLINE_SECONDS, MAX_TOPOLOGY_WAIT_SECONDS
 from topology.collectives import parse_comm_share
@@ -49,6 +50,8 @@ class PodRequest:
     transient: bool = False  # its problem passes by itself (a claim the watch has not delivered yet)
     selected: bool = False  # its GPU claims narrow the devices by selectors: no first fit predicts its GPUs
     pinned: frozenset[str] = frozenset()  # the GPUs its claims pin by UUID: exactly these are given
+    weighed: bool = True  # kube-scheduler's scoring weighs something it states (api/preferences.py): no one-node pass
+    tolerations: tuple[Toleration, ...] | None = None  # those of PreferNoSchedule taints; None: unreadable here
 
     @property
     def requires_topology(self) -> bool:
@@ -105,7 +108,8 @@ def parse_pod(pod: Mapping[str, Any], keys: AnnotationKeys, resource: str = DEFA
     except ValueError as error:
         return PodRequest(namespace, name, uid, gpus, None, True, str(error), containers)
     return PodRequest(namespace, name, uid, gpus, request, required, None, containers, wait_seconds, group,
-                      spec.get("activeDeadlineSeconds"), comm_share, selected=ask.selected, pinned=ask.pinned)
+                      spec.get("activeDeadlineSeconds"), comm_share, selected=ask.selected, pinned=ask.pinned,
+                      weighed=kube_weighs(metadata, spec), tolerations=soft_tolerations(spec))
 
 
 def pod_shape_problem(pod: Mapping[str, Any]) -> str | None:

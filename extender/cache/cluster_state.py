@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from extender.api._names import lookup
 from extender.api.dra import GPU_CLASS, GPU_DRIVER
 from extender.api.pod_request import DEFAULT_GPU_RESOURCE, PodRequest, parse_pod
+from extender.api.preferences import soft_taints
 from extender.cache.assignments import Assignment, Phase
 from extender.cache.domains import DomainIndex
 from extender.cache.dra_crosscheck import ClaimCheck
@@ -293,7 +294,8 @@ class ClusterState:
                 self._restale(name, stale=False)
                 return name
             labels = metadata.get("labels") if isinstance(metadata.get("labels"), dict) else {}
-            view = self._with_dra(self._decode_node(name, metadata.get("annotations") or {}, labels))
+            view = self._with_dra(self._decode_node(name, metadata.get("annotations") or {}, labels,
+                                                    node.get("spec")))
             self.store(view)
             self.domains.update(name, view.domain.name, labels, doubt=view.domain.problem is not None)
             self._restale(name, stale=view.compiled is not None and self.is_stale(view, self.clock()))
@@ -425,14 +427,15 @@ class ClusterState:
         self._kept.clear()
         self.key_epoch += 1
 
-    def _decode_node(self, name: str, annotations: Mapping[str, Any], labels: Mapping[str, Any]) -> NodeView:
+    def _decode_node(self, name: str, annotations: Mapping[str, Any], labels: Mapping[str, Any],
+                     spec: Any) -> NodeView:
         view = self._decode_annotations(name, annotations)
         sharing = combine(from_labels(labels), view.sharing)
         domain = reconcile(view.reported_domain, labels.get(CLIQUE_LABEL))
         previous = self._views.get(name)
         if domain.problem is not None and (previous is None or previous.domain != domain):
             log.warning("node %s: no NVLink domain: %s", name, domain.problem)  # once per change, not per heartbeat
-        return replace(view, sharing=sharing, domain=domain)
+        return replace(view, sharing=sharing, domain=domain, soft_taints=soft_taints(spec))
 
     def _decode_annotations(self, name: str, annotations: Mapping[str, Any]) -> NodeView:
         raw = annotations.get(self.keys.topology)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from extender.api.preferences import Taint
 from topology.compiled import CompiledTopology
 from topology.fabric import Domain
 from topology.sharing import Sharing
@@ -35,6 +36,7 @@ class NodeView:
     dra_pinned: int = 0  # of those, the GPUs held only by an unallocated claim's pin: its own pod may have them
     dra_pods: frozenset[str] = frozenset()  # UIDs of the pods DRA claims on this node are reserved for
     dra_order: tuple[int, ...] | None = None  # its GPUs in the order DRA's allocator tries them; None: not DRA's
+    soft_taints: tuple[Taint, ...] | None = ()  # its PreferNoSchedule taints; None: unreadable here
 
     @property
     def size(self) -> int:

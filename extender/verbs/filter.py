@@ -19,7 +19,7 @@ from extender.cache.node_view import Key, NodeKey, SharedKey
 from extender.verbs.answer_memo import ON_LOOP, ShapeMemo
 from extender.verbs.drains import Drains, ends_by, keys_seen
 from extender.verbs.scoring import as_far_as, grade_ranks, offer_of
-from extender.verbs.scoring.grade import Grade, grade
+from extender.verbs.scoring.grade import SHARED, Grade, grade
 from extender.verbs.scoring.shortlist import OUTRANKED
 from extender.verbs.wait import WAITING, WaitClock
 from topology.compiled import CompiledTopology
@@ -75,14 +75,17 @@ Verdict = Refusal | None
 
 def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: list[str],
                  memo: ShapeMemo[Grade] | None = None, wait: WaitClock | None = None,
-                 drains: Drains | None = None, compute: bool = True, rank_above: int = 0) -> FilterOutcome:
+                 drains: Drains | None = None, compute: bool = True, rank_above: int = 0,
+                 one_best: bool = False) -> FilterOutcome:
     """One grade per distinct node key (scoring/grade.py: the verdict, and what prioritize would score),
     remembered across requests in `memo`; the names are read as grades in C passes (extender/api/_names.c), and
     everything after is decided per grade. A pod within its topology wait (extender/verbs/wait.py) passes only nodes
     that can give it a full-bandwidth set; GPUs drained for other waiting pods (extender/verbs/drains.py) are not
     free to it. Without `compute`, only remembered grades and those quick to work out (memo.ON_LOOP) are used:
     memo.Unknown if one more is missing. Where more than `rank_above` names pass (0: never), only the best
-    `rank_above` by prioritize's rank (scoring.grade_ranks) pass, best first (`_best`)."""
+    `rank_above` by prioritize's rank (scoring.grade_ranks) pass, best first (`_best`); with `one_best`, only the
+    first of them, unless a node of shared GPUs passes: kube-scheduler's own plugins choose among those and the
+    nodes level with them (scoring.grade_scores)."""
     if pod.problem is not None:
         if pod.transient:
             return FilterOutcome([], {pod.problem: list(names)}, {})
@@ -99,6 +102,8 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
     seen = counts(grades)
     if rank_above > 0:
         passing = [found for found in seen if found.verdict is None]
+        if one_best and all(found.kind != SHARED for found in passing):
+            rank_above = 1
         if sum(seen[found] for found in passing) > rank_above:
             return _best(names, grades, seen, grade_ranks(pod.request, passing), rank_above)
     # The passing names numbered 0, each failing verdict one number after them, sorted into one list per number in

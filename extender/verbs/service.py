@@ -29,6 +29,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from extender.api.pod_request import PodRequest, parse_pod
+from extender.api.preferences import tolerates
 from extender.api.wire import BindingArgs, ExtenderArgs, PreemptionArgs, Victims
 from extender.cache.assignments import Assignment
 from extender.cache.cluster_state import ClusterState
@@ -108,11 +109,14 @@ class ExtenderService:
                  leader: Leadership | None = None, pods: Relister | None = None,
                  topology_wait: float = TOPOLOGY_WAIT_SECONDS, group_timeout: float = GROUP_TIMEOUT_SECONDS,
                  group_age_bound: float | None = GROUP_AGE_BOUND_SECONDS, comm_share: float = COMM_SHARE,
-                 pin_claims: bool = False, shortlist: int = SHORTLIST, observe: bool = False) -> None:
+                 pin_claims: bool = False, shortlist: int = SHORTLIST, one_best: bool = True,
+                 observe: bool = False) -> None:
         """`pin_claims`: the admission webhook names pinnable template claims, for the planner that makes them
         (extender/pinning/planner.py, run beside the service). `shortlist`: filter passes at most this many nodes
-        where more fit, the best by prioritize's rank (verbs/scoring/shortlist.py); 0 passes every fit. `observe`:
-        the module's docstring."""
+        where more fit, the best by prioritize's rank (verbs/scoring/shortlist.py); 0 passes every fit. `one_best`:
+        a pod for which kube-scheduler's scoring weighs nothing of its own (api/preferences.py) is passed only the
+        first of them, which kube-scheduler then takes without scoring or prioritize. `observe`: the module's
+        docstring."""
         if (leader is None) != (pods is None):
             raise ValueError("leader election needs the pod reflector, to rebuild the ledger on each win")
         if observe and pin_claims:
@@ -129,6 +133,7 @@ class ExtenderService:
         self.pin_claims = pin_claims
         self.observe = observe
         self.shortlist = 0 if observe else shortlist
+        self.one_best = one_best and self.shortlist > 0
         self._shortlists = Shortlists()
         self._rebuild: tuple[int, int] | None = None  # (term, ticket of the pod list that rebuilds its ledger)
         if leader is not None:
@@ -155,9 +160,13 @@ class ExtenderService:
             raise Unknown
         outcome = self.groups.filter(pod, args.candidates()) if pod.group_key is not None else None
         if outcome is None:
+            alone = self.one_best and pod.group is None and not pod.weighed
             outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._grades, self.wait,
-                                   self.drains, compute, self.shortlist)
-            if outcome.ranked is not None:  # for the pod's prioritize (Shortlists says why)
+                                   self.drains, compute, self.shortlist, alone)
+            if alone and outcome.ranked is not None and not self._unweighed_at(pod, outcome.passed[0]):
+                outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._grades, self.wait,
+                                       self.drains, compute, self.shortlist)
+            if outcome.ranked is not None and len(outcome.passed) > 1:  # for its prioritize (Shortlists says why)
                 self._shortlists.keep(_version(args.pod), scores_of(outcome.ranked))
         if not outcome.passed and WAITING in outcome.failed:
             if not compute:
@@ -172,6 +181,12 @@ class ExtenderService:
         self.metrics.decisions.labels("filter", "unresolvable").inc(
             sum(map(len, outcome.unresolvable.values())) + sum(n for (_, fix), n in unlisted.items() if not fix))
         return outcome
+
+    def _unweighed_at(self, pod: PodRequest, name: str) -> bool:
+        """The node has no PreferNoSchedule taint the pod does not tolerate, so kube-scheduler's TaintToleration
+        scores no other node above it (api/preferences.py)."""
+        view = self.state.view(name)
+        return view is not None and tolerates(pod.tolerations, view.soft_taints)
 
     def _observed(self, names: list[str], outcome: FilterOutcome) -> FilterOutcome:
         """Every candidate passes; the refusals filter would have made are counted, not made."""

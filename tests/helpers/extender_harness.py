@@ -102,16 +102,18 @@ def leader_pods(server: FakeKubeApiServer, namespace: str) -> list[str]:
 
 def start(server: FakeKubeApiServer, *, seal: Seal | None = None, stale_after: float = 120.0, timeout: float = 2.0,
           elector: LeaderElector | None = None, wait: bool = True, bind_outcome_seconds: float = 60.0,
-          levels: Sequence[str] = ()) -> Extender:
+          levels: Sequence[str] = (), one_best: bool = False) -> Extender:
     """Start the extender; with `wait`, return once its first lists are in (it is ready to filter). With an
     `elector`, the replica runs in a Pod named after its identity (created here) and keeps the leader label on
-    it, as `serve --leader-elect` does. `levels`: --topology-levels."""
+    it, as `serve --leader-elect` does. `levels`: --topology-levels. Without `one_best` (serve's default has it),
+    filter passes every fit, so a test sees each node's verdict."""
     api = KubernetesApi.from_configuration(k8s.Configuration(host=server.url), timeout=timeout, instance="test")
     state = ClusterState(stale_after=stale_after, seal=seal, bind_outcome_seconds=bind_outcome_seconds,
                          levels=levels)
     nodes = Reflector(api.list_nodes, api.watch_nodes, state.nodes, name="nodes", watch_timeout=5)
     pods = Reflector(api.list_pods, api.watch_pods, state.pods, name="pods", watch_timeout=5)
-    service = ExtenderService(state, api) if elector is None else ExtenderService(state, api, leader=elector, pods=pods)
+    service = ExtenderService(state, api, one_best=one_best) if elector is None else ExtenderService(
+        state, api, leader=elector, pods=pods, one_best=one_best)
     for reflector in (nodes, pods):
         reflector.start()
     label = None

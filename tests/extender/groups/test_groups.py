@@ -82,7 +82,7 @@ def _cluster(clock: ManualClock, busy: Mapping[str, tuple[int, ...]] | None = No
     state = reported_cluster(used, clock=clock, stale_after=1e9, labels=labels, levels=(SPINE, LEAF), seal=seal)
     kube = _Kube()
     kube.state = state
-    return ExtenderService(state, kube, topology_wait=600.0), kube  # type: ignore[arg-type]
+    return ExtenderService(state, kube, topology_wait=600.0, one_best=False), kube  # type: ignore[arg-type]
 
 
 def _pod(kube: _Kube, name: str, gpus: int, group: str | None = None, size: int | str = 4, deadline: int | None = None,
@@ -505,7 +505,7 @@ def test_a_node_without_multi_node_nvlink_is_an_nvlink_domain_of_its_own() -> No
     state = reported_cluster({"h1": ("dgx-h100", (0,)), "h2": ("dgx-h100", ())}, clock=ManualClock(), seal=SEAL)
     kube = _Kube()
     kube.state = state
-    service = ExtenderService(state, kube, topology_wait=600.0)  # type: ignore[arg-type]
+    service = ExtenderService(state, kube, topology_wait=600.0, one_best=False)  # type: ignore[arg-type]
     pod = _pod(kube, "w0", 3, group="pair", size=2)
     assert service.filter(ExtenderArgs(pod, ["h1", "h2"], None)).passed == ["h1"]
     assert not state.domains.whole  # a node's own domain is no rack to keep whole

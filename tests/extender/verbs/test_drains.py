@@ -30,7 +30,7 @@ def _pod(uid: str, gpus: int) -> dict:
 def _service(clock: Clock, used: dict[str, tuple[str, tuple[int, ...]]]) -> ExtenderService:
     state = reported_cluster(used, clock=clock, stale_after=100 * WAIT)
     unused = DemoCluster(ClusterState(), [])  # filter and prioritize never call the API server
-    return ExtenderService(state, unused, topology_wait=WAIT)
+    return ExtenderService(state, unused, topology_wait=WAIT, one_best=False)
 
 
 # Node a: GPUs 0, 1, 2 and 7 busy, so 3-6 are free but no socket is: the 4-GPU pod must wait.
@@ -68,7 +68,7 @@ def test_bind_gives_other_pods_no_drained_gpu_and_the_drain_ends_when_its_pod_bi
     clock = Clock()
     state = ClusterState(clock=clock, stale_after=100 * WAIT)
     cluster = DemoCluster(state, [("a", "pcie-l40s")], clock=clock)
-    service = ExtenderService(state, cluster, topology_wait=WAIT)
+    service = ExtenderService(state, cluster, topology_wait=WAIT, one_best=False)
     (key,) = state.keys_for(["a"])
     assert isinstance(key, NodeKey)
     drain = service.drains.start("waiting", [("a", key)], service.selector, 4, clock.now + WAIT, clock.now)

@@ -30,7 +30,8 @@ def test_a_required_nvlink_pod_passes_only_nodes_with_a_free_pair_and_each_other
     evictions (FailedNodes). A pod of more GPUs than a board has can never fit (FailedAndUnresolvableNodes)."""
     state = ClusterState()
     cluster = DemoCluster(state, (("split", "rtx-a6000-pairs"), ("bridged", "rtx-a6000-pairs")))
-    service = ExtenderService(state, cluster, topology_wait=0.0)  # no pod waits for a full-bandwidth set here
+    # No pod waits for a full-bandwidth set here, and every fit passes.
+    service = ExtenderService(state, cluster, topology_wait=0.0, one_best=False)
     ids = [gpu.uuid for gpu in cluster.topologies["split"].gpus]
     state.ledger.reserve("other-uid", "default/other", "split", frozenset(ids[i] for i in (0, 2, 4, 6)))
 
@@ -57,7 +58,7 @@ def test_a_waiting_pod_passes_on_the_gpus_drained_for_it_and_no_other_pod_does()
     socket 4-7 is drained for it. Once GPU 7 is free, that socket passes for that pod, and for no other."""
     clock = ManualClock()
     state = reported_cluster({"a": ("pcie-l40s", (0, 1, 2, 7))}, clock=clock, stale_after=1e6)
-    service = ExtenderService(state, DemoCluster(ClusterState(), []), topology_wait=300.0)
+    service = ExtenderService(state, DemoCluster(ClusterState(), []), topology_wait=300.0, one_best=False)
     assert service.filter(ExtenderArgs(_pod("train", 4), ["a"], None)).failed == {WAITING: ["a"]}
     topology = with_uuids("a", PLATFORMS["pcie-l40s"].topology())
     report = NodeState(frozenset(topology.gpus[i].uuid for i in (0, 1, 2)), frozenset(),

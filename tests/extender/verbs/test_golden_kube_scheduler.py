@@ -27,10 +27,12 @@ FILTER_KEYS = {"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"
 
 
 class Replay:
-    def __init__(self) -> None:
+    def __init__(self, one_best: bool = False) -> None:
+        """Without `one_best`, as the captures were made: every fit passed, kube-scheduler scored them and called
+        prioritize."""
         self.state = ClusterState()
         self.cluster = DemoCluster(self.state, NODES)
-        self.service = ExtenderService(self.state, self.cluster)
+        self.service = ExtenderService(self.state, self.cluster, one_best=one_best)
         self.client = TestClient(create_app(self.service))
 
     def body(self, name: str) -> bytes:
@@ -178,6 +180,21 @@ def test_nodecache_false_answers_with_the_node_list() -> None:
     assert answer["Nodes"]["items"] == request["Nodes"]["items"], "all three pass, returned as sent"
     replay.post("prioritize", "nodecache-false--prioritize.json")
     replay.bind("nodecache-false--bind.json")
+
+
+def test_as_shipped_a_pod_that_states_no_preference_is_passed_one_node_the_best_scored() -> None:
+    """kube-scheduler takes a single node that passes without scoring (api/preferences.py): here the one it bound
+    the captured pod to, after scoring three; without the node cache, the one Node object is answered back."""
+    shipped = Replay(one_best=True)
+    shipped.admit("plain-4gpu--filter.json")
+    assert shipped.filter("plain-4gpu--filter.json")["NodeNames"] == ["node-a"]
+    assert orjson.loads(shipped.body("plain-4gpu--bind.json"))["Node"] == "node-a"
+    shipped.admit("nodecache-false--filter.json")
+    answer = shipped.post("filter", "nodecache-false--filter.json")
+    [passed] = [item["metadata"]["name"] for item in answer["Nodes"]["items"]]
+    assert answer["NodeNames"] is None and answer["Error"] == ""
+    scores = {entry["Host"]: entry["Score"] for entry in shipped.post("prioritize", "nodecache-false--prioritize.json")}
+    assert scores and scores.get(passed, 0) == max(scores.values())
 
 
 def _place(replay: Replay, pod: dict[str, Any], node: str) -> None:

@@ -30,7 +30,8 @@ def pod(uid: str, gpus: int, version: str = "1") -> dict[str, Any]:
 
 def service_over(nodes: dict[str, tuple[str, tuple[int, ...]]], shortlist: int) -> ExtenderService:
     """Filter and prioritize only: the API (a demo cluster of its own, no node) is never called."""
-    return ExtenderService(reported_cluster(nodes), DemoCluster(ClusterState(), ()), shortlist=shortlist)
+    return ExtenderService(reported_cluster(nodes), DemoCluster(ClusterState(), ()), shortlist=shortlist,
+                           one_best=False)
 
 
 fleet = st.lists(st.tuples(st.sampled_from(PLATFORMS), st.sampled_from(HELD)), min_size=1, max_size=40)

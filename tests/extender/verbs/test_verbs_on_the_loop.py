@@ -49,7 +49,7 @@ class Recorder:
 
 def _served(nodes: tuple[tuple[str, str], ...]) -> tuple[TestClient, Recorder, ExtenderService]:
     state = ClusterState()
-    service = ExtenderService(state, DemoCluster(state, nodes))
+    service = ExtenderService(state, DemoCluster(state, nodes), one_best=False)
     recorder = Recorder(service)
     return TestClient(create_app(service)), recorder, service
 
