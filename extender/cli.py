@@ -139,12 +139,13 @@ def _parser() -> argparse.ArgumentParser:
                             "so kube-scheduler scores K nodes and not thousands; the rest are left out, never the "
                             "pod's last chance (extender/verbs/scoring/shortlist.py). 0: pass every fit "
                             f"(default {SHORTLIST})")
-    serve.add_argument("--shortlist-every-pod", action="store_true",
-                       help="pass the K-node shortlist to every pod. By default a pod for which kube-scheduler's "
-                            "scoring weighs nothing of its own (no preferred affinity, no ScheduleAnyway spread, no "
-                            "owner kube-scheduler spreads by default, no claims, no PreferNoSchedule taint it does "
-                            "not tolerate on the node) is passed our one best node, which kube-scheduler takes "
-                            "without scoring and without prioritize (extender/api/preferences.py)")
+    serve.add_argument("--one-best", action="store_true",
+                       help="pass one node, not the shortlist, to a pod for which kube-scheduler's scoring weighs "
+                            "nothing of its own (no preferred affinity, no ScheduleAnyway spread, no owner "
+                            "kube-scheduler spreads by default, no claims, no PreferNoSchedule taint it does not "
+                            "tolerate on the node): kube-scheduler takes it without scoring or prioritize "
+                            "(extender/api/preferences.py). Faster at scale, but the replay places multi-GPU pods "
+                            "worse with it (README.md), so it is off by default")
     serve.add_argument("--observe", action="store_true",
                        help="observe only, to weigh the extender before it decides: prioritize scores as usual, filter "
                             "passes every node and counts what it would refuse (gpu_topology_extender_decisions_total"
@@ -234,7 +235,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--shortlist must be 0 (pass every fit) or more, not {args.shortlist}")
     groups = {"group_timeout": args.group_timeout, "group_age_bound": args.group_age_bound or None,
               "comm_share": args.comm_share, "shortlist": args.shortlist,
-              "one_best": not args.shortlist_every_pod, "observe": args.observe}
+              "one_best": args.one_best, "observe": args.observe}
     if not 0 < args.group_timeout <= MAX_TOPOLOGY_WAIT_SECONDS:
         raise ValueError(f"--group-timeout must be more than 0 and at most {MAX_TOPOLOGY_WAIT_SECONDS:g} seconds, "
                          f"not {args.group_timeout}")

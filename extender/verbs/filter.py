@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain
+from random import Random
 
 from extender.api._names import counts, group
 from extender.api.pod_request import PodRequest
@@ -18,7 +19,7 @@ from extender.cache.cluster_state import ClusterState
 from extender.cache.node_view import Key, NodeKey, SharedKey
 from extender.verbs.answer_memo import ON_LOOP, ShapeMemo
 from extender.verbs.drains import Drains, ends_by, keys_seen
-from extender.verbs.scoring import as_far_as, grade_ranks, offer_of
+from extender.verbs.scoring import as_far_as, grade_ranks, offer_of, one_best_ranks
 from extender.verbs.scoring.grade import SHARED, Grade, grade
 from extender.verbs.scoring.shortlist import OUTRANKED
 from extender.verbs.wait import WAITING, WaitClock
@@ -76,16 +77,17 @@ Verdict = Refusal | None
 def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: list[str],
                  memo: ShapeMemo[Grade] | None = None, wait: WaitClock | None = None,
                  drains: Drains | None = None, compute: bool = True, rank_above: int = 0,
-                 one_best: bool = False) -> FilterOutcome:
+                 one_best: Random | None = None) -> FilterOutcome:
     """One grade per distinct node key (scoring/grade.py: the verdict, and what prioritize would score),
     remembered across requests in `memo`; the names are read as grades in C passes (extender/api/_names.c), and
     everything after is decided per grade. A pod within its topology wait (extender/verbs/wait.py) passes only nodes
     that can give it a full-bandwidth set; GPUs drained for other waiting pods (extender/verbs/drains.py) are not
     free to it. Without `compute`, only remembered grades and those quick to work out (memo.ON_LOOP) are used:
     memo.Unknown if one more is missing. Where more than `rank_above` names pass (0: never), only the best
-    `rank_above` by prioritize's rank (scoring.grade_ranks) pass, best first (`_best`); with `one_best`, only the
-    first of them, unless a node of shared GPUs passes: kube-scheduler's own plugins choose among those and the
-    nodes level with them (scoring.grade_scores)."""
+    `rank_above` by prioritize's rank (scoring.grade_ranks) pass, best first (`_best`); with `one_best`, only one
+    node of those kube-scheduler's shipped profile would rank first by our score and its GPU packing
+    (scoring.one_best_ranks), drawn at random among them as its selectHost draws (`_one`), unless a node of shared
+    GPUs passes: its own plugins choose among those and the nodes level with them (scoring.grade_scores)."""
     if pod.problem is not None:
         if pod.transient:
             return FilterOutcome([], {pod.problem: list(names)}, {})
@@ -102,9 +104,10 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
     seen = counts(grades)
     if rank_above > 0:
         passing = [found for found in seen if found.verdict is None]
-        if one_best and all(found.kind != SHARED for found in passing):
-            rank_above = 1
-        if sum(seen[found] for found in passing) > rank_above:
+        alone = one_best is not None and all(found.kind != SHARED for found in passing)
+        if sum(seen[found] for found in passing) > (1 if alone else rank_above):
+            if one_best is not None and alone:
+                return _one(names, grades, seen, one_best_ranks(pod.request, passing), one_best)
             return _best(names, grades, seen, grade_ranks(pod.request, passing), rank_above)
     # The passing names numbered 0, each failing verdict one number after them, sorted into one list per number in
     # one C pass.
@@ -144,6 +147,19 @@ def _best(names: list[str], grades: list[Grade], seen: Mapping[Grade, int], rank
     ranked = group(names, grades, number_of, below + 1, room)[:below]
     unlisted[OUTRANKED, True] = sum(names_of.values()) - best
     return FilterOutcome(list(chain.from_iterable(ranked)), {}, {}, ranked, unlisted)
+
+
+def _one(names: list[str], grades: list[Grade], seen: Mapping[Grade, int], ranks: Mapping[Grade, int],
+         draw: Random) -> FilterOutcome:
+    """One name of the best rank, drawn at random: kube-scheduler draws among its equal best totals, and the first
+    in its order would send every pod of a shape to the same few nodes (a 1-GPU pod to the first NVLink boards,
+    which multi-GPU pods then miss). Only the names up to the one drawn are read."""
+    top = min(ranks.values())
+    tied = sum(count for found, count in seen.items() if found.verdict is None and ranks[found] == top)
+    reached = _best(names, grades, seen, ranks, 1 + draw.randrange(tied))
+    one = reached.passed[-1:]
+    unlisted = {**reached.unlisted, (OUTRANKED, True): reached.unlisted[OUTRANKED, True] + len(reached.passed) - 1}
+    return FilterOutcome(one, {}, {}, [one], unlisted)
 
 
 def _pinned(state: ClusterState, pinned: frozenset[str], names: list[str]) -> FilterOutcome:

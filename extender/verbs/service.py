@@ -26,6 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from functools import partial
+from random import Random
 from typing import Any, Protocol
 
 from extender.api.pod_request import PodRequest, parse_pod
@@ -109,7 +110,7 @@ class ExtenderService:
                  leader: Leadership | None = None, pods: Relister | None = None,
                  topology_wait: float = TOPOLOGY_WAIT_SECONDS, group_timeout: float = GROUP_TIMEOUT_SECONDS,
                  group_age_bound: float | None = GROUP_AGE_BOUND_SECONDS, comm_share: float = COMM_SHARE,
-                 pin_claims: bool = False, shortlist: int = SHORTLIST, one_best: bool = True,
+                 pin_claims: bool = False, shortlist: int = SHORTLIST, one_best: bool = False,
                  observe: bool = False) -> None:
         """`pin_claims`: the admission webhook names pinnable template claims, for the planner that makes them
         (extender/pinning/planner.py, run beside the service). `shortlist`: filter passes at most this many nodes
@@ -133,7 +134,8 @@ class ExtenderService:
         self.pin_claims = pin_claims
         self.observe = observe
         self.shortlist = 0 if observe else shortlist
-        self.one_best = one_best and self.shortlist > 0
+        # kube-scheduler's selectHost draws among equal totals; so does the one node filter passes (filter._one).
+        self._one_best = Random(0) if one_best and self.shortlist > 0 else None
         self._shortlists = Shortlists()
         self._rebuild: tuple[int, int] | None = None  # (term, ticket of the pod list that rebuilds its ledger)
         if leader is not None:
@@ -160,9 +162,9 @@ class ExtenderService:
             raise Unknown
         outcome = self.groups.filter(pod, args.candidates()) if pod.group_key is not None else None
         if outcome is None:
-            alone = self.one_best and pod.group is None and not pod.weighed
+            alone = self._one_best is not None and pod.group is None and not pod.weighed
             outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._grades, self.wait,
-                                   self.drains, compute, self.shortlist, alone)
+                                   self.drains, compute, self.shortlist, self._one_best if alone else None)
             if alone and outcome.ranked is not None and not self._unweighed_at(pod, outcome.passed[0]):
                 outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._grades, self.wait,
                                        self.drains, compute, self.shortlist)

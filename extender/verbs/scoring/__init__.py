@@ -87,6 +87,26 @@ def _ranks_among(request: Request, grades: frozenset[Grade]) -> Mapping[Grade, i
                              for found, score in grade_scores(request, grades).items()})
 
 
+KUBE_PACKING = 100 * 10 / 12 / (5 * 10)
+"""kube-scheduler's GPU packing in our points, as the shipped profile adds the two up
+(scheduler-config/kube-scheduler-config.yaml): NodeResourcesFit MostAllocated gives the share of a node's GPUs in
+use once the pod is placed x 100 x 10/12 (nvidia.com/gpu weight 10 of 12), our score counts x 5 x 10 (the
+extender's weight 5). Our own score packs lightly (WEIGHTS), leaving packing to it."""
+
+
+def one_best_ranks(request: Request, grades: Collection[Grade]) -> Mapping[Grade, int]:
+    """Each grade's rank (0 best) by our score plus kube-scheduler's GPU packing, as the shipped profile would rank
+    it (KUBE_PACKING), in hundredths of our point: for the one node filter passes where kube-scheduler weighs nothing
+    else (api/preferences.py). Read only."""
+    return _one_best_ranks_among(request, frozenset(grades))
+
+
+@lru_cache(maxsize=256)
+def _one_best_ranks_among(request: Request, grades: frozenset[Grade]) -> Mapping[Grade, int]:
+    return MappingProxyType({found: round(100 * (MAX_SCORE + KUBE_PACKING - score - KUBE_PACKING * found.packing))
+                             for found, score in grade_scores(request, grades).items()})
+
+
 PACKING_STEPS = MAX_GPUS + 1  # packing is a share of a board's GPUs, of 64 at most
 
 

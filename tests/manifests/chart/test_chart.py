@@ -209,8 +209,8 @@ def test_extender_flags_and_placement_from_values() -> None:
     deployment = find(docs, "Deployment", "gpu-topology-extender")
     flags = flag_values(extender_args(docs))
     assert (flags["--topology-wait"], flags["--group-timeout"], flags["--shortlist"]) == ("120", "90", "50")
-    assert "--shortlist-every-pod" not in extender_args(docs)
-    assert "--shortlist-every-pod" in extender_args(render({"extender": {"shortlistEveryPod": True}}))
+    assert "--one-best" not in extender_args(docs)
+    assert "--one-best" in extender_args(render({"extender": {"oneBest": True}}))
     assert extender_args(docs)[-1] == "--comm-share=0.5"
     spec = pod_spec(deployment)
     assert deployment["spec"]["replicas"] == 3 and spec["priorityClassName"] == "system-cluster-critical"
