@@ -145,7 +145,7 @@ def _parser() -> argparse.ArgumentParser:
                             "kube-scheduler spreads by default, no claims, no PreferNoSchedule taint it does not "
                             "tolerate on the node): kube-scheduler takes it without scoring or prioritize "
                             "(extender/api/preferences.py). Faster at scale, but the replay places multi-GPU pods "
-                            "worse with it (README.md), so it is off by default")
+                            "at full bandwidth a little less often with it (README.md), so it is off by default")
     serve.add_argument("--observe", action="store_true",
                        help="observe only, to weigh the extender before it decides: prioritize scores as usual, filter "
                             "passes every node and counts what it would refuse (gpu_topology_extender_decisions_total"
