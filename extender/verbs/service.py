@@ -162,7 +162,9 @@ class ExtenderService:
             raise Unknown
         outcome = self.groups.filter(pod, args.candidates()) if pod.group_key is not None else None
         if outcome is None:
-            alone = self._one_best is not None and pod.group is None and not pod.weighed
+            # While GPUs are drained for waiting pods, our keys count them as used where kube-scheduler's packing
+            # does not: it chooses from the shortlist.
+            alone = self._one_best is not None and pod.group is None and not pod.weighed and not len(self.drains)
             outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._grades, self.wait,
                                    self.drains, compute, self.shortlist, self._one_best if alone else None)
             if alone and outcome.ranked is not None and not self._unweighed_at(pod, outcome.passed[0]):

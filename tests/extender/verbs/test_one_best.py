@@ -16,7 +16,8 @@ from extender.demo.cluster import DemoCluster
 from extender.verbs.scoring import KUBE_PACKING, prioritize_nodes
 from extender.verbs.scoring.shortlist import OUTRANKED
 from extender.verbs.service import ExtenderService
-from helpers.reported_nodes import reported_cluster, reported_node
+from extender.verbs.wait import WAITING
+from helpers.reported_nodes import ManualClock, reported_cluster, reported_node
 from test_shortlist import fleet, pod
 
 PREFERRED = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
@@ -117,3 +118,15 @@ def test_a_pod_passed_one_node_keeps_no_shortlist_for_a_prioritize_that_never_co
     assert service._shortlists.scores(("plain", "1"), ["n2"]) is None
     service.filter(ExtenderArgs(with_spec(pod("preferring", 1), affinity=PREFERRED), list(nodes), None))
     assert service._shortlists.scores(("preferring", "1"), ["n2", "n1"]) is not None
+
+
+def test_while_gpus_are_drained_for_a_waiting_pod_kube_scheduler_chooses_from_the_shortlist() -> None:
+    """Drained GPUs count as used in our keys, not in kube-scheduler's packing: its plugins choose then."""
+    clock = ManualClock()
+    nodes = {"a": ("pcie-l40s", (0, 1, 2, 7)), "b": ("pcie-l40s", ()), "c": ("pcie-l40s", (0,))}
+    service = ExtenderService(reported_cluster(nodes, clock=clock, stale_after=1e6), DemoCluster(ClusterState(), ()),
+                              topology_wait=300.0, one_best=True)
+    assert len(service.filter(ExtenderArgs(pod("small", 1), ["a", "b", "c"], None)).passed) == 1
+    assert service.filter(ExtenderArgs(pod("train", 4), ["a"], None)).failed == {WAITING: ["a"]}  # drains a's 4-7
+    assert len(service.drains) == 1
+    assert service.filter(ExtenderArgs(pod("small", 1), ["a", "b", "c"], None)).passed == ["a", "b", "c"]
