@@ -170,7 +170,7 @@ class ExtenderService:
             if alone and outcome.ranked is not None and not self._unweighed_at(pod, outcome.passed[0]):
                 outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._grades, self.wait,
                                        self.drains, compute, self.shortlist)
-            if outcome.ranked is not None and len(outcome.passed) > 1:  # for its prioritize (Shortlists says why)
+            if outcome.ranked is not None:  # for the pod's prioritize (Shortlists says why)
                 self._shortlists.keep(_version(args.pod), scores_of(outcome.ranked))
         if not outcome.passed and WAITING in outcome.failed:
             if not compute:

@@ -111,15 +111,6 @@ def test_where_a_node_of_shared_gpus_passes_kube_schedulers_plugins_choose() -> 
     assert service.filter(ExtenderArgs(pod("plain", 1), ["whole", "other"], None)).passed == ["whole"]
 
 
-def test_a_pod_passed_one_node_keeps_no_shortlist_for_a_prioritize_that_never_comes() -> None:
-    nodes = {f"n{i}": ("dgx-h100", held) for i, held in enumerate(((), (0,), (0, 1)))}
-    service = service_over(nodes, shortlist=2)
-    service.filter(ExtenderArgs(pod("plain", 1), list(nodes), None))
-    assert service._shortlists.scores(("plain", "1"), ["n2"]) is None
-    service.filter(ExtenderArgs(with_spec(pod("preferring", 1), affinity=PREFERRED), list(nodes), None))
-    assert service._shortlists.scores(("preferring", "1"), ["n2", "n1"]) is not None
-
-
 def test_while_gpus_are_drained_for_a_waiting_pod_kube_scheduler_chooses_from_the_shortlist() -> None:
     """Drained GPUs count as used in our keys, not in kube-scheduler's packing: its plugins choose then."""
     clock = ManualClock()
