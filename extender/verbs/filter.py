@@ -106,7 +106,7 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
         passing = [found for found in seen if found.verdict is None]
         alone = one_best is not None and all(found.kind != SHARED for found in passing)
         if sum(seen[found] for found in passing) > (1 if alone else rank_above):
-            if one_best is not None and alone:
+            if alone:
                 return _one(names, grades, seen, one_best_ranks(pod.request, passing), one_best)
             return _best(names, grades, seen, grade_ranks(pod.request, passing), rank_above)
     # The passing names numbered 0, each failing verdict one number after them, sorted into one list per number in
@@ -153,13 +153,14 @@ def _one(names: list[str], grades: list[Grade], seen: Mapping[Grade, int], ranks
          draw: Random) -> FilterOutcome:
     """One name of the best rank, drawn at random: kube-scheduler draws among its equal best totals, and the first
     in its order would send every pod of a shape to the same few nodes (a 1-GPU pod to the first NVLink boards,
-    which multi-GPU pods then miss). Only the names up to the one drawn are read."""
+    which multi-GPU pods then miss). Only the names up to the one drawn are read. No `ranked`: these ranks are not
+    prioritize's scores (scoring.kube_rank), and kube-scheduler sends no prioritize for one node."""
+    passing = {found: count for found, count in seen.items() if found.verdict is None}
     top = min(ranks.values())
-    tied = sum(count for found, count in seen.items() if found.verdict is None and ranks[found] == top)
-    reached = _best(names, grades, seen, ranks, 1 + draw.randrange(tied))
-    one = reached.passed[-1:]
-    unlisted = {**reached.unlisted, (OUTRANKED, True): reached.unlisted[OUTRANKED, True] + len(reached.passed) - 1}
-    return FilterOutcome(one, {}, {}, [one], unlisted)
+    reached = _best(names, grades, seen, ranks, 1 + draw.randrange(sum(
+        count for found, count in passing.items() if ranks[found] == top)))
+    return FilterOutcome(reached.passed[-1:], {}, {}, None,
+                         {**reached.unlisted, (OUTRANKED, True): sum(passing.values()) - 1})
 
 
 def _pinned(state: ClusterState, pinned: frozenset[str], names: list[str]) -> FilterOutcome:

@@ -167,7 +167,8 @@ class ExtenderService:
             alone = self._one_best is not None and pod.group is None and not pod.weighed and not len(self.drains)
             outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._grades, self.wait,
                                    self.drains, compute, self.shortlist, self._one_best if alone else None)
-            if alone and outcome.ranked is not None and not self._unweighed_at(pod, outcome.passed[0]):
+            if alone and len(outcome.passed) == 1 and outcome.unlisted.get((OUTRANKED, True)) and not (
+                    self._unweighed_at(pod, outcome.passed[0])):
                 outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._grades, self.wait,
                                        self.drains, compute, self.shortlist)
             if outcome.ranked is not None:  # for the pod's prioritize (Shortlists says why)

@@ -9,7 +9,7 @@ kube-scheduler's MostAllocated packs too.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from functools import lru_cache, partial
 from types import MappingProxyType
 
@@ -78,13 +78,7 @@ def grade_ranks(request: Request, grades: Collection[Grade]) -> Mapping[Grade, i
     """Each grade's `rank` among `grades` (`grade_scores`), for filter's shortlist; read only. Remembered for the
     set of grades, which mostly stays from one request to the next: a few dozen grades scored anew were a tenth of
     filter's time at 5,000 names."""
-    return _ranks_among(request, frozenset(grades))
-
-
-@lru_cache(maxsize=256)
-def _ranks_among(request: Request, grades: frozenset[Grade]) -> Mapping[Grade, int]:
-    return MappingProxyType({found: rank(score, found.packing)
-                             for found, score in grade_scores(request, grades).items()})
+    return _ranks_among(request, frozenset(grades), rank)
 
 
 KUBE_PACKING = 100 * 10 / 12 / (5 * 10)
@@ -95,15 +89,21 @@ extender's weight 5). Our own score packs lightly (WEIGHTS), leaving packing to 
 
 
 def one_best_ranks(request: Request, grades: Collection[Grade]) -> Mapping[Grade, int]:
-    """Each grade's rank (0 best) by our score plus kube-scheduler's GPU packing, as the shipped profile would rank
-    it (KUBE_PACKING), in hundredths of our point: for the one node filter passes where kube-scheduler weighs nothing
-    else (api/preferences.py). Read only."""
-    return _one_best_ranks_among(request, frozenset(grades))
+    """Each grade's `kube_rank` among `grades`, for the one node filter passes where kube-scheduler weighs nothing
+    else (api/preferences.py); read only, remembered as `grade_ranks`."""
+    return _ranks_among(request, frozenset(grades), kube_rank)
+
+
+def kube_rank(score: int, packing: float) -> int:
+    """0 is best: by our score plus kube-scheduler's GPU packing, as the shipped profile adds them (KUBE_PACKING),
+    in hundredths of our point."""
+    return round(100 * (MAX_SCORE + KUBE_PACKING - score - KUBE_PACKING * packing))
 
 
 @lru_cache(maxsize=256)
-def _one_best_ranks_among(request: Request, grades: frozenset[Grade]) -> Mapping[Grade, int]:
-    return MappingProxyType({found: round(100 * (MAX_SCORE + KUBE_PACKING - score - KUBE_PACKING * found.packing))
+def _ranks_among(request: Request, grades: frozenset[Grade],
+                 rank_of: Callable[[int, float], int]) -> Mapping[Grade, int]:
+    return MappingProxyType({found: rank_of(score, found.packing)
                              for found, score in grade_scores(request, grades).items()})
 
 
