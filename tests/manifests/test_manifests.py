@@ -85,6 +85,7 @@ from helpers.tools import required
 from extender import cli as extender_cli
 from extender.api.dra import CLAIMS_MARKER, ClaimAsk
 from extender.cache.dra_inventory import DraInventory
+from extender.verbs.scoring import KUBE_PACKING
 from topology.annotations import AnnotationKeys
 
 NAMESPACE = "gpu-topology-system"
@@ -401,6 +402,14 @@ def test_weight_and_timeout_are_the_documented_ones() -> None:
     # NodeResourcesFit and ImageLocality can swing together, below what makes them irrelevant (README.md).
     assert extender["weight"] * 10 * (100 // 10) == 500
     assert parse_go_duration(extender["httpTimeout"]) == 3.0
+
+
+def test_the_one_best_packing_is_the_shipped_profiles() -> None:
+    """scoring.KUBE_PACKING, kube-scheduler's GPU packing in our points, is derived from these weights."""
+    config = scheduler_config(SECONDARY_CONFIG)
+    weights = {resource["name"]: resource["weight"] for resource in _fit_strategy(config)["resources"]}
+    share = 100 * weights["nvidia.com/gpu"] / sum(weights.values())  # MostAllocated's score of a full node's GPUs
+    assert KUBE_PACKING == pytest.approx(share / (_ext(config)["weight"] * 100 // 10))
 
 
 def _mutate(config: Doc, change: Callable[[Doc], None]) -> Doc:
