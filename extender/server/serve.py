@@ -42,6 +42,7 @@ from extender.server.app import (
     server_timing,
 )
 from extender.server.certificates import CHECK_SECONDS, CLIENT_CA, SERVING, Certificates, Files
+from extender.server.http2 import ALPN, Http2Limits, Http2Verbs
 from extender.verbs.service import ExtenderService
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class ServeOptions:
     log_level: str = "info"
     limits: Limits = Limits()
     metrics_port: int | None = None  # a listener of the probes and /metrics alone, no client certificate asked
+    http2: bool = True  # the main port offers h2 to kube-scheduler (http2.py), beside HTTP/1.1
 
     def __post_init__(self) -> None:
         """TLS options that only work together, checked as the options are made: before the CLI starts anything."""
@@ -99,6 +101,8 @@ def server_config(service: ExtenderService, options: ServeOptions, app: Extender
         # it opens a connection whenever more than 2 requests overlap (Go keeps 2 idle per host): each full
         # handshake cost 1.3 to 1.5 ms of CPU here without tickets against 1.6 to 1.7 ms with OpenSSL's default two.
         config.ssl.num_tickets = 0
+        if options.http2:
+            config.ssl.set_alpn_protocols(list(ALPN))
     return config
 
 
@@ -200,9 +204,12 @@ def limited_protocol(limits: Limits, client_names: frozenset[str], refused: Call
     ASGI app under this protocol, 28 us answered here). Every other request, and a verb request that pipelining,
     `Expect: 100-continue` or the concurrency limit makes special, takes uvicorn's own way to the same `Verb`."""
     by_path = {path.encode(): verb for path, verb in verbs.items()}
+    h2_limits = Http2Limits(limits.request_seconds, limits.idle_seconds, limits.max_head_bytes,
+                            max((verb.max_body_bytes for verb in verbs.values()), default=0))
 
     class LimitedProtocol(HttpToolsProtocol):
         _deadline: asyncio.TimerHandle | None = None
+        _h2: Http2Verbs | None = None  # the connection speaks h2 (ALPN): its streams are answered there
         _head_bytes: int | None = None  # bytes of an unfinished head; None while none is unfinished
         _completed = False  # a request ended within the chunk being parsed
 
@@ -218,9 +225,16 @@ def limited_protocol(limits: Limits, client_names: frozenset[str], refused: Call
                                 _peer(self.client), ", ".join(sorted(names)) or "(none)",
                                 ", ".join(sorted(client_names)))
                     self.app = _forbidden  # every request on this connection: 403, and the connection closes
+            tls = transport.get_extra_info("ssl_object")
+            if tls is not None and tls.selected_alpn_protocol() == "h2":
+                self._disarm()
+                self._h2 = Http2Verbs(transport, by_path, h2_limits, lambda: self.server_state.default_headers,
+                                      refused, _peer(self.client), forbidden=self.app is _forbidden)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            if self._h2 is not None:
+                self._h2.lost()
             if isinstance(self.cycle, _Exchange):
                 self.cycle.response_complete = True  # nothing is written for it any more
                 self.cycle = None  # type: ignore[assignment]
@@ -230,6 +244,9 @@ def limited_protocol(limits: Limits, client_names: frozenset[str], refused: Call
             """A head that is still unfinished after a chunk counts the chunk, unless a request ended within it (the
             chunk began with that request's rest, and a pipelined head began after it). A finished head is measured
             whole in on_headers_complete, so neither the chunking nor a body that shares a chunk with it counts."""
+            if self._h2 is not None:
+                self._h2.received(data)
+                return
             self._completed = False
             super().data_received(data)
             if self._head_bytes is not None and not self._completed and not self.transport.is_closing():
@@ -286,6 +303,22 @@ def limited_protocol(limits: Limits, client_names: frozenset[str], refused: Call
                     exchange.verb.later(body).add_done_callback(partial(self._answer_later, exchange))
             self._head_bytes = None
             self._disarm()  # what follows is the app's time, and then uvicorn's keep-alive timer
+
+        def shutdown(self) -> None:
+            if self._h2 is not None:
+                self._h2.shutdown()
+            else:
+                super().shutdown()
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._h2 is not None:
+                self._h2.writable(False)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self._h2 is not None:
+                self._h2.writable(True)
 
         def _verb(self) -> Verb | None:
             """The verb this request goes to here, or None for uvicorn's way (see limited_protocol)."""

@@ -1,0 +1,275 @@
+"""kube-scheduler's calls over HTTP/2 (extender/server/http2.py): offered by ALPN on the main port, answered as over
+HTTP/1.1, on one connection; and the limits HTTP/1.1 keeps, kept for streams. Real certificates (openssl), a real
+h2 client (httpx) and a raw one (the h2 library) for what a well-behaved client never sends."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
+import httpx
+import orjson
+import pytest
+from h2.errors import ErrorCodes
+
+from extender.api.wire import MAX_BODY_BYTES
+from extender.cache.cluster_state import ClusterState
+from extender.demo.cluster import DemoCluster
+from extender.server.http2 import FORBIDDEN, MAX_RESETS, MAX_STREAMS
+from extender.server.serve import Limits, ServeOptions
+from extender.verbs.service import ExtenderService
+from helpers.extender_server import running_server
+from helpers.pki import pki
+
+__all__ = ["pki"]  # the fixture: the CA and the certificates, made with openssl
+
+WAIT = 30.0  # only a bound for a failing test, never a measurement
+NODES = (("n1", "dgx-h100"), ("n2", "dgx-a100"), ("n3", "dgx1-v100"))
+POD = {"metadata": {"name": "p", "namespace": "default", "uid": "u1", "resourceVersion": "1"},
+       "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}
+FILTER = orjson.dumps({"Pod": POD, "NodeNames": [name for name, _ in NODES]})
+PRIORITIZE = FILTER
+BIND = orjson.dumps({"PodName": "p", "PodNamespace": "default", "PodUID": "u1", "Node": "n1"})
+
+
+def _service() -> ExtenderService:
+    state = ClusterState()
+    cluster = DemoCluster(state, NODES)
+    cluster.add_pod(POD)
+    return ExtenderService(state, cluster, one_best=False)
+
+
+def _options(pki: Path, **limits: float) -> ServeOptions:
+    return ServeOptions(tls_cert=str(pki / "server.crt"), tls_key=str(pki / "server.key"),
+                        client_ca=str(pki / "ca.crt"), client_names=("kube-scheduler",),
+                        limits=Limits(**limits) if limits else Limits())
+
+
+def _context(pki: Path, client: str = "kube-scheduler", alpn: tuple[str, ...] = ("h2", "http/1.1")) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    context.load_cert_chain(pki / f"{client}.crt", pki / f"{client}.key")
+    context.set_alpn_protocols(list(alpn))
+    return context
+
+
+def _refused(service: ExtenderService, reason: str) -> float | None:
+    return service.metrics.registry.get_sample_value(
+        "gpu_topology_extender_requests_refused_total", {"verb": "connection", "reason": reason})
+
+
+def _opened(service: ExtenderService) -> float | None:
+    return service.metrics.registry.get_sample_value("gpu_topology_extender_connections_opened_total")
+
+
+def _verbs_over(port: int, pki: Path, http2: bool) -> list[tuple[str, int, bytes]]:
+    with httpx.Client(http2=http2, verify=_context(pki), base_url=f"https://127.0.0.1:{port}",
+                      timeout=WAIT) as client:
+        answers = [client.post(f"/{verb}", content=body) for verb, body in
+                   (("filter", FILTER), ("prioritize", PRIORITIZE), ("bind", BIND), ("bind", BIND))]
+    return [(answer.http_version, answer.status_code, answer.content) for answer in answers]
+
+
+def test_the_verbs_answer_over_h2_as_over_http_1_1_on_one_connection(pki: Path) -> None:
+    over_h2, over_h1 = _service(), _service()
+    with running_server(over_h2, _options(pki)) as port:
+        answers_h2 = _verbs_over(port, pki, http2=True)
+    with running_server(over_h1, _options(pki)) as port:
+        answers_h1 = _verbs_over(port, pki, http2=False)
+    assert {version for version, _, _ in answers_h2} == {"HTTP/2"}
+    assert {version for version, _, _ in answers_h1} == {"HTTP/1.1"}
+    assert [answer[1:] for answer in answers_h2] == [answer[1:] for answer in answers_h1]
+    assert b'"NodeNames":["n1","n2"' in answers_h2[0][2] and answers_h2[2][2] == b'{"Error":""}'
+    assert over_h2.state.ledger.get("u1") is not None, "the pod was bound over h2"
+    assert _opened(over_h2) == 1.0
+
+
+def test_without_http2_the_port_offers_http_1_1_only(pki: Path) -> None:
+    with running_server(_service(), replace(_options(pki), http2=False)) as port:
+        assert {version for version, _, _ in _verbs_over(port, pki, http2=True)} == {"HTTP/1.1"}
+
+
+def test_concurrent_calls_are_streams_of_one_connection(pki: Path) -> None:
+    service = _service()
+
+    async def calls(port: int) -> list[httpx.Response]:
+        async with httpx.AsyncClient(http2=True, verify=_context(pki), base_url=f"https://127.0.0.1:{port}",
+                                     timeout=WAIT) as client:
+            return await asyncio.gather(*(client.post("/filter", content=FILTER) for _ in range(MAX_STREAMS)))
+
+    with running_server(service, _options(pki)) as port:
+        answers = asyncio.run(calls(port))
+    assert [answer.status_code for answer in answers] == [200] * MAX_STREAMS
+    assert len({answer.content for answer in answers}) == 1
+    assert _opened(service) == 1.0
+
+
+def test_what_is_not_a_verb_is_refused_with_its_reason(pki: Path) -> None:
+    with running_server(_service(), _options(pki)) as port:
+        with httpx.Client(http2=True, verify=_context(pki), base_url=f"https://127.0.0.1:{port}",
+                          timeout=WAIT) as client:
+            healthz, get_filter = client.get("/healthz"), client.get("/filter")
+    assert (healthz.http_version, healthz.status_code) == ("HTTP/2", 404)
+    assert b"the probes and /metrics answer over HTTP/1.1" in healthz.content
+    assert get_filter.status_code == 405
+
+
+def test_a_certificate_of_another_name_gets_403_and_the_connection_closes(pki: Path) -> None:
+    service = _service()
+    with running_server(service, _options(pki)) as port:
+        with _RawClient(port, pki, "intruder") as client:
+            stream = client.request(FILTER)
+            client.read_until(lambda: client.ended(stream) and client.terminated)
+    assert client.status(stream) == b"403" and client.bodies[stream] == FORBIDDEN
+    assert _refused(service, "client_name") == 1.0
+
+
+def test_a_body_over_the_limit_is_refused_declared_or_sent(pki: Path) -> None:
+    service = _service()
+    with running_server(service, _options(pki)) as port:
+        with _RawClient(port, pki) as client:
+            declared = client.request(None, length=MAX_BODY_BYTES + 1)
+            client.read_until(lambda: client.ended(declared))
+            sent = client.request(None)
+            chunk = b"x" * client.conn.max_outbound_frame_size
+            for _ in range(MAX_BODY_BYTES // len(chunk) + 1):  # the stream's window holds one byte past the limit
+                client.send(sent, chunk[:client.conn.local_flow_control_window(sent)])
+            client.read_until(lambda: client.ended(sent))
+            healthy = client.request(FILTER)  # the connection still serves
+            client.read_until(lambda: client.ended(healthy))
+    assert client.status(declared) == b"413" and b"8388609 bytes is over" in client.bodies[declared]
+    assert client.status(sent) == b"413" and b"over the extender's limit" in client.bodies[sent]
+    assert client.status(healthy) == b"200"
+    assert service.metrics.registry.get_sample_value(
+        "gpu_topology_extender_requests_refused_total", {"verb": "filter", "reason": "too_large"}) == 2.0
+
+
+def test_a_stream_not_whole_by_its_deadline_gets_408_and_an_idle_connection_closes(pki: Path) -> None:
+    service = _service()
+    with running_server(service, _options(pki, request_seconds=0.3, idle_seconds=0.5)) as port:
+        with _RawClient(port, pki) as client:
+            slow = client.request(None)
+            client.send(slow, FILTER[:10])
+            client.read_until(lambda: client.ended(slow))
+            client.read_until(lambda: client.terminated)
+    assert client.status(slow) == b"408" and _refused(service, "timeout") == 1.0
+    assert client.goaway == ErrorCodes.NO_ERROR, "closed for idleness, not for an error"
+
+
+def test_an_answer_waits_for_the_clients_window(pki: Path) -> None:
+    """An answer larger than the client lets the server send at once is sent as the client opens its window."""
+    with running_server(_service(), _options(pki)) as port:
+        with _RawClient(port, pki, window=16) as client:
+            stream = client.request(FILTER)
+            client.read_until(lambda: client.ended(stream))
+    assert client.status(stream) == b"200" and b'"NodeNames":["n1","n2"' in client.bodies[stream]
+
+
+def test_a_client_that_resets_stream_after_stream_is_cut_off(pki: Path) -> None:
+    """The rapid reset (CVE-2023-44487): streams opened and reset at once cost work, but hold none of the stream
+    limit."""
+    service = _service()
+    with running_server(service, _options(pki)) as port:
+        with _RawClient(port, pki) as client:
+            for _ in range(MAX_RESETS + 1):
+                stream = client.request(None)
+                client.conn.reset_stream(stream, ErrorCodes.CANCEL)
+            client.flush()
+            client.read_until(lambda: client.terminated)
+    assert client.goaway == ErrorCodes.ENHANCE_YOUR_CALM and _refused(service, "http2_resets") == 1.0
+
+
+@pytest.mark.parametrize("garbage", [b"\x00\x00\x04\x09\x00\x00\x00\x00\x01abcd",  # a naked CONTINUATION
+                                     b"\x10\x00\x00\x00\x00\x00\x00\x00\x01"])  # a frame past MAX_FRAME_SIZE
+def test_a_broken_protocol_closes_the_connection_with_its_reason(pki: Path, garbage: bytes) -> None:
+    service = _service()
+    with running_server(service, _options(pki)) as port:
+        with _RawClient(port, pki) as client:
+            client.tls.sendall(garbage)
+            client.read_until(lambda: client.terminated)
+    assert client.goaway in (ErrorCodes.PROTOCOL_ERROR, ErrorCodes.FRAME_SIZE_ERROR)
+    assert _refused(service, "http2_protocol") == 1.0
+
+
+class _RawClient:
+    """An h2 client over a blocking TLS socket that sends what it is told, and keeps what comes back."""
+
+    def __init__(self, port: int, pki: Path, client: str = "kube-scheduler", window: int | None = None) -> None:
+        self.tls = _context(pki, client).wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=WAIT),
+                                                     server_hostname="127.0.0.1")
+        assert self.tls.selected_alpn_protocol() == "h2"
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        if window is not None:
+            self.conn.local_settings = h2.settings.Settings(
+                client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
+        self.conn.initiate_connection()
+        self.heads: dict[int, list[tuple[bytes, bytes]]] = {}
+        self.bodies: dict[int, bytes] = {}
+        self.done: set[int] = set()
+        self.goaway: ErrorCodes | None = None
+        self.terminated = False
+        self.flush()
+
+    def __enter__(self) -> _RawClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.tls.close()
+
+    def request(self, body: bytes | None, path: bytes = b"/filter", length: int | None = None) -> int:
+        """A POST; its body whole if given, else left open."""
+        stream = self.conn.get_next_available_stream_id()
+        headers = [(b":method", b"POST"), (b":scheme", b"https"), (b":authority", b"127.0.0.1"), (b":path", path)]
+        if length is not None or body is not None:
+            headers.append((b"content-length", b"%d" % (length if length is not None else len(body or b""))))
+        self.conn.send_headers(stream, headers)
+        if body is not None:
+            self.conn.send_data(stream, body, end_stream=True)
+        self.flush()
+        return stream
+
+    def send(self, stream: int, data: bytes) -> None:
+        self.conn.send_data(stream, data)
+        self.flush()
+
+    def flush(self) -> None:
+        if data := self.conn.data_to_send():
+            try:
+                self.tls.sendall(data)
+            except OSError:
+                self.terminated = True
+
+    def ended(self, stream: int) -> bool:
+        return stream in self.done
+
+    def status(self, stream: int) -> bytes:
+        return dict(self.heads[stream])[b":status"]
+
+    def read_until(self, condition: Callable[[], bool]) -> None:
+        while not condition():
+            try:
+                data = self.tls.recv(65536)
+            except (ssl.SSLError, OSError):
+                data = b""
+            if not data:
+                self.terminated = True
+                assert condition(), "the server closed the connection first"
+                return
+            for event in self.conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    self.heads[event.stream_id] = list(event.headers)
+                elif isinstance(event, h2.events.DataReceived):
+                    self.bodies[event.stream_id] = self.bodies.get(event.stream_id, b"") + event.data
+                    self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                elif isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)):
+                    self.done.add(event.stream_id)
+                elif isinstance(event, h2.events.ConnectionTerminated):
+                    self.goaway = event.error_code
+            self.flush()
