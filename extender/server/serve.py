@@ -228,8 +228,8 @@ def limited_protocol(limits: Limits, client_names: frozenset[str], refused: Call
             tls = transport.get_extra_info("ssl_object")
             if tls is not None and tls.selected_alpn_protocol() == "h2":
                 self._disarm()
-                self._h2 = Http2Verbs(transport, by_path, h2_limits, lambda: self.server_state.default_headers,
-                                      refused, _peer(self.client), forbidden=self.app is _forbidden)
+                self._h2 = Http2Verbs(transport, by_path, h2_limits, refused, _peer(self.client),
+                                      forbidden=self.app is _forbidden)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +27,7 @@ from extender.demo.cluster import DemoCluster
 from extender.server.http2 import FORBIDDEN, MAX_RESETS, MAX_STREAMS
 from extender.server.serve import Limits, ServeOptions
 from extender.verbs.service import ExtenderService
-from helpers.extender_server import running_server
+from helpers.extender_server import running_server, serving
 from helpers.pki import pki
 
 __all__ = ["pki"]  # the fixture: the CA and the certificates, made with openssl
@@ -198,6 +199,100 @@ def test_a_broken_protocol_closes_the_connection_with_its_reason(pki: Path, garb
     assert _refused(service, "http2_protocol") == 1.0
 
 
+def test_a_header_block_in_continuation_frames_padding_priority_and_trailers_are_read(pki: Path) -> None:
+    """What a client may send that Go's does not: a block past one frame, padded frames, a priority, trailers."""
+    with running_server(_service(), _options(pki)) as port:
+        with _RawClient(port, pki) as client:
+            long_head = client.request(FILTER, extra=((b"x-pad", b"p" * 40_000),))  # > 16 KiB: CONTINUATION
+            client.read_until(lambda: client.ended(long_head))
+            padded = client.conn.get_next_available_stream_id()
+            client.conn.send_headers(padded, _head(FILTER), priority_weight=200, priority_depends_on=0)
+            client.conn.send_data(padded, FILTER[:5], pad_length=30)
+            client.conn.send_data(padded, FILTER[5:], pad_length=7)
+            client.conn.send_headers(padded, [(b"x-trailer", b"1")], end_stream=True)
+            client.flush()
+            client.read_until(lambda: client.ended(padded))
+            client.conn.ping(b"12345678")
+            client.flush()
+            client.read_until(lambda: client.pinged)
+    assert client.status(long_head) == b"200" and client.status(padded) == b"200"
+    assert client.bodies[long_head] == client.bodies[padded]
+
+
+def test_a_header_block_over_the_bound_closes_the_connection(pki: Path) -> None:
+    service = _service()
+    with running_server(service, _options(pki, max_head_bytes=4096)) as port:
+        with _RawClient(port, pki) as client:
+            client.request(FILTER, extra=((b"x-pad", b"p" * 5000),))
+            client.read_until(lambda: client.terminated)
+    assert client.goaway == ErrorCodes.ENHANCE_YOUR_CALM and _refused(service, "head_too_large") == 1.0
+
+
+def test_streams_past_the_limit_are_refused_and_the_others_answered(pki: Path) -> None:
+    with running_server(_service(), _options(pki)) as port:
+        with _RawClient(port, pki) as client:
+            client.conn.remote_settings.max_concurrent_streams = MAX_STREAMS + 1  # as if it ignored the setting
+            held = [client.request(None, length=len(FILTER)) for _ in range(MAX_STREAMS)]
+            refused = client.request(None, length=len(FILTER))
+            client.read_until(lambda: client.ended(refused))
+            for stream in held:
+                client.send(stream, FILTER, end=True)
+            client.read_until(lambda: all(client.ended(stream) for stream in held))
+    assert client.resets[refused] == ErrorCodes.REFUSED_STREAM
+    assert {client.status(stream) for stream in held} == {b"200"}
+
+
+def test_a_verb_at_work_when_the_server_stops_is_answered_then_goaway(pki: Path) -> None:
+    service = _service()
+    entered, release = threading.Event(), threading.Event()
+    real_bind = service.kube.bind
+
+    def held_bind(*args):
+        entered.set()
+        release.wait(WAIT)
+        return real_bind(*args)
+
+    service.kube.bind = held_bind  # type: ignore[method-assign]
+    with serving(service, _options(pki)) as (server, port, thread):
+        try:
+            with _RawClient(port, pki) as client:
+                bind = client.request(BIND, path=b"/bind")
+                assert entered.wait(WAIT)
+                server.should_exit = True
+                threading.Event().wait(0.3)  # the shutdown begins: the connection is told, and waits for the bind
+                release.set()
+                client.read_until(lambda: client.ended(bind) and client.terminated)
+        finally:
+            release.set()
+    assert not thread.is_alive()
+    assert client.status(bind) == b"200" and client.bodies[bind] == b'{"Error":""}'
+    assert client.goaway == ErrorCodes.NO_ERROR
+
+
+@pytest.mark.parametrize(("frames", "code"), [
+    (b"\x00\x00\x00\x06\x00\x00\x00\x00\x00", ErrorCodes.PROTOCOL_ERROR),  # a PING of no bytes
+    (b"\x00\x00\x04\x08\x00\x00\x00\x00\x00\x00\x00\x00\x00", ErrorCodes.PROTOCOL_ERROR),  # WINDOW_UPDATE of 0
+    (b"\x00\x00\x04\x08\x00\x00\x00\x00\x00\x7f\xff\xff\xff", ErrorCodes.FLOW_CONTROL_ERROR),  # past 2^31-1
+    (b"\x00\x00\x01\x00\x00\x00\x00\x00\x05x", ErrorCodes.PROTOCOL_ERROR),  # DATA on a stream never opened
+    (b"\x00\x00\x03\x01\x04\x00\x00\x00\x01\xff\xff\xff", ErrorCodes.COMPRESSION_ERROR),  # no HPACK
+    (b"\x00\x00\x01\x01\x00\x00\x00\x00\x01\x82\x00\x00\x00\x06\x00\x00\x00\x00\x00",
+     ErrorCodes.PROTOCOL_ERROR),  # a header block interrupted
+])
+def test_a_frame_against_the_protocol_closes_the_connection_with_its_code(pki: Path, frames: bytes,
+                                                                          code: ErrorCodes) -> None:
+    service = _service()
+    with running_server(service, _options(pki)) as port:
+        with _RawClient(port, pki) as client:
+            client.tls.sendall(frames)
+            client.read_until(lambda: client.terminated)
+    assert client.goaway == code and _refused(service, "http2_protocol") == 1.0
+
+
+def _head(body: bytes, path: bytes = b"/filter") -> list[tuple[bytes, bytes]]:
+    return [(b":method", b"POST"), (b":scheme", b"https"), (b":authority", b"127.0.0.1"), (b":path", path),
+            (b"content-length", b"%d" % len(body))]
+
+
 class _RawClient:
     """An h2 client over a blocking TLS socket that sends what it is told, and keeps what comes back."""
 
@@ -213,7 +308,9 @@ class _RawClient:
         self.heads: dict[int, list[tuple[bytes, bytes]]] = {}
         self.bodies: dict[int, bytes] = {}
         self.done: set[int] = set()
+        self.resets: dict[int, ErrorCodes] = {}
         self.goaway: ErrorCodes | None = None
+        self.pinged = False
         self.terminated = False
         self.flush()
 
@@ -223,20 +320,21 @@ class _RawClient:
     def __exit__(self, *exc: object) -> None:
         self.tls.close()
 
-    def request(self, body: bytes | None, path: bytes = b"/filter", length: int | None = None) -> int:
+    def request(self, body: bytes | None, path: bytes = b"/filter", length: int | None = None,
+                extra: tuple[tuple[bytes, bytes], ...] = ()) -> int:
         """A POST; its body whole if given, else left open."""
         stream = self.conn.get_next_available_stream_id()
         headers = [(b":method", b"POST"), (b":scheme", b"https"), (b":authority", b"127.0.0.1"), (b":path", path)]
         if length is not None or body is not None:
             headers.append((b"content-length", b"%d" % (length if length is not None else len(body or b""))))
-        self.conn.send_headers(stream, headers)
+        self.conn.send_headers(stream, [*headers, *extra])
         if body is not None:
             self.conn.send_data(stream, body, end_stream=True)
         self.flush()
         return stream
 
-    def send(self, stream: int, data: bytes) -> None:
-        self.conn.send_data(stream, data)
+    def send(self, stream: int, data: bytes, end: bool = False) -> None:
+        self.conn.send_data(stream, data, end_stream=end)
         self.flush()
 
     def flush(self) -> None:
@@ -268,8 +366,13 @@ class _RawClient:
                 elif isinstance(event, h2.events.DataReceived):
                     self.bodies[event.stream_id] = self.bodies.get(event.stream_id, b"") + event.data
                     self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                elif isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)):
+                elif isinstance(event, h2.events.StreamEnded):
                     self.done.add(event.stream_id)
+                elif isinstance(event, h2.events.StreamReset):
+                    self.done.add(event.stream_id)
+                    self.resets[event.stream_id] = event.error_code
+                elif isinstance(event, h2.events.PingAckReceived):
+                    self.pinged = True
                 elif isinstance(event, h2.events.ConnectionTerminated):
                     self.goaway = event.error_code
             self.flush()
