@@ -40,8 +40,9 @@ stopped and the pods and events deleted. Per round:
   (read with the admin's client certificate, which its delegated authorization allows), from the first bind until
   the last, merged and split with `go tool pprof -traces`: each sample goes to the first part one of its frames
   names (PARTS): the extender protocol (HTTPExtender's calls with their JSON encoding and decoding, the statuses of
-  the names the extender refused, and the HTTP/1.1 client's connections, which only the extender uses: the API
-  server is spoken to over HTTP/2), kube-scheduler's filter (PreFilter, Filter plugins over the nodes), its score
+  the names the extender refused, and the HTTP/1.1 client's connections, which only an extender uses: the API
+  server is spoken to over HTTP/2; an extender that answers h2, as both here do, has its connection's reading and
+  writing in golang.org/x/net/http2's goroutines, which client-go's share, so in the rest), kube-scheduler's filter (PreFilter, Filter plugins over the nodes), its score
   (PreScore, Score, NormalizeScore, the host picked), and the rest (queue, cache, informers, Binding and Event
   writes, the Go runtime). Shown apart within them (WITHIN): new connections' dials and TLS handshakes, net/http's
   for the API server too, so alone they are the whole protocol part (0.05 ms a pod at most, as measured); and GC's
@@ -1069,7 +1070,9 @@ def section(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float
               "tool pprof -traces`: a sample goes to the first part one of its frames names. **extender protocol**: "
               "`HTTPExtender`'s calls (the pod and the candidate names encoded, the answers decoded), "
               "`findNodesThatPassExtenders` (the refused names' statuses) and the HTTP/1.1 client's connections "
-              "(`persistConn`, TLS within), which only the extender uses: client-go speaks HTTP/2 to the API server; "
+              "(`persistConn`, TLS within), which only an extender uses: client-go speaks HTTP/2 to the API server. "
+              "Both extenders here answer h2 too, so their connection's frames are read and written in "
+              "golang.org/x/net/http2's goroutines, which client-go's share: that part is in the rest; "
               "**of which new connections**: dials and TLS handshakes (`dialConn`, `addTLS`), net/http's for either "
               "server, so alone they are kube-scheduler's new connections to the API server and all this part holds; "
               "**filter**: `findNodesThatFitPod` and `findNodesThatPassFilters` with the PreFilter "
@@ -1086,9 +1089,11 @@ def section(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float
                   "(loadtests/null_extender). What kube-scheduler spends beside it is spent in its own extender "
                   "client (the pod and every candidate name encoded twice a pod, the answers decoded, a map of the "
                   "candidates per call) and in waiting out each call, not in the extender's choices. It counts the "
-                  "connections it accepts as the extender does: kube-scheduler's client keeps two idle connections "
-                  "to an extender (Go's default per host) and opens another, with a full TLS handshake, whenever a "
-                  "call overlaps the two it keeps (a bind and the next pod's filter).", "",
+                  "connections it accepts as the extender does. Both offer h2 (extender/server/http2.py, net/http's "
+                  "default), which kube-scheduler's client takes: each call is a stream of one connection. Over "
+                  "HTTP/1.1 the client keeps two idle connections to an extender (Go's default per host) and opens "
+                  "another, with a full TLS handshake, whenever a call overlaps the two it keeps (a bind and the "
+                  "next pod's filter).", "",
                   *floor_lines]
     drops = [line for r in results for line in r.drop_lines[:2]]
     if drops:

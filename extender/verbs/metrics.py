@@ -35,7 +35,8 @@ class Metrics:
                                    buckets=_GBPS_BUCKETS, registry=self.registry)
         self.requests_refused = Counter("gpu_topology_extender_requests_refused_total",
                                         "Requests refused at the HTTP edge, by verb (or connection) and reason: "
-                                        "too_large, not_json, bad_shape, timeout, head_too_large, client_name",
+                                        "too_large, not_json, bad_shape, timeout, head_too_large, client_name, "
+                                        "http2_protocol, http2_resets",
                                         ["verb", "reason"], registry=self.registry)
         self.connections = Counter("gpu_topology_extender_connections_opened_total",
                                    "Connections accepted. Each costs a TLS handshake; kube-scheduler keeps 2 idle "
