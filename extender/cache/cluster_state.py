@@ -51,6 +51,7 @@ STALE_RECHECK_SECONDS = 1.0
 class PodRecord:
     request: PodRequest
     node: str | None
+    version: str = ""  # the resourceVersion parsed: the service takes `request` for the pod of that version
 
 
 class MemberPlans(SlotClaims, Protocol):
@@ -146,6 +147,12 @@ class ClusterState:
 
     def pod(self, uid: str) -> PodRecord | None:
         return self._pods.get(uid)
+
+    def parsed(self, uid: str, version: str) -> PodRequest | None:
+        """The watch's parse of this version of a GPU pod, if it has read that version: kube-scheduler's filter
+        carries the pod as the watch delivered it, so the service need not parse it again."""
+        record = self._pods.get(uid)
+        return record.request if record is not None and version and record.version == version else None
 
     def keys_for(self, names: list[str]) -> list[Key | None]:
         """Each node's key, None for a node never seen; one C pass (extender/api/_names.c) for thousands of names."""
@@ -495,7 +502,7 @@ class ClusterState:
         if request.gpus == 0:
             return
         previous = self._pods.get(uid)
-        self._pods[uid] = PodRecord(request, node)
+        self._pods[uid] = PodRecord(request, node, str(metadata.get("resourceVersion") or ""))
         group = request.group_key
         with self.ledger.lock:  # group placement reads the members under it
             if previous is not None and previous.request.group_key not in (None, group):

@@ -29,6 +29,8 @@ from functools import partial
 from random import Random
 from typing import Any, Protocol
 
+from prometheus_client import Counter
+
 from extender.api.pod_request import PodRequest, parse_pod
 from extender.api.preferences import tolerates
 from extender.api.wire import BindingArgs, ExtenderArgs, PreemptionArgs, Victims
@@ -145,6 +147,7 @@ class ExtenderService:
         self._grades: ShapeMemo[Grade] = ShapeMemo()  # filter's and prioritize's, per request shape
         self._pods: OrderedDict[str, tuple[str, PodRequest]] = OrderedDict()  # uid -> (resourceVersion, request)
         self._pods_lock = threading.Lock()
+        self._decisions: dict[tuple[str, str], Counter] = {}  # by a fixed set of verbs and outcomes
         self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._events: queue.Queue[tuple[str, str, str, str, str]] = queue.Queue(_EVENT_QUEUE_SIZE)
         state.ledger.on_mismatch = self._mismatch
@@ -179,13 +182,20 @@ class ExtenderService:
             self._drain(pod, outcome.failed[WAITING])
         unlisted = outcome.unlisted
         outranked = unlisted.get((OUTRANKED, True), 0)
-        self.metrics.decisions.labels("filter", "pass").inc(len(outcome.passed))
-        self.metrics.decisions.labels("filter", "outranked").inc(outranked)
-        self.metrics.decisions.labels("filter", "fail").inc(
+        self._decision("filter", "pass").inc(len(outcome.passed))
+        self._decision("filter", "outranked").inc(outranked)
+        self._decision("filter", "fail").inc(
             sum(map(len, outcome.failed.values())) + sum(n for (_, fix), n in unlisted.items() if fix) - outranked)
-        self.metrics.decisions.labels("filter", "unresolvable").inc(
+        self._decision("filter", "unresolvable").inc(
             sum(map(len, outcome.unresolvable.values())) + sum(n for (_, fix), n in unlisted.items() if not fix))
         return outcome
+
+    def _decision(self, verb: str, outcome: str) -> Counter:
+        """decisions_total's child for a verb's outcome, looked up once: each pod counts a few."""
+        child = self._decisions.get((verb, outcome))
+        if child is None:
+            child = self._decisions[verb, outcome] = self.metrics.decisions.labels(verb, outcome)
+        return child
 
     def _unweighed_at(self, pod: PodRequest, name: str) -> bool:
         """The node has no PreferNoSchedule taint the pod does not tolerate, so kube-scheduler's TaintToleration
@@ -355,7 +365,7 @@ class ExtenderService:
         return str(error)
 
     def _bound(self, args: BindingArgs, bound: Bound) -> str:
-        self.metrics.decisions.labels("bind", "repeated" if bound.repeated else "bound").inc()
+        self._decision("bind", "repeated" if bound.repeated else "bound").inc()
         self.wait.forget(args.pod_uid)
         self.drains.end(args.pod_uid)
         if bound.ring_gbps is not None and not bound.repeated:
@@ -378,7 +388,8 @@ class ExtenderService:
             found = self._pods.get(uid)
             if found is not None and found[0] == version and uid:
                 return found[1]
-        parsed = parse_pod(pod, self.state.keys, self.state.resource, self.state.dra)
+        parsed = self.state.parsed(uid, version) or parse_pod(pod, self.state.keys, self.state.resource,
+                                                                self.state.dra)
         if parsed.transient:
             return parsed  # asked again next time: the claim will have come
         if uid:
