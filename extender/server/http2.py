@@ -151,9 +151,9 @@ class _Stream:
 
     __slots__ = ("chunks", "deadline", "received", "size", "verb")
 
-    def __init__(self, verb: Verb, deadline: asyncio.TimerHandle) -> None:
+    def __init__(self, verb: Verb) -> None:
         self.verb = verb
-        self.deadline = deadline
+        self.deadline: asyncio.TimerHandle | None = None  # armed once a read leaves the request unfinished
         self.chunks: list[bytes] = []
         self.size = 0
         self.received = 0  # flow-controlled bytes, padding included: acknowledged once the body is taken
@@ -192,6 +192,7 @@ class Http2Verbs:
         self._resets = 0
         self._closing = False
         self._idle: asyncio.TimerHandle | None = None
+        self._idle_since: float | None = None  # when the last stream was answered, while none is open
         settings = ((3, MAX_STREAMS), (_INITIAL_WINDOW_SIZE, limits.max_body_bytes + 1),
                     (_MAX_FRAME_SIZE, MAX_FRAME_BYTES), (6, limits.max_head_bytes))
         self._out.append(_frame(_SETTINGS, 0, 0, b"".join(key.to_bytes(2, "big") + value.to_bytes(4, "big")
@@ -206,6 +207,9 @@ class Http2Verbs:
         except ProtocolBreach as breach:
             self._close(breach.reason, str(breach), breach.code)
             return
+        for stream_id, stream in self._streams.items():  # a request whole within one read needs no timer
+            if stream.deadline is None:
+                stream.deadline = self._loop.call_later(self._limits.request_seconds, self._expired, stream_id)
         if self._unacknowledged and not self._transport.is_closing():
             self._out.append(_frame(_WINDOW_UPDATE, 0, 0, self._unacknowledged.to_bytes(4, "big")))
             self._receive_window += self._unacknowledged
@@ -228,7 +232,8 @@ class Http2Verbs:
     def lost(self) -> None:
         self._closing = True
         for stream in self._streams.values():
-            stream.deadline.cancel()
+            if stream.deadline is not None:
+                stream.deadline.cancel()
         self._streams.clear()
         self._open.clear()
         self._sending.clear()
@@ -356,7 +361,7 @@ class Http2Verbs:
         if self._closing or len(self._open) >= MAX_STREAMS:  # a client retries a refused stream (RFC 9113 8.7)
             self._out.append(_frame(_RST_STREAM, 0, stream_id, ErrorCode.REFUSED_STREAM.to_bytes(4, "big")))
             return
-        self._disarm_idle()
+        self._idle_since = None
         self._open[stream_id] = self._initial_window
         if not flags & _END_STREAM:
             self._half_open.add(stream_id)
@@ -383,8 +388,7 @@ class Http2Verbs:
         elif (declared := declared_over_limit(headers, verb.max_body_bytes)) is not None:
             self._answer(stream_id, 413, verb.refuse_too_large(declared))
         else:
-            deadline = self._loop.call_later(self._limits.request_seconds, self._expired, stream_id)
-            self._streams[stream_id] = _Stream(verb, deadline)
+            self._streams[stream_id] = _Stream(verb)
 
     def _ended(self, stream_id: int) -> None:
         stream = self._drop(stream_id)
@@ -454,7 +458,8 @@ class Http2Verbs:
         """A stream no longer read: its deadline is off and its bytes are given back."""
         stream = self._streams.pop(stream_id, None)
         if stream is not None:
-            stream.deadline.cancel()
+            if stream.deadline is not None:
+                stream.deadline.cancel()
             self._unacknowledged += stream.received
         return stream
 
@@ -538,7 +543,9 @@ class Http2Verbs:
             return
         if self._closing:
             self._goaway(ErrorCode.NO_ERROR)
-        elif self._idle is None:
+            return
+        self._idle_since = self._loop.time()
+        if self._idle is None:
             self._idle = self._loop.call_later(self._limits.idle_seconds, self._idle_out)
 
     def _flush(self) -> None:
@@ -546,14 +553,16 @@ class Http2Verbs:
             self._transport.write(b"".join(self._out))
         self._out.clear()
 
-    def _disarm_idle(self) -> None:
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
-
     def _idle_out(self) -> None:
+        """The idle timer is not moved at each stream (a call_later and a cancel a request): when it fires, it
+        closes a connection idle since long enough, or waits for the rest of the time."""
         self._idle = None
-        if not (self._open or self._working):
+        if self._idle_since is None or self._open or self._working:
+            return  # at work: the stream that ends it arms the timer again
+        remaining = self._idle_since + self._limits.idle_seconds - self._loop.time()
+        if remaining > 0:
+            self._idle = self._loop.call_later(remaining, self._idle_out)
+        else:
             self._goaway(ErrorCode.NO_ERROR)
 
 

@@ -164,6 +164,18 @@ def test_a_stream_not_whole_by_its_deadline_gets_408_and_an_idle_connection_clos
     assert client.goaway == ErrorCodes.NO_ERROR, "closed for idleness, not for an error"
 
 
+def test_a_connection_in_use_outlives_the_idle_time_and_closes_once_idle(pki: Path) -> None:
+    with running_server(_service(), _options(pki, idle_seconds=0.5)) as port:
+        with _RawClient(port, pki) as client:
+            for _ in range(4):  # 1.2 s in all, never 0.5 s without a stream
+                stream = client.request(FILTER)
+                client.read_until(lambda: client.ended(stream))
+                assert client.goaway is None and client.status(stream) == b"200"
+                threading.Event().wait(0.3)
+            client.read_until(lambda: client.terminated)
+    assert client.goaway == ErrorCodes.NO_ERROR
+
+
 def test_an_answer_waits_for_the_clients_window(pki: Path) -> None:
     """An answer larger than the client lets the server send at once is sent as the client opens its window."""
     with running_server(_service(), _options(pki)) as port:
