@@ -8,10 +8,13 @@ has the wrong shape (which the API server never stores, so only a forged request
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+import orjson
 
 from extender.api.dra import ClaimAsk, ClaimUnseen, pod_claims
 from extender.api.group_request import GroupRequest, parse_group
@@ -77,7 +80,7 @@ class ClaimCounter(Protocol):
 def parse_pod(pod: Mapping[str, Any], keys: AnnotationKeys, resource: str = DEFAULT_GPU_RESOURCE,
               claims: ClaimCounter | None = None) -> PodRequest:
     """`claims` counts the GPUs of the pod's ResourceClaims beside its `resource` requests; without it, only those
-    requests count."""
+    requests count. What it reads of a pod is what `parse_inputs` fingerprints: a field read here is added there."""
     shape = pod_shape_problem(pod)
     metadata = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
     namespace = _text(metadata.get("namespace"), MAX_NAMESPACE_CHARS) or "default"
@@ -110,6 +113,29 @@ def parse_pod(pod: Mapping[str, Any], keys: AnnotationKeys, resource: str = DEFA
     return PodRequest(namespace, name, uid, gpus, request, required, None, containers, wait_seconds, group,
                       spec.get("activeDeadlineSeconds"), comm_share, selected=ask.selected, pinned=ask.pinned,
                       weighed=kube_weighs(metadata, spec), tolerations=soft_tolerations(spec))
+
+
+def parse_inputs(pod: Mapping[str, Any], keys: AnnotationKeys) -> bytes | None:
+    """A fingerprint of what `parse_pod` reads of a pod, so that a new version of it that changes none of that
+    (its node set by a Binding, the bind record the Binding writes, the kubelet's status updates) is not parsed
+    again. None for a pod that asks ResourceClaims: its parse reads the claims too, which change apart from it."""
+    spec = pod.get("spec")
+    metadata = pod.get("metadata")
+    if not isinstance(spec, dict) or not isinstance(metadata, dict) or spec.get("resourceClaims"):
+        return None
+    annotations = metadata.get("annotations")
+    if isinstance(annotations, dict):
+        written = (keys.gpus, keys.containers, keys.ring_bandwidth, keys.seal, keys.group_plan)
+        annotations = {key: value for key, value in annotations.items() if key not in written}
+    version = metadata.get("resourceVersion")
+    try:
+        read = orjson.dumps((
+            {key: value for key, value in spec.items() if key != "nodeName"}, annotations, metadata.get("labels"),
+            metadata.get("ownerReferences"), metadata.get("name"), metadata.get("namespace"), metadata.get("uid"),
+            version is None or (isinstance(version, str) and len(version) <= MAX_VERSION_CHARS)))
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+    return hashlib.blake2b(read, digest_size=16).digest()
 
 
 def pod_shape_problem(pod: Mapping[str, Any]) -> str | None:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from extender.api._names import lookup
 from extender.api.dra import GPU_CLASS, GPU_DRIVER
-from extender.api.pod_request import DEFAULT_GPU_RESOURCE, PodRequest, parse_pod
+from extender.api.pod_request import DEFAULT_GPU_RESOURCE, PodRequest, parse_inputs, parse_pod
 from extender.api.preferences import soft_taints
 from extender.cache.assignments import Assignment, Phase
 from extender.cache.domains import DomainIndex
@@ -52,6 +52,7 @@ class PodRecord:
     request: PodRequest
     node: str | None
     version: str = ""  # the resourceVersion parsed: the service takes `request` for the pod of that version
+    inputs: bytes | None = None  # what the parse read (pod_request.parse_inputs): a version alike is not parsed again
 
 
 class MemberPlans(SlotClaims, Protocol):
@@ -498,11 +499,15 @@ class ClusterState:
         if kind == "DELETED" or phase in FINISHED_PHASES or (metadata.get("deletionTimestamp") and not node):
             self._forget_pod(uid)
             return
-        request = parse_pod(pod, self.keys, self.resource, self.dra)
+        previous = self._pods.get(uid)
+        inputs = parse_inputs(pod, self.keys)
+        if previous is not None and inputs is not None and previous.inputs == inputs:
+            request = previous.request
+        else:
+            request = parse_pod(pod, self.keys, self.resource, self.dra)
         if request.gpus == 0:
             return
-        previous = self._pods.get(uid)
-        self._pods[uid] = PodRecord(request, node, str(metadata.get("resourceVersion") or ""))
+        self._pods[uid] = PodRecord(request, node, str(metadata.get("resourceVersion") or ""), inputs)
         group = request.group_key
         with self.ledger.lock:  # group placement reads the members under it
             if previous is not None and previous.request.group_key not in (None, group):
