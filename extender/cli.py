@@ -77,6 +77,10 @@ def _parser() -> argparse.ArgumentParser:
     source.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8888)
+    serve.add_argument("--no-http2", dest="http2", action="store_false",
+                       help="offer HTTP/1.1 alone on the main port, not HTTP/2 beside it (over TLS kube-scheduler's "
+                            "client takes h2 when offered: each call a stream of one connection, "
+                            "extender/server/http2.py)")
     serve.add_argument("--metrics-port", type=int, metavar="PORT",
                        help="also listen on PORT of --host for GET /metrics, /healthz and /readyz alone (404 for "
                             "anything else, so no verb), over TLS with --tls-cert but asking no client certificate: a "
@@ -144,8 +148,8 @@ def _parser() -> argparse.ArgumentParser:
                             "nothing of its own (no preferred affinity, no ScheduleAnyway spread, no owner "
                             "kube-scheduler spreads by default, no claims, no PreferNoSchedule taint it does not "
                             "tolerate on the node): kube-scheduler takes it without scoring or prioritize "
-                            "(extender/api/preferences.py). Faster at scale; off by default until the whole replay "
-                            "and the end-to-end suite have run with it on (README.md)")
+                            "(extender/api/preferences.py). Faster at scale; off by default, as the replay places a "
+                            "little worse with it in some figures (README.md)")
     serve.add_argument("--observe", action="store_true",
                        help="observe only, to weigh the extender before it decides: prioritize scores as usual, filter "
                             "passes every node and counts what it would refuse (gpu_topology_extender_decisions_total"
@@ -206,7 +210,7 @@ def _levels(text: str) -> tuple[str, ...]:
 
 def _serve(args: argparse.Namespace) -> int:
     options = ServeOptions(args.host, args.port, args.tls_cert, args.tls_key, args.client_ca, tuple(args.client_name),
-                           args.log_level, metrics_port=args.metrics_port)
+                           args.log_level, metrics_port=args.metrics_port, http2=args.http2)
     if not 0 <= args.topology_wait <= MAX_TOPOLOGY_WAIT_SECONDS:
         raise ValueError(f"--topology-wait must be 0 to {MAX_TOPOLOGY_WAIT_SECONDS:g} seconds, "
                          f"not {args.topology_wait}")

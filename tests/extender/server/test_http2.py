@@ -21,6 +21,7 @@ import orjson
 import pytest
 from h2.errors import ErrorCodes
 
+from extender import cli
 from extender.api.wire import MAX_BODY_BYTES
 from extender.cache.cluster_state import ClusterState
 from extender.demo.cluster import DemoCluster
@@ -388,3 +389,12 @@ class _RawClient:
                 elif isinstance(event, h2.events.ConnectionTerminated):
                     self.goaway = event.error_code
             self.flush()
+
+
+@pytest.mark.parametrize(("flags", "offered"), [((), True), (("--no-http2",), False)])
+def test_the_command_line_offers_h2_unless_told_not_to(monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...],
+                                                      offered: bool) -> None:
+    served: list[ServeOptions] = []
+    monkeypatch.setattr(cli, "serve", lambda service, options: served.append(options))
+    assert cli.main(["serve", "--demo", *flags]) == 0
+    assert [options.http2 for options in served] == [offered]

@@ -211,6 +211,8 @@ def test_extender_flags_and_placement_from_values() -> None:
     assert (flags["--topology-wait"], flags["--group-timeout"], flags["--shortlist"]) == ("120", "90", "50")
     assert "--one-best" not in extender_args(docs)
     assert "--one-best" in extender_args(render({"extender": {"oneBest": True}}))
+    assert "--no-http2" not in extender_args(render({}))
+    assert "--no-http2" in extender_args(render({"extender": {"http2": False}}))
     assert extender_args(docs)[-1] == "--comm-share=0.5"
     spec = pod_spec(deployment)
     assert deployment["spec"]["replicas"] == 3 and spec["priorityClassName"] == "system-cluster-critical"
