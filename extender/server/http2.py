@@ -376,7 +376,7 @@ class Http2Verbs:
                 method = value
             elif name == b":path":
                 path = value
-        verb = self._verbs.get(path)
+        verb = self._verbs.get(path.partition(b"?")[0])  # kube-apiserver's webhook client adds ?timeout=
         if self._forbidden:  # counted and logged once, as the connection was made (serve.py)
             self._closing = True
             self._text(stream_id, 403, FORBIDDEN)

@@ -93,6 +93,18 @@ def test_the_verbs_answer_over_h2_as_over_http_1_1_on_one_connection(pki: Path) 
     assert _opened(over_h2) == 1.0
 
 
+def test_the_admission_webhook_answers_over_h2_with_the_query_its_client_adds(pki: Path) -> None:
+    """kube-apiserver's webhook client speaks h2 and adds ?timeout= to the webhook's path."""
+    review = orjson.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                           "request": {"uid": "r1", "namespace": "default", "operation": "CREATE", "object": POD}})
+    with running_server(_service(), _options(pki)) as port:
+        with httpx.Client(http2=True, verify=_context(pki), base_url=f"https://127.0.0.1:{port}",
+                          timeout=WAIT) as client:
+            answer = client.post("/admission/pods?timeout=10s", content=review)
+    assert (answer.http_version, answer.status_code) == ("HTTP/2", 200)
+    assert answer.json()["response"] == {"uid": "r1", "allowed": True}
+
+
 def test_without_http2_the_port_offers_http_1_1_only(pki: Path) -> None:
     with running_server(_service(), replace(_options(pki), http2=False)) as port:
         assert {version for version, _, _ in _verbs_over(port, pki, http2=True)} == {"HTTP/1.1"}
