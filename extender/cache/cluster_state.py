@@ -151,9 +151,12 @@ class ClusterState:
 
     def parsed(self, uid: str, version: str) -> PodRequest | None:
         """The watch's parse of this version of a GPU pod, if it has read that version: kube-scheduler's filter
-        carries the pod as the watch delivered it, so the service need not parse it again."""
+        carries the pod as the watch delivered it, so the service need not parse it again. Not for a pod with
+        ResourceClaims (no `inputs`): its parse also read the claims as they were then, which change apart from it."""
         record = self._pods.get(uid)
-        return record.request if record is not None and version and record.version == version else None
+        if record is None or record.inputs is None or not version or record.version != version:
+            return None
+        return record.request
 
     def keys_for(self, names: list[str]) -> list[Key | None]:
         """Each node's key, None for a node never seen; one C pass (extender/api/_names.c) for thousands of names."""

@@ -51,3 +51,17 @@ def test_a_version_the_watch_has_not_read_is_parsed_here(monkeypatch: pytest.Mon
     del unversioned["metadata"]["resourceVersion"]
     service.pod_request(unversioned)
     assert parsed == ["2", ""], "a pod without a version is never matched to the watch's"
+
+
+def test_a_pod_with_resource_claims_is_parsed_here_as_its_claims_are_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watch parsed it against the claims as they were then; they change apart from the pod's version."""
+    state = ClusterState()
+    cluster = DemoCluster(state, (("n1", "dgx-h100"),))
+    service = ExtenderService(state, cluster)
+    pod = cluster.create_pod("p", 2)
+    pod = copy.deepcopy(pod)
+    pod["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimName": "claim-1"}]
+    state.pods.apply("MODIFIED", pod)
+    parsed = _counted(monkeypatch)
+    service.pod_request(pod)
+    assert parsed == [pod["metadata"]["resourceVersion"]]
