@@ -71,10 +71,11 @@ _CONTINUATION = 9
 
 
 class ErrorCode(IntEnum):
+    """The codes of RST_STREAM and GOAWAY this server sends (RFC 9113 7)."""
+
     NO_ERROR = 0
     PROTOCOL_ERROR = 1
     FLOW_CONTROL_ERROR = 3
-    STREAM_CLOSED = 5
     FRAME_SIZE_ERROR = 6
     REFUSED_STREAM = 7
     COMPRESSION_ERROR = 9
@@ -82,7 +83,8 @@ class ErrorCode(IntEnum):
 
 
 _END_STREAM, _ACK, _END_HEADERS, _PADDED, _PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
-_INITIAL_WINDOW_SIZE, _MAX_FRAME_SIZE, _ENABLE_PUSH = 4, 5, 2
+# SETTINGS identifiers (RFC 9113 6.5.2).
+_ENABLE_PUSH, _MAX_CONCURRENT_STREAMS, _INITIAL_WINDOW_SIZE, _MAX_FRAME_SIZE, _MAX_HEADER_LIST_SIZE = 2, 3, 4, 5, 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +195,8 @@ class Http2Verbs:
         self._closing = False
         self._idle: asyncio.TimerHandle | None = None
         self._idle_since: float | None = None  # when the last stream was answered, while none is open
-        settings = ((3, MAX_STREAMS), (_INITIAL_WINDOW_SIZE, limits.max_body_bytes + 1),
-                    (_MAX_FRAME_SIZE, MAX_FRAME_BYTES), (6, limits.max_head_bytes))
+        settings = ((_MAX_CONCURRENT_STREAMS, MAX_STREAMS), (_INITIAL_WINDOW_SIZE, limits.max_body_bytes + 1),
+                    (_MAX_FRAME_SIZE, MAX_FRAME_BYTES), (_MAX_HEADER_LIST_SIZE, limits.max_head_bytes))
         self._out.append(_frame(_SETTINGS, 0, 0, b"".join(key.to_bytes(2, "big") + value.to_bytes(4, "big")
                                                                for key, value in settings)))
         self._out.append(_frame(_WINDOW_UPDATE, 0, 0, (self._receive_window - _DEFAULT_WINDOW).to_bytes(4, "big")))
