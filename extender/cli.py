@@ -267,7 +267,7 @@ def _serve(args: argparse.Namespace) -> int:
         service = ExtenderService(state, kube, selector, leader=elector, pods=pods if elector else None,
                                   topology_wait=args.topology_wait, pin_claims=planner is not None, **groups)
         if planner is not None:
-            planner.on_count = lambda outcome: service.metrics.decisions.labels("pin", outcome).inc()
+            planner.on_count = lambda outcome: service.metrics.decision("pin", outcome).inc()
             Reflector(kube.list_resource_claim_templates, kube.watch_resource_claim_templates, state.templates,
                       name="resourceclaimtemplates.resource.k8s.io").start()
             threading.Thread(target=planner.run, kwargs={"active": service.leads if elector is not None else None},

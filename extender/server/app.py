@@ -131,7 +131,7 @@ def create_app(service: ExtenderService, max_body_bytes: int = MAX_BODY_BYTES) -
     def do_admit(body: bytes, compute: bool) -> bytes:
         review = parse_review(body)
         patch = admit(service.state, review) if service.pin_claims else []
-        service.metrics.decisions.labels("admission", "named" if patch else "as-written").inc()
+        service.metrics.decision("admission", "named" if patch else "as-written").inc()
         return review_answer(review.uid, patch)
 
     filter_answer = _guarded(service, "filter", do_filter, filter_error)

@@ -30,6 +30,7 @@ class Metrics:
                                          ["verb"], buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.decisions = Counter("gpu_topology_extender_decisions_total", "Outcomes per verb",
                                  ["verb", "outcome"], registry=self.registry)
+        self._decided: dict[tuple[str, str], Counter] = {}  # decisions' children, of a fixed set of verbs and outcomes
         self.ring_gbps = Histogram("gpu_topology_extender_granted_ring_gbps",
                                    "Ring bandwidth of the GPU sets granted at bind (multi-GPU pods)",
                                    buckets=_GBPS_BUCKETS, registry=self.registry)
@@ -78,6 +79,13 @@ class Metrics:
         self.registry.register(_RefusedNodes(state))
         self.registry.register(_SharedNodes(state))
         self.registry.register(_DraNodes(state))
+
+    def decision(self, verb: str, outcome: str) -> Counter:
+        """decisions_total's child for a verb's outcome, looked up once: filter and bind count a few each pod."""
+        child = self._decided.get((verb, outcome))
+        if child is None:
+            child = self._decided[verb, outcome] = self.decisions.labels(verb, outcome)
+        return child
 
 
 class _RefusedNodes(Collector):

@@ -29,8 +29,6 @@ from functools import partial
 from random import Random
 from typing import Any, Protocol
 
-from prometheus_client import Counter
-
 from extender.api.pod_request import PodRequest, parse_pod
 from extender.api.preferences import tolerates
 from extender.api.wire import BindingArgs, ExtenderArgs, PreemptionArgs, Victims
@@ -147,7 +145,6 @@ class ExtenderService:
         self._grades: ShapeMemo[Grade] = ShapeMemo()  # filter's and prioritize's, per request shape
         self._pods: OrderedDict[str, tuple[str, PodRequest]] = OrderedDict()  # uid -> (resourceVersion, request)
         self._pods_lock = threading.Lock()
-        self._decisions: dict[tuple[str, str], Counter] = {}  # by a fixed set of verbs and outcomes
         self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._events: queue.Queue[tuple[str, str, str, str, str]] = queue.Queue(_EVENT_QUEUE_SIZE)
         state.ledger.on_mismatch = self._mismatch
@@ -182,20 +179,13 @@ class ExtenderService:
             self._drain(pod, outcome.failed[WAITING])
         unlisted = outcome.unlisted
         outranked = unlisted.get((OUTRANKED, True), 0)
-        self._decision("filter", "pass").inc(len(outcome.passed))
-        self._decision("filter", "outranked").inc(outranked)
-        self._decision("filter", "fail").inc(
+        self.metrics.decision("filter", "pass").inc(len(outcome.passed))
+        self.metrics.decision("filter", "outranked").inc(outranked)
+        self.metrics.decision("filter", "fail").inc(
             sum(map(len, outcome.failed.values())) + sum(n for (_, fix), n in unlisted.items() if fix) - outranked)
-        self._decision("filter", "unresolvable").inc(
+        self.metrics.decision("filter", "unresolvable").inc(
             sum(map(len, outcome.unresolvable.values())) + sum(n for (_, fix), n in unlisted.items() if not fix))
         return outcome
-
-    def _decision(self, verb: str, outcome: str) -> Counter:
-        """decisions_total's child for a verb's outcome, looked up once: each pod counts a few."""
-        child = self._decisions.get((verb, outcome))
-        if child is None:
-            child = self._decisions[verb, outcome] = self.metrics.decisions.labels(verb, outcome)
-        return child
 
     def _unweighed_at(self, pod: PodRequest, name: str) -> bool:
         """The node has no PreferNoSchedule taint the pod does not tolerate, so kube-scheduler's TaintToleration
@@ -206,8 +196,8 @@ class ExtenderService:
     def _observed(self, names: list[str], outcome: FilterOutcome) -> FilterOutcome:
         """Every candidate passes; the refusals filter would have made are counted, not made."""
         refused = sum(map(len, outcome.failed.values())) + sum(map(len, outcome.unresolvable.values()))
-        self.metrics.decisions.labels("filter", "pass").inc(len(outcome.passed))
-        self.metrics.decisions.labels("filter", OBSERVED_REFUSAL).inc(refused)
+        self.metrics.decision("filter", "pass").inc(len(outcome.passed))
+        self.metrics.decision("filter", OBSERVED_REFUSAL).inc(refused)
         return FilterOutcome(list(names))
 
     def prioritize(self, args: ExtenderArgs, compute: bool = True) -> tuple[list[str], list[int]]:
@@ -235,12 +225,12 @@ class ExtenderService:
                       if isinstance(key, NodeKey)]
         drain = self.drains.start(pod.uid, candidates, self.selector, pod.request.count, deadline, self.state.clock())
         if drain is not None:
-            self.metrics.decisions.labels("filter", "drain").inc()
+            self.metrics.decision("filter", "drain").inc()
 
     def preempt(self, args: PreemptionArgs) -> dict[str, Victims]:
         kept = preempt_nodes(self.state, self.selector, self.pod_request(args.pod), args.victims)
-        self.metrics.decisions.labels("preempt", "kept").inc(len(kept))
-        self.metrics.decisions.labels("preempt", OBSERVED_DROP if self.observe else "dropped").inc(
+        self.metrics.decision("preempt", "kept").inc(len(kept))
+        self.metrics.decision("preempt", OBSERVED_DROP if self.observe else "dropped").inc(
             len(args.victims) - len(kept))
         return dict(args.victims) if self.observe else kept
 
@@ -321,12 +311,12 @@ class ExtenderService:
         """The bind up to its Binding: the reservation to post, or kube-scheduler's answer when nothing is left to
         post. Without `kube`, WouldRead where begin_bind would read from the API server."""
         if self.observe:
-            self.metrics.decisions.labels("bind", OBSERVE_ONLY).inc()
+            self.metrics.decision("bind", OBSERVE_ONLY).inc()
             return (f"binding {args.pod_namespace}/{args.pod_name} refused: the GPU topology extender observes only "
                     "(--observe) and binds no pod: its kube-scheduler configuration for observing sets no bindVerb")
         standby = self._not_leading()
         if standby is not None:
-            self.metrics.decisions.labels("bind", "not-leader").inc()
+            self.metrics.decision("bind", "not-leader").inc()
             return (f"binding {args.pod_namespace}/{args.pod_name} refused: {standby}; "
                     "kube-scheduler will retry the pod")
         self.state.ledger.sweep()
@@ -360,12 +350,12 @@ class ExtenderService:
             partial(_pass_on, answer))
 
     def _refused(self, args: BindingArgs, error: BindError) -> str:
-        self.metrics.decisions.labels("bind", "error").inc()
+        self.metrics.decision("bind", "error").inc()
         log.info("bind %s/%s to %s refused: %s", args.pod_namespace, args.pod_name, args.node, error)
         return str(error)
 
     def _bound(self, args: BindingArgs, bound: Bound) -> str:
-        self._decision("bind", "repeated" if bound.repeated else "bound").inc()
+        self.metrics.decision("bind", "repeated" if bound.repeated else "bound").inc()
         self.wait.forget(args.pod_uid)
         self.drains.end(args.pod_uid)
         if bound.ring_gbps is not None and not bound.repeated:
