@@ -212,6 +212,10 @@ class Http2Verbs:
         for stream_id, stream in self._streams.items():  # a request whole within one read needs no timer
             if stream.deadline is None:
                 stream.deadline = self._loop.call_later(self._limits.request_seconds, self._expired, stream_id)
+        self._give_back()
+
+    def _give_back(self) -> None:
+        """The connection's window opened by the bytes taken or let go, and what is to send written at once."""
         if self._unacknowledged and not self._transport.is_closing():
             self._out.append(_frame(_WINDOW_UPDATE, 0, 0, self._unacknowledged.to_bytes(4, "big")))
             self._receive_window += self._unacknowledged
@@ -414,8 +418,7 @@ class Http2Verbs:
             self._send_window += increment
             if self._send_window > _MAX_WINDOW:
                 raise ProtocolBreach(ErrorCode.FLOW_CONTROL_ERROR, "opened the connection's window past 2^31-1")
-            for waiting in tuple(self._sending):
-                self._send(waiting)
+            self._send_waiting()
         elif stream_id in self._open:
             self._open[stream_id] += increment
             if self._open[stream_id] > _MAX_WINDOW:
@@ -443,8 +446,7 @@ class Http2Verbs:
             elif key == _ENABLE_PUSH and value > 1:
                 raise ProtocolBreach(ErrorCode.PROTOCOL_ERROR, f"set ENABLE_PUSH to {value}")
         self._out.append(_frame(_SETTINGS, _ACK, 0))
-        for waiting in tuple(self._sending):
-            self._send(waiting)
+        self._send_waiting()
 
     def _reset(self, stream_id: int) -> None:
         self._drop(stream_id)
@@ -472,7 +474,7 @@ class Http2Verbs:
         log.warning("refused a stream from %s: its request was not whole within %g s", self._peer,
                     self._limits.request_seconds)
         self._text(stream_id, 408, b"the request was not whole within %g s" % self._limits.request_seconds)
-        self.received(b"")  # the window given back, and the answer written
+        self._give_back()
 
     def _answered_later(self, stream_id: int, verb: str, done: asyncio.Future[Answered]) -> None:
         self._working -= 1
@@ -495,14 +497,20 @@ class Http2Verbs:
         self._write(stream_id, _head(status, _TEXT, len(text)), text)
 
     def _write(self, stream_id: int, head: bytes, content: bytes) -> None:
-        if stream_id in self._open and not self._transport.is_closing():
-            self._out.append(_frame(_HEADERS, _END_HEADERS | (0 if content else _END_STREAM), stream_id, head))
-            if content:
-                self._sending[stream_id] = memoryview(content)
-                self._send(stream_id)
-            else:
-                self._answered_whole(stream_id)
-        self._settled()
+        if stream_id not in self._open or self._transport.is_closing():
+            self._settled()  # the client reset it, or went away: nothing to write
+            return
+        self._out.append(_frame(_HEADERS, _END_HEADERS | (0 if content else _END_STREAM), stream_id, head))
+        if content:
+            self._sending[stream_id] = memoryview(content)
+            self._send(stream_id)
+        else:
+            self._answered_whole(stream_id)
+
+    def _send_waiting(self) -> None:
+        """The answers held back by the client's windows, once they opened."""
+        for waiting in tuple(self._sending):
+            self._send(waiting)
 
     def _send(self, stream_id: int) -> None:
         """As much of an answer as the client's windows take; the rest waits for its WINDOW_UPDATE."""
