@@ -16,6 +16,8 @@ from extender.server.certificates import CHECK_SECONDS
 from extender.server.serve import Listeners, ServeOptions, server_config
 from extender.verbs.service import ExtenderService
 
+WAIT = 30.0  # only a bound for a failing test, never a measurement
+
 
 class Serving(NamedTuple):
     server: uvicorn.Server
@@ -80,6 +82,30 @@ def listening(service: ExtenderService, options: ServeOptions = ServeOptions(),
         thread.join(10)
         for listener in sockets:
             listener.close()
+
+
+def hold_binds(service: ExtenderService) -> tuple[threading.Event, threading.Event]:
+    """Each Binding waits for `release` once it has set `entered`: a bind at work on its thread (the demo cluster
+    posts no Binding from the event loop)."""
+    entered, release = threading.Event(), threading.Event()
+    real_bind = service.kube.bind
+
+    def held_bind(*args):
+        entered.set()
+        release.wait(WAIT)
+        return real_bind(*args)
+
+    service.kube.bind = held_bind  # type: ignore[method-assign]
+    return entered, release
+
+
+def accepts(port: int) -> bool:
+    """The listener takes connections: false once a server stopping has closed it."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=WAIT).close()
+    except ConnectionRefusedError:
+        return False
+    return True
 
 
 def _listener() -> socket.socket:

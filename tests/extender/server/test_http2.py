@@ -23,30 +23,17 @@ from h2.errors import ErrorCodes
 
 from extender import cli
 from extender.api.wire import MAX_BODY_BYTES
-from extender.cache.cluster_state import ClusterState
-from extender.demo.cluster import DemoCluster
 from extender.server.http2 import FORBIDDEN, MAX_RESETS, MAX_STREAMS
 from extender.server.serve import Limits, ServeOptions
 from extender.verbs.service import ExtenderService
-from helpers.extender_server import running_server, serving
+from helpers.extender_server import accepts, hold_binds, running_server, serving
 from helpers.pki import pki
+from test_verb_protocol import BIND, FILTER, POD, verb_service
 
 __all__ = ["pki"]  # the fixture: the CA and the certificates, made with openssl
 
 WAIT = 30.0  # only a bound for a failing test, never a measurement
-NODES = (("n1", "dgx-h100"), ("n2", "dgx-a100"), ("n3", "dgx1-v100"))
-POD = {"metadata": {"name": "p", "namespace": "default", "uid": "u1", "resourceVersion": "1"},
-       "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}
-FILTER = orjson.dumps({"Pod": POD, "NodeNames": [name for name, _ in NODES]})
 PRIORITIZE = FILTER
-BIND = orjson.dumps({"PodName": "p", "PodNamespace": "default", "PodUID": "u1", "Node": "n1"})
-
-
-def _service() -> ExtenderService:
-    state = ClusterState()
-    cluster = DemoCluster(state, NODES)
-    cluster.add_pod(POD)
-    return ExtenderService(state, cluster, one_best=False)
 
 
 def _options(pki: Path, **limits: float) -> ServeOptions:
@@ -80,7 +67,7 @@ def _verbs_over(port: int, pki: Path, http2: bool) -> list[tuple[str, int, bytes
 
 
 def test_the_verbs_answer_over_h2_as_over_http_1_1_on_one_connection(pki: Path) -> None:
-    over_h2, over_h1 = _service(), _service()
+    over_h2, over_h1 = verb_service(), verb_service()
     with running_server(over_h2, _options(pki)) as port:
         answers_h2 = _verbs_over(port, pki, http2=True)
     with running_server(over_h1, _options(pki)) as port:
@@ -97,7 +84,7 @@ def test_the_admission_webhook_answers_over_h2_with_the_query_its_client_adds(pk
     """kube-apiserver's webhook client speaks h2 and adds ?timeout= to the webhook's path."""
     review = orjson.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                            "request": {"uid": "r1", "namespace": "default", "operation": "CREATE", "object": POD}})
-    with running_server(_service(), _options(pki)) as port:
+    with running_server(verb_service(), _options(pki)) as port:
         with httpx.Client(http2=True, verify=_context(pki), base_url=f"https://127.0.0.1:{port}",
                           timeout=WAIT) as client:
             answer = client.post("/admission/pods?timeout=10s", content=review)
@@ -106,12 +93,12 @@ def test_the_admission_webhook_answers_over_h2_with_the_query_its_client_adds(pk
 
 
 def test_without_http2_the_port_offers_http_1_1_only(pki: Path) -> None:
-    with running_server(_service(), replace(_options(pki), http2=False)) as port:
+    with running_server(verb_service(), replace(_options(pki), http2=False)) as port:
         assert {version for version, _, _ in _verbs_over(port, pki, http2=True)} == {"HTTP/1.1"}
 
 
 def test_concurrent_calls_are_streams_of_one_connection(pki: Path) -> None:
-    service = _service()
+    service = verb_service()
 
     async def calls(port: int) -> list[httpx.Response]:
         async with httpx.AsyncClient(http2=True, verify=_context(pki), base_url=f"https://127.0.0.1:{port}",
@@ -126,7 +113,7 @@ def test_concurrent_calls_are_streams_of_one_connection(pki: Path) -> None:
 
 
 def test_what_is_not_a_verb_is_refused_with_its_reason(pki: Path) -> None:
-    with running_server(_service(), _options(pki)) as port:
+    with running_server(verb_service(), _options(pki)) as port:
         with httpx.Client(http2=True, verify=_context(pki), base_url=f"https://127.0.0.1:{port}",
                           timeout=WAIT) as client:
             healthz, get_filter = client.get("/healthz"), client.get("/filter")
@@ -136,7 +123,7 @@ def test_what_is_not_a_verb_is_refused_with_its_reason(pki: Path) -> None:
 
 
 def test_a_certificate_of_another_name_gets_403_and_the_connection_closes(pki: Path) -> None:
-    service = _service()
+    service = verb_service()
     with running_server(service, _options(pki)) as port:
         with _RawClient(port, pki, "intruder") as client:
             stream = client.request(FILTER)
@@ -146,7 +133,7 @@ def test_a_certificate_of_another_name_gets_403_and_the_connection_closes(pki: P
 
 
 def test_a_body_over_the_limit_is_refused_declared_or_sent(pki: Path) -> None:
-    service = _service()
+    service = verb_service()
     with running_server(service, _options(pki)) as port:
         with _RawClient(port, pki) as client:
             declared = client.request(None, length=MAX_BODY_BYTES + 1)
@@ -166,7 +153,7 @@ def test_a_body_over_the_limit_is_refused_declared_or_sent(pki: Path) -> None:
 
 
 def test_a_stream_not_whole_by_its_deadline_gets_408_and_an_idle_connection_closes(pki: Path) -> None:
-    service = _service()
+    service = verb_service()
     with running_server(service, _options(pki, request_seconds=0.3, idle_seconds=0.5)) as port:
         with _RawClient(port, pki) as client:
             slow = client.request(None)
@@ -178,7 +165,7 @@ def test_a_stream_not_whole_by_its_deadline_gets_408_and_an_idle_connection_clos
 
 
 def test_a_connection_in_use_outlives_the_idle_time_and_closes_once_idle(pki: Path) -> None:
-    with running_server(_service(), _options(pki, idle_seconds=0.5)) as port:
+    with running_server(verb_service(), _options(pki, idle_seconds=0.5)) as port:
         with _RawClient(port, pki) as client:
             for _ in range(4):  # 1.2 s in all, never 0.5 s without a stream
                 stream = client.request(FILTER)
@@ -191,7 +178,7 @@ def test_a_connection_in_use_outlives_the_idle_time_and_closes_once_idle(pki: Pa
 
 def test_an_answer_waits_for_the_clients_window(pki: Path) -> None:
     """An answer larger than the client lets the server send at once is sent as the client opens its window."""
-    with running_server(_service(), _options(pki)) as port:
+    with running_server(verb_service(), _options(pki)) as port:
         with _RawClient(port, pki, window=16) as client:
             stream = client.request(FILTER)
             client.read_until(lambda: client.ended(stream))
@@ -201,7 +188,7 @@ def test_an_answer_waits_for_the_clients_window(pki: Path) -> None:
 def test_a_client_that_resets_stream_after_stream_is_cut_off(pki: Path) -> None:
     """The rapid reset (CVE-2023-44487): streams opened and reset at once cost work, but hold none of the stream
     limit."""
-    service = _service()
+    service = verb_service()
     with running_server(service, _options(pki)) as port:
         with _RawClient(port, pki) as client:
             for _ in range(MAX_RESETS + 1):
@@ -215,7 +202,7 @@ def test_a_client_that_resets_stream_after_stream_is_cut_off(pki: Path) -> None:
 @pytest.mark.parametrize("garbage", [b"\x00\x00\x04\x09\x00\x00\x00\x00\x01abcd",  # a naked CONTINUATION
                                      b"\x10\x00\x00\x00\x00\x00\x00\x00\x01"])  # a frame past MAX_FRAME_SIZE
 def test_a_broken_protocol_closes_the_connection_with_its_reason(pki: Path, garbage: bytes) -> None:
-    service = _service()
+    service = verb_service()
     with running_server(service, _options(pki)) as port:
         with _RawClient(port, pki) as client:
             client.tls.sendall(garbage)
@@ -226,7 +213,7 @@ def test_a_broken_protocol_closes_the_connection_with_its_reason(pki: Path, garb
 
 def test_a_header_block_in_continuation_frames_padding_priority_and_trailers_are_read(pki: Path) -> None:
     """What a client may send that Go's does not: a block past one frame, padded frames, a priority, trailers."""
-    with running_server(_service(), _options(pki)) as port:
+    with running_server(verb_service(), _options(pki)) as port:
         with _RawClient(port, pki) as client:
             long_head = client.request(FILTER, extra=((b"x-pad", b"p" * 40_000),))  # > 16 KiB: CONTINUATION
             client.read_until(lambda: client.ended(long_head))
@@ -245,7 +232,7 @@ def test_a_header_block_in_continuation_frames_padding_priority_and_trailers_are
 
 
 def test_a_header_block_over_the_bound_closes_the_connection(pki: Path) -> None:
-    service = _service()
+    service = verb_service()
     with running_server(service, _options(pki, max_head_bytes=4096)) as port:
         with _RawClient(port, pki) as client:
             client.request(FILTER, extra=((b"x-pad", b"p" * 5000),))
@@ -254,7 +241,7 @@ def test_a_header_block_over_the_bound_closes_the_connection(pki: Path) -> None:
 
 
 def test_streams_past_the_limit_are_refused_and_the_others_answered(pki: Path) -> None:
-    with running_server(_service(), _options(pki)) as port:
+    with running_server(verb_service(), _options(pki)) as port:
         with _RawClient(port, pki) as client:
             client.conn.remote_settings.max_concurrent_streams = MAX_STREAMS + 1  # as if it ignored the setting
             held = [client.request(None, length=len(FILTER)) for _ in range(MAX_STREAMS)]
@@ -268,23 +255,16 @@ def test_streams_past_the_limit_are_refused_and_the_others_answered(pki: Path) -
 
 
 def test_a_verb_at_work_when_the_server_stops_is_answered_then_goaway(pki: Path) -> None:
-    service = _service()
-    entered, release = threading.Event(), threading.Event()
-    real_bind = service.kube.bind
-
-    def held_bind(*args):
-        entered.set()
-        release.wait(WAIT)
-        return real_bind(*args)
-
-    service.kube.bind = held_bind  # type: ignore[method-assign]
+    service = verb_service()
+    entered, release = hold_binds(service)
     with serving(service, _options(pki)) as (server, port, thread):
         try:
             with _RawClient(port, pki) as client:
                 bind = client.request(BIND, path=b"/bind")
                 assert entered.wait(WAIT)
                 server.should_exit = True
-                threading.Event().wait(0.3)  # the shutdown begins: the connection is told, and waits for the bind
+                while accepts(port):  # the shutdown has begun once the listener is closed
+                    threading.Event().wait(0.02)
                 release.set()
                 client.read_until(lambda: client.ended(bind) and client.terminated)
         finally:
@@ -305,7 +285,7 @@ def test_a_verb_at_work_when_the_server_stops_is_answered_then_goaway(pki: Path)
 ])
 def test_a_frame_against_the_protocol_closes_the_connection_with_its_code(pki: Path, frames: bytes,
                                                                           code: ErrorCodes) -> None:
-    service = _service()
+    service = verb_service()
     with running_server(service, _options(pki)) as port:
         with _RawClient(port, pki) as client:
             client.tls.sendall(frames)

@@ -16,7 +16,7 @@ from extender.cache.ledger import Phase
 from extender.demo.cluster import DemoCluster
 from extender.server.app import create_app
 from extender.verbs.service import ExtenderService
-from helpers.extender_server import running_server, serving
+from helpers.extender_server import accepts, hold_binds, running_server, serving
 
 WAIT = 30.0  # only a bound for a failing test, never a measurement
 NODES = (("n1", "dgx-h100"), ("n2", "dgx-a100"), ("n3", "dgx1-v100"))
@@ -26,7 +26,8 @@ FILTER = orjson.dumps({"Pod": POD, "NodeNames": [name for name, _ in NODES]})
 BIND = orjson.dumps({"PodName": "p", "PodNamespace": "default", "PodUID": "u1", "Node": "n1"})
 
 
-def _service() -> ExtenderService:
+def verb_service() -> ExtenderService:
+    """A service of three boards that knows the pod POD: filter, prioritize and bind each answer something."""
     state = ClusterState()
     cluster = DemoCluster(state, NODES)
     cluster.add_pod(POD)
@@ -82,27 +83,12 @@ def _complete(data: bytes) -> list[tuple[bytes, dict[bytes, bytes], bytes]]:
     return _answers(done)
 
 
-def _hold_binds(service: ExtenderService) -> tuple[threading.Event, threading.Event]:
-    """Each Binding waits for `release` once it has set `entered`: a bind at work on its thread (the demo cluster
-    posts no Binding from the event loop)."""
-    entered, release = threading.Event(), threading.Event()
-    real_bind = service.kube.bind
-
-    def held_bind(*args):
-        entered.set()
-        release.wait(WAIT)
-        return real_bind(*args)
-
-    service.kube.bind = held_bind  # type: ignore[method-assign]
-    return entered, release
-
-
 def test_the_servers_verbs_answer_as_the_asgi_routes_do() -> None:
     prioritize = orjson.dumps({"Pod": POD, "NodeNames": ["n1", "n2", "n3"]})
-    asgi = TestClient(create_app(_service()))
+    asgi = TestClient(create_app(verb_service()))
     expected = [asgi.post(f"/{verb}", content=body) for verb, body in
                 (("filter", FILTER), ("prioritize", prioritize), ("bind", BIND), ("bind", BIND))]
-    service = _service()
+    service = verb_service()
     with running_server(service) as port:
         served, closed = _send(port, b"".join(_request(f"/{verb}", body) for verb, body in
                                               (("filter", FILTER), ("prioritize", prioritize), ("bind", BIND),
@@ -118,15 +104,15 @@ def test_the_servers_verbs_answer_as_the_asgi_routes_do() -> None:
 
 
 def test_connection_close_is_answered_then_the_connection_closes() -> None:
-    with running_server(_service()) as port:
+    with running_server(verb_service()) as port:
         (answer,), closed = _send(port, _request("/filter", FILTER, b"Connection: close"), 1)
     assert answer[0] == b"HTTP/1.1 200 OK" and answer[1][b"connection"] == b"close" and closed
 
 
 def test_a_request_pipelined_behind_a_bind_at_work_is_answered_after_it() -> None:
     """The bind goes to its threads; the filter behind it waits for its answer, as HTTP/1.1 orders them."""
-    service = _service()
-    entered, release = _hold_binds(service)
+    service = verb_service()
+    entered, release = hold_binds(service)
     with running_server(service) as port:
         threading.Thread(target=lambda: (entered.wait(WAIT), release.set()), daemon=True).start()
         (bound, filtered), closed = _send(port, _request("/bind", BIND) + _request("/filter", FILTER), 2)
@@ -134,15 +120,15 @@ def test_a_request_pipelined_behind_a_bind_at_work_is_answered_after_it() -> Non
 
 
 def test_expect_100_continue_is_honoured() -> None:
-    with running_server(_service()) as port:
+    with running_server(verb_service()) as port:
         (continued, answer), _ = _send(port, _request("/filter", FILTER, b"Expect: 100-continue"), 2)
     assert continued[0] == b"HTTP/1.1 100 Continue" and answer[0] == b"HTTP/1.1 200 OK"
     assert b'"NodeNames"' in answer[2]
 
 
 def test_a_client_gone_before_its_answer_leaves_the_server_serving() -> None:
-    service = _service()
-    entered, release = _hold_binds(service)
+    service = verb_service()
+    entered, release = hold_binds(service)
     with running_server(service) as port:
         with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as connection:
             connection.sendall(_request("/bind", BIND))
@@ -154,7 +140,7 @@ def test_a_client_gone_before_its_answer_leaves_the_server_serving() -> None:
 
 
 def test_a_body_over_the_limit_sent_in_chunks_is_refused_as_it_passes_it() -> None:
-    service = _service()
+    service = verb_service()
     chunk = b"x" * 65536
     head = b"POST /filter HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
     body = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(130))  # 8.1 MiB, past 8 MiB
@@ -182,15 +168,15 @@ def _recv(connection: socket.socket) -> bytes:
 
 def test_a_verb_at_work_when_the_server_stops_is_answered_before_it_goes() -> None:
     """uvicorn's graceful shutdown waits for the connection: the bind's answer is written, then it closes."""
-    service = _service()
-    entered, release = _hold_binds(service)
+    service = verb_service()
+    entered, release = hold_binds(service)
     with serving(service) as (server, port, thread):
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as connection:
                 connection.sendall(_request("/bind", BIND))
                 assert entered.wait(WAIT)
                 server.should_exit = True
-                while _accepts(port):  # the shutdown has begun once the listener is closed
+                while accepts(port):  # the shutdown has begun once the listener is closed
                     threading.Event().wait(0.02)
                 release.set()
                 answer = b""
@@ -204,16 +190,8 @@ def test_a_verb_at_work_when_the_server_stops_is_answered_before_it_goes() -> No
     assert service.state.ledger.get("u1") is not None
 
 
-def _accepts(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=WAIT).close()
-    except ConnectionRefusedError:
-        return False
-    return True
-
-
 def test_a_binding_that_cannot_be_posted_from_the_loop_keeps_its_gpus_and_says_so() -> None:
-    service = _service()
+    service = verb_service()
 
     def broken(*args):
         raise RuntimeError("no way to post")
