@@ -42,11 +42,11 @@ stopped and the pods and events deleted. Per round:
   names (PARTS): the extender protocol (HTTPExtender's calls with their JSON encoding and decoding, the statuses of
   the names the extender refused, and the HTTP/1.1 client's connections, which only an extender uses: the API
   server is spoken to over HTTP/2; an extender that answers h2, as both here do, has its connection's reading and
-  writing in golang.org/x/net/http2's goroutines, which client-go's share, so in the rest), kube-scheduler's filter (PreFilter, Filter plugins over the nodes), its score
-  (PreScore, Score, NormalizeScore, the host picked), and the rest (queue, cache, informers, Binding and Event
-  writes, the Go runtime). Shown apart within them (WITHIN): new connections' dials and TLS handshakes, net/http's
-  for the API server too, so alone they are the whole protocol part (0.05 ms a pod at most, as measured); and GC's
-  background mark workers;
+  writing in golang.org/x/net/http2's goroutines, which client-go's share, so in the rest), kube-scheduler's filter
+  (PreFilter, Filter plugins over the nodes), its score (PreScore, Score, NormalizeScore, the host picked), and the
+  rest (queue, cache, informers, Binding and Event writes, the Go runtime). Shown apart within them (WITHIN): new
+  connections' dials and TLS handshakes, net/http's for the API server too, so alone they are the whole protocol
+  part (0.05 ms a pod at most, as measured); and GC's background mark workers;
 - the extender's server time per verb, p50 and p99 from its `gpu_topology_extender_request_seconds` histogram
   (interpolated within buckets as Prometheus' histogram_quantile does), and kube-scheduler's own Bind extension
   point (`scheduler_framework_extension_point_duration_seconds`, the Binding POST where it binds itself);
