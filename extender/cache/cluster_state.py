@@ -503,13 +503,15 @@ class ClusterState:
             self._forget_pod(uid)
             return
         previous = self._pods.get(uid)
-        inputs = parse_inputs(pod, self.keys)
+        inputs = parse_inputs(pod, self.keys) if previous is not None else None
         if previous is not None and inputs is not None and previous.inputs == inputs:
             request = previous.request
         else:
             request = parse_pod(pod, self.keys, self.resource, self.dra)
-        if request.gpus == 0:
-            return
+            if request.gpus == 0:
+                return  # not kept, so not fingerprinted: most of a cluster's pods ask no GPU
+            if previous is None:
+                inputs = parse_inputs(pod, self.keys)
         self._pods[uid] = PodRecord(request, node, str(metadata.get("resourceVersion") or ""), inputs)
         group = request.group_key
         with self.ledger.lock:  # group placement reads the members under it

@@ -108,3 +108,18 @@ def test_a_pod_with_resource_claims_is_always_parsed(parsed: list[str]) -> None:
 def test_the_fingerprint_is_none_where_the_pod_cannot_be_read_alike() -> None:
     assert pod_request.parse_inputs({"metadata": {}, "spec": []}, KEYS) is None
     assert pod_request.parse_inputs({"metadata": {}, "spec": {1: "not a JSON key"}}, KEYS) is None
+
+
+def test_a_pod_that_asks_no_gpu_is_parsed_and_never_fingerprinted(parsed: list[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """It is not kept, so there is no version to compare with: most of a cluster's pods ask no GPU."""
+    fingerprinted: list[str] = []
+    real = pod_request.parse_inputs
+    monkeypatch.setattr(cluster_state_module, "parse_inputs",
+                        lambda pod, keys: fingerprinted.append(pod["metadata"]["resourceVersion"]) or real(pod, keys))
+    state = ClusterState()
+    first = _pod()
+    first["spec"]["containers"][0]["resources"] = {}
+    state.pods.apply("ADDED", first)
+    state.pods.apply("MODIFIED", _next(first, _running))
+    assert parsed == ["1", "2"] and fingerprinted == [] and state.pod("u1") is None
