@@ -51,6 +51,12 @@ A client that keeps to the setting never meets it; Go's opens another connection
 MAX_FRAME_BYTES = 256 << 10
 """The largest frame accepted: a 5,000-name body arrives in one frame, and a frame is held whole before it is read."""
 
+WINDOW_SLACK = 1 << 20
+"""Bytes taken or let go that are given back to the connection's window (WINDOW_UPDATE) at once, beyond the
+largest body and frame it holds: a window update per request would be a frame and a write more a bind, whose
+answer goes out on its own later. Its bytes can be held unacknowledged, so a body of the largest size always
+finds room."""
+
 MAX_RESETS = 256
 """Streams the client may reset on one connection before it is closed: kube-scheduler resets one only when its
 httpTimeout passes."""
@@ -188,7 +194,7 @@ class Http2Verbs:
         self._send_window = _DEFAULT_WINDOW  # the connection's, as the client grants it
         self._initial_window = _DEFAULT_WINDOW  # a new stream's, from the client's SETTINGS
         self._max_frame = _DEFAULT_FRAME  # the client's SETTINGS_MAX_FRAME_SIZE
-        self._receive_window = limits.max_body_bytes + MAX_FRAME_BYTES
+        self._receive_window = limits.max_body_bytes + MAX_FRAME_BYTES + WINDOW_SLACK
         self._unacknowledged = 0  # received bytes taken or let go, not yet given back by WINDOW_UPDATE
         self._working = 0  # streams whose verb is at work
         self._resets = 0
@@ -215,8 +221,9 @@ class Http2Verbs:
         self._give_back()
 
     def _give_back(self) -> None:
-        """The connection's window opened by the bytes taken or let go, and what is to send written at once."""
-        if self._unacknowledged and not self._transport.is_closing():
+        """The connection's window opened by the bytes taken or let go once they pass WINDOW_SLACK, and what is to
+        send written at once."""
+        if self._unacknowledged >= WINDOW_SLACK and not self._transport.is_closing():
             self._out.append(_frame(_WINDOW_UPDATE, 0, 0, self._unacknowledged.to_bytes(4, "big")))
             self._receive_window += self._unacknowledged
             self._unacknowledged = 0

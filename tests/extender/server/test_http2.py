@@ -23,7 +23,7 @@ from h2.errors import ErrorCodes
 
 from extender import cli
 from extender.api.wire import MAX_BODY_BYTES
-from extender.server.http2 import FORBIDDEN, MAX_RESETS, MAX_STREAMS
+from extender.server.http2 import FORBIDDEN, MAX_RESETS, MAX_STREAMS, WINDOW_SLACK
 from extender.server.serve import Limits, ServeOptions
 from extender.verbs.service import ExtenderService
 from helpers.extender_server import accepts, hold_binds, running_server, serving
@@ -34,6 +34,7 @@ __all__ = ["pki"]  # the fixture: the CA and the certificates, made with openssl
 
 WAIT = 30.0  # only a bound for a failing test, never a measurement
 PRIORITIZE = FILTER
+LARGE_FILTER = FILTER + b" " * (60 << 10)  # white space after the JSON: the same request, in fewer of them
 
 
 def _options(pki: Path, **limits: float) -> ServeOptions:
@@ -176,6 +177,27 @@ def test_a_connection_in_use_outlives_the_idle_time_and_closes_once_idle(pki: Pa
     assert client.goaway == ErrorCodes.NO_ERROR
 
 
+def test_the_window_is_given_back_past_its_slack_and_always_holds_the_largest_body(pki: Path) -> None:
+    """A WINDOW_UPDATE a request would be a frame and a write more each bind: the bytes are given back once they
+    pass WINDOW_SLACK, and the window never falls below the largest body a verb takes."""
+    with running_server(verb_service(), _options(pki)) as port:
+        with _RawClient(port, pki) as client:
+            client.read_until(lambda: client.window_updates == 1)  # sent with the server's SETTINGS
+            opened = client.conn.outbound_flow_control_window
+            assert opened >= MAX_BODY_BYTES + WINDOW_SLACK
+            sent, updates = 0, []
+            while sent < 2 * WINDOW_SLACK:
+                stream = client.request(LARGE_FILTER)
+                client.read_until(lambda: client.ended(stream))
+                sent += len(LARGE_FILTER)
+                updates.append(client.window_updates - 1)
+                assert client.status(stream) == b"200"
+                assert client.conn.outbound_flow_control_window >= MAX_BODY_BYTES
+    each = WINDOW_SLACK // len(LARGE_FILTER) + 1  # requests whose bytes pass the slack
+    assert updates[:each - 1] == [0] * (each - 1), "no update while the bytes are within the slack"
+    assert updates[each - 1] == 1 and updates[-1] == len(updates) // each
+
+
 def test_an_answer_waits_for_the_clients_window(pki: Path) -> None:
     """An answer larger than the client lets the server send at once is sent as the client opens its window."""
     with running_server(verb_service(), _options(pki)) as port:
@@ -316,6 +338,7 @@ class _RawClient:
         self.resets: dict[int, ErrorCodes] = {}
         self.goaway: ErrorCodes | None = None
         self.pinged = False
+        self.window_updates = 0  # the connection's, the one sent with the server's SETTINGS among them
         self.terminated = False
         self.flush()
 
@@ -378,6 +401,8 @@ class _RawClient:
                     self.resets[event.stream_id] = event.error_code
                 elif isinstance(event, h2.events.PingAckReceived):
                     self.pinged = True
+                elif isinstance(event, h2.events.WindowUpdated) and event.stream_id == 0:
+                    self.window_updates += 1
                 elif isinstance(event, h2.events.ConnectionTerminated):
                     self.goaway = event.error_code
             self.flush()
