@@ -32,6 +32,7 @@ from extender.api.wire import (
     MAX_BODY_BYTES,
     BadRequest,
     ExtenderArgs,
+    LastPod,
     NameLists,
     NotJson,
     binding_result,
@@ -93,6 +94,7 @@ def create_app(service: ExtenderService, max_body_bytes: int = MAX_BODY_BYTES) -
 
     last: list[tuple[bytes, ExtenderArgs]] = []
     recent = NameLists(service.state.own_names)
+    last_pod = LastPod()
     # Filter, prioritize and preempt run one at a time (`one_at_a_time`), so the remembered body and the memos
     # need no lock of their own. Filter and prioritize are answered on the event loop when all they need is
     # remembered, or is a few new answers on boards of at most 8 GPUs (memo.ON_LOOP; memo.Unknown otherwise):
@@ -110,7 +112,7 @@ def create_app(service: ExtenderService, max_body_bytes: int = MAX_BODY_BYTES) -
         """kube-scheduler sends prioritize the filter's body unchanged when every node passed: parse it once."""
         if last and last[0][0] == body:
             return last[0][1]
-        args = parse_extender_args(body, recent)
+        args = parse_extender_args(body, recent, last_pod)
         last[:] = [(body, args)]
         return args
 

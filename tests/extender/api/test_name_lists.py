@@ -1,5 +1,5 @@
-"""Names found again by their bytes (api/wire.py NameLists): the same request as the JSON parser reads it, whatever
-the bytes, and the names of kube-scheduler's body not decoded twice."""
+"""Names and pods found again by their bytes (api/wire.py NameLists, LastPod): the same request as the JSON parser reads
+it, whatever the bytes, and the names and pod of kube-scheduler's body not decoded twice."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender.api.wire import ExtenderArgs, NameLists, parse_extender_args
+from extender.api.wire import ExtenderArgs, LastPod, NameLists, parse_extender_args
 from helpers.paths import FIXTURES
 
 CAPTURED = (FIXTURES / "kube-scheduler" / "annotated-nvlink--filter.json").read_bytes()
 
 
-def _read(body: bytes, recent: NameLists | None) -> ExtenderArgs | str:
+def _read(body: bytes, recent: NameLists | None, last: LastPod | None = None) -> ExtenderArgs | str:
     try:
-        return parse_extender_args(body, recent)
+        return parse_extender_args(body, recent, last)
     except ValueError as error:
         return f"{type(error).__name__}: {error}"
 
@@ -31,6 +31,19 @@ def test_kube_schedulers_body_is_read_as_whole_and_its_names_kept() -> None:
     assert again == first
     assert again.node_names is not first.node_names  # a copy: no request's list is another's
     assert all(a is b for a, b in zip(again.node_names, first.node_names, strict=True))  # not decoded twice
+
+
+def test_prioritize_takes_the_pod_filter_read_and_another_pod_is_read_anew() -> None:
+    """kube-scheduler sends prioritize filter's pod with the names the shortlist passed: the pod is read once."""
+    document = orjson.loads(CAPTURED)
+    last = LastPod()
+    filtered = parse_extender_args(CAPTURED, NameLists(), last)
+    prioritized = parse_extender_args(orjson.dumps({**document, "NodeNames": document["NodeNames"][:1]}),
+                                      NameLists(), last)
+    assert prioritized.pod is filtered.pod and prioritized.node_names == document["NodeNames"][:1]
+    other = {**document["Pod"], "metadata": {**document["Pod"]["metadata"], "resourceVersion": "2"}}
+    changed = parse_extender_args(orjson.dumps({**document, "Pod": other}), NameLists(), last)
+    assert changed.pod == parse_extender_args(orjson.dumps({**document, "Pod": other})).pod != filtered.pod
 
 
 def test_a_kept_list_changed_by_its_request_does_not_change_the_next() -> None:
@@ -55,9 +68,9 @@ def test_a_kept_list_changed_by_its_request_does_not_change_the_next() -> None:
     b'{"Pod":[],"NodeNames":["a"]}',
 ])
 def test_odd_bodies_are_read_as_the_json_parser_reads_them(body: bytes) -> None:
-    recent = NameLists()
+    recent, last = NameLists(), LastPod()
     for _ in range(2):  # the second time from what the first kept, if it kept anything
-        assert _read(body, recent) == _read(body, None)
+        assert _read(body, recent, last) == _read(body, None)
 
 
 _NAME = st.text(st.sampled_from('ab-."\\,[]{}:é\x00'), max_size=6)
@@ -71,9 +84,9 @@ _NAME = st.text(st.sampled_from('ab-."\\,[]{}:é\x00'), max_size=6)
 def test_any_body_is_read_as_the_json_parser_reads_it(prefix: dict[str, Any], names: Any, cut: int) -> None:
     body = orjson.dumps({**prefix, "NodeNames": names})
     body = body[:len(body) - cut] if cut < 3 else body.replace(b',"NodeNames"', b',"NodeNames" ')
-    recent = NameLists()
+    recent, last = NameLists(), LastPod()
     for _ in range(2):
-        assert _read(body, recent) == _read(body, None)
+        assert _read(body, recent, last) == _read(body, None)
 
 
 def test_kept_lists_are_bounded_in_number_and_size() -> None:
