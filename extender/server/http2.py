@@ -8,8 +8,8 @@ pod in kube-scheduler (BENCHMARKS.md). Over h2 a call is a stream and no call op
 The server side of RFC 9113 that a client of POSTs needs, written here rather than taken from the h2 library: h2
 cost 100 to 140 us of CPU a request against about 25 here (its general state machine, header validation and
 encoder in Python), which at two or three calls a pod was a fifth of the extender's CPU. Header blocks are decoded by
-hpack, the h2 project's decoder (Huffman codes, the dynamic table, the bound on a decoded list); answers are
-encoded without the dynamic table (RFC 7541 6.2.2), so no table is kept for them.
+hpack_decoder.py (Huffman codes, the dynamic table, the bound on a decoded list); answers are encoded without the
+dynamic table (RFC 7541 6.2.2), so no table is kept for them.
 
 What the HTTP/1.1 protocol (serve.py) keeps for input from outside, kept per stream:
 - a stream's request must be whole within the request deadline; a connection without a stream open closes after
@@ -35,9 +35,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from functools import partial
 
-from hpack import Decoder, HPACKError, OversizedHeaderListError
-
 from extender.server.app import JSON, Answered, Verb, declared_over_limit, over_limit, server_timing
+from extender.server.hpack_decoder import CompressionError, HeaderListTooLarge, HpackDecoder
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +178,7 @@ class Http2Verbs:
         self._peer = peer
         self._forbidden = forbidden
         self._loop = asyncio.get_running_loop()
-        self._decoder = Decoder(max_header_list_size=limits.max_head_bytes)
+        self._decoder = HpackDecoder(limits.max_head_bytes)
         self._in = bytearray()
         self._preface = len(PREFACE)  # bytes of the preface still to come
         self._out: list[bytes] = []
@@ -356,11 +355,11 @@ class Http2Verbs:
         self._block.clear()
         self._block_stream = 0
         try:
-            headers = self._decoder.decode(block, raw=True)  # every block: the decoder's table follows the client's
-        except OversizedHeaderListError:
+            headers = self._decoder.decode(block)  # every block: the decoder's table follows the client's
+        except HeaderListTooLarge:
             raise ProtocolBreach(ErrorCode.ENHANCE_YOUR_CALM, f"sent headers over {self._limits.max_head_bytes} "
                                                               f"bytes", "head_too_large") from None
-        except HPACKError as error:
+        except CompressionError as error:
             raise ProtocolBreach(ErrorCode.COMPRESSION_ERROR, f"sent a header block that does not decode: "
                                                               f"{error}") from None
         if stream_id <= self._last:  # trailers of a request being read, or HEADERS on a stream already closed
