@@ -218,12 +218,7 @@ class HpackDecoder:
                     index, position = _integer(block, position, index)
                 field = self._field(index)
             elif byte & 0x40:  # literal with incremental indexing (6.2.1)
-                index = byte & 0x3F
-                if index == 0x3F:
-                    index, position = _integer(block, position, index)
-                name, position = self._string(block, position) if index == 0 else (self._field(index)[0], position)
-                value, position = self._string(block, position)
-                field = (name, value)
+                field, position = self._literal(block, position, byte & 0x3F, 0x3F)
                 self._add(field)
             elif byte & 0x20:  # dynamic table size update (6.3)
                 if fields:
@@ -237,12 +232,7 @@ class HpackDecoder:
                 self._evict(0)
                 continue
             else:  # literal without indexing or never indexed (6.2.2, 6.2.3)
-                index = byte & 0x0F
-                if index == 0x0F:
-                    index, position = _integer(block, position, index)
-                name, position = self._string(block, position) if index == 0 else (self._field(index)[0], position)
-                value, position = self._string(block, position)
-                field = (name, value)
+                field, position = self._literal(block, position, byte & 0x0F, 0x0F)
             listed += len(field[0]) + len(field[1]) + 32
             if listed > self._max_list:
                 raise HeaderListTooLarge(f"headers over {self._max_list} bytes")
@@ -256,6 +246,18 @@ class HpackDecoder:
         if 0 <= at < len(self._table):
             return self._table[at]
         raise CompressionError(f"index {index} is in neither table")
+
+    def _literal(self, block: bytes, position: int, index: int, full: int) -> tuple[Field, int]:
+        """A literal field (6.2) whose first byte gave `index`, `full` if its prefix was: its name by index, or a
+        string where the index is 0, then its value."""
+        if index == full:
+            index, position = _integer(block, position, index)
+        if index:
+            name = self._field(index)[0]
+        else:
+            name, position = self._string(block, position)
+        value, position = self._string(block, position)
+        return (name, value), position
 
     def _string(self, block: bytes, position: int) -> tuple[bytes, int]:
         byte = block[position]
