@@ -172,7 +172,7 @@ class ExtenderService:
                 outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._grades, self.wait,
                                        self.drains, compute, self.shortlist)
             if outcome.ranked is not None:  # for the pod's prioritize (Shortlists says why)
-                self._shortlists.keep(_version(args.pod), scores_of(outcome.ranked))
+                self._shortlists.keep(_version(args.pod), list(outcome.passed), scores_of(outcome.ranked))
         if not outcome.passed and WAITING in outcome.failed:
             if not compute:
                 raise Unknown

@@ -27,9 +27,10 @@ OUTRANKED = "fits, but not among the nodes that give the pod the best placement"
 _REMEMBERED = 256  # prioritize follows its filter in the same scheduling cycle: a few pods' lists are enough
 
 
-def scores_of(ranked: list[list[str]]) -> dict[str, int]:
-    """Each shortlisted name's score, from the rank number of its list (filter's `FilterOutcome.ranked`)."""
-    return {name: rank_score(number) for number, members in enumerate(ranked) for name in members}
+def scores_of(ranked: list[list[str]]) -> list[int]:
+    """Each shortlisted name's score, from the rank number of its list (filter's `FilterOutcome.ranked`), in the
+    order filter passes them."""
+    return [rank_score(number) for number, members in enumerate(ranked) for _ in members]
 
 
 class Shortlists:
@@ -39,20 +40,28 @@ class Shortlists:
 
     def __init__(self, size: int = _REMEMBERED) -> None:
         self._size = size
-        self._lists: OrderedDict[tuple[str, str], dict[str, int]] = OrderedDict()
+        self._lists: OrderedDict[tuple[str, str], tuple[list[str], list[int]]] = OrderedDict()
 
-    def keep(self, pod: tuple[str, str], scores: dict[str, int]) -> None:
+    def keep(self, pod: tuple[str, str], passed: list[str], scores: list[int]) -> None:
+        """The names filter passed, in its order, and their scores (`scores_of`)."""
         if not pod[0]:
             return  # no uid, nothing to know it by
-        self._lists[pod] = scores
+        self._lists[pod] = (passed, scores)
         self._lists.move_to_end(pod)
         while len(self._lists) > self._size:
             self._lists.popitem(last=False)
 
     def scores(self, pod: tuple[str, str], names: list[str]) -> list[int] | None:
-        """The scores filter gave `names`, or None where it shortlisted not all of them for this pod version."""
+        """The scores filter gave `names`, or None where it shortlisted not all of them for this pod version.
+        kube-scheduler sends prioritize the names filter passed, in that order: those are read as one list."""
         kept = self._lists.get(pod)
-        if kept is None or len(names) > len(kept):
+        if kept is None:
             return None
-        scores = [kept.get(name, -1) for name in names]
-        return None if -1 in scores else scores
+        passed, scores = kept
+        if names == passed:
+            return list(scores)
+        if len(names) > len(passed):
+            return None
+        score_of = dict(zip(passed, scores, strict=True))
+        found = [score_of.get(name, -1) for name in names]
+        return None if -1 in found else found

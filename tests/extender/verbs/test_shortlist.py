@@ -125,8 +125,21 @@ def test_prioritize_scores_anew_for_a_new_pod_version_or_a_name_not_shortlisted(
 def test_shortlists_are_bounded_and_forget_the_oldest_pod() -> None:
     lists = Shortlists(size=2)
     for uid in ("a", "b", "c"):
-        lists.keep((uid, "1"), {"n": 3})
+        lists.keep((uid, "1"), ["n"], [3])
     assert lists.scores(("a", "1"), ["n"]) is None
     assert lists.scores(("c", "1"), ["n"]) == [3]
-    lists.keep(("", "1"), {"n": 3})
+    lists.keep(("", "1"), ["n"], [3])
     assert lists.scores(("", "1"), ["n"]) is None
+
+
+def test_prioritize_reads_the_shortlist_in_filters_order_or_in_any_order_of_its_names() -> None:
+    lists = Shortlists()
+    lists.keep(("p", "1"), ["a", "b", "c"], [9, 9, 7])
+    assert lists.scores(("p", "1"), ["a", "b", "c"]) == [9, 9, 7]
+    assert lists.scores(("p", "1"), ["c", "a"]) == [7, 9]
+    assert lists.scores(("p", "1"), ["c", "d"]) is None
+    assert lists.scores(("p", "1"), ["a", "b", "c", "c"]) is None
+    answer = lists.scores(("p", "1"), ["a", "b", "c"])
+    assert answer is not None
+    answer.append(1)  # the answer is the caller's: what is kept does not change
+    assert lists.scores(("p", "1"), ["a", "b", "c"]) == [9, 9, 7]
