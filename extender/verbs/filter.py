@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import chain
+from itertools import chain, repeat
 from random import Random
 
 from extender.api._names import counts, group
@@ -19,7 +19,7 @@ from extender.cache.cluster_state import ClusterState
 from extender.cache.node_view import Key, NodeKey, SharedKey
 from extender.verbs.answer_memo import ON_LOOP, ShapeMemo
 from extender.verbs.drains import Drains, ends_by, keys_seen
-from extender.verbs.scoring import as_far_as, grade_ranks, offer_of, one_best_ranks
+from extender.verbs.scoring import best_ranks, grade_ranks, offer_of, one_best_ranks, rank_score
 from extender.verbs.scoring.grade import SHARED, Grade, grade
 from extender.verbs.scoring.shortlist import OUTRANKED
 from extender.verbs.wait import WAITING, WaitClock
@@ -53,15 +53,15 @@ Refusal = tuple[str, bool]
 @dataclass(slots=True)
 class FilterOutcome:
     """Passing names, and the failing ones grouped by reason (reason -> names): a few groups, written whole.
-    `ranked`, where more than `rank_above` names passed: only the best `rank_above` of them passed, in one list
-    per rank number (scoring.rank), best first. The refused names are then not read out of the request, as the
-    answer never writes them while a node passes (api/wire.py): `unlisted` counts them by refusal, the passing
-    ones left out as OUTRANKED."""
+    `scores`, where more than `rank_above` names passed: only the best `rank_above` of them passed, best first, and
+    these are their prioritize scores (scoring.rank_score). The refused names are then not read out of the request,
+    as the answer never writes them while a node passes (api/wire.py): `unlisted` counts them by refusal, the
+    passing ones left out as OUTRANKED."""
 
     passed: list[str] = field(default_factory=list)
     failed: dict[str, list[str]] = field(default_factory=dict)
     unresolvable: dict[str, list[str]] = field(default_factory=dict)
-    ranked: list[list[str]] | None = None
+    scores: list[int] | None = None
     unlisted: dict[Refusal, int] = field(default_factory=dict)
 
     def reasons(self) -> tuple[dict[str, str], dict[str, str]]:
@@ -125,9 +125,9 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
 
 def _best(names: list[str], grades: list[Grade], seen: Mapping[Grade, int], ranks: Mapping[Grade, int],
           best: int) -> FilterOutcome:
-    """The `best` passing names by rank (`ranks`, of the passing grades), in one list per rank number as far as
-    they reach (scoring.as_far_as), in kube-scheduler's order within one: the one C pass reads no other name out of
-    `names` (at 5,000 names, the refused ones were 18% of filter's time). The rest are counted."""
+    """The `best` passing names by rank (`ranks`, of the passing grades), in one list per rank they reach
+    (scoring.best_ranks), in kube-scheduler's order within one: the one C pass reads no other name out of `names`
+    (at 5,000 names, the refused ones were 18% of filter's time). The rest are counted."""
     names_of: dict[int, int] = {}
     unlisted: dict[Refusal, int] = {}
     for found, count in seen.items():
@@ -135,18 +135,15 @@ def _best(names: list[str], grades: list[Grade], seen: Mapping[Grade, int], rank
             names_of[ranks[found]] = names_of.get(ranks[found], 0) + count
         else:
             unlisted[found.verdict] = unlisted.get(found.verdict, 0) + count
-    cut = as_far_as(names_of, best)
-    below = max(cut.values()) + 1  # every failing grade's number
-    number_of = {found: cut[ranks[found]] if found.verdict is None else below for found in seen}
-    room, left = [0] * (below + 1), best
-    for number in sorted(names_of):
-        if left == 0:
-            break
-        room[cut[number]] = min(names_of[number], left)
-        left -= room[cut[number]]
-    ranked = group(names, grades, number_of, below + 1, room)[:below]
+    reached, room = best_ranks(names_of, best)
+    place = {number: at for at, number in enumerate(reached)}
+    below = len(reached)  # every other name's number: not read
+    number_of = {found: place.get(ranks[found], below) if found.verdict is None else below for found in seen}
+    ranked = group(names, grades, number_of, below + 1, [*room, 0])[:below]
     unlisted[OUTRANKED, True] = sum(names_of.values()) - best
-    return FilterOutcome(list(chain.from_iterable(ranked)), {}, {}, ranked, unlisted)
+    scores = [score for number, members in zip(reached, ranked, strict=True)
+              for score in repeat(rank_score(number), len(members))]
+    return FilterOutcome(list(chain.from_iterable(ranked)), {}, {}, scores, unlisted)
 
 
 def _one(names: list[str], grades: list[Grade], seen: Mapping[Grade, int], ranks: Mapping[Grade, int],

@@ -56,7 +56,7 @@ from extender.verbs.metrics import Metrics
 from extender.verbs.preempt import preempt_nodes
 from extender.verbs.scoring import prioritize_nodes
 from extender.verbs.scoring.grade import Grade
-from extender.verbs.scoring.shortlist import OUTRANKED, SHORTLIST, Shortlists, scores_of
+from extender.verbs.scoring.shortlist import OUTRANKED, SHORTLIST, Shortlists
 from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS, WAITING, WaitClock
 from topology.collectives import COMM_SHARE
 from topology.select import Selector
@@ -171,8 +171,8 @@ class ExtenderService:
                     self._unweighed_at(pod, outcome.passed[0])):
                 outcome = filter_nodes(self.state, self.selector, pod, args.candidates(), self._grades, self.wait,
                                        self.drains, compute, self.shortlist)
-            if outcome.ranked is not None:  # for the pod's prioritize (Shortlists says why)
-                self._shortlists.keep(_version(args.pod), list(outcome.passed), scores_of(outcome.ranked))
+            if outcome.scores is not None:  # for the pod's prioritize (Shortlists says why)
+                self._shortlists.keep(_version(args.pod), list(outcome.passed), outcome.scores)
         if not outcome.passed and WAITING in outcome.failed:
             if not compute:
                 raise Unknown

@@ -115,16 +115,20 @@ def rank(score: int, packing: float) -> int:
     return (MAX_SCORE - score) * PACKING_STEPS + MAX_GPUS - round(packing * MAX_GPUS)
 
 
-def as_far_as(names_of: Mapping[int, int], best: int) -> dict[int, int]:
-    """Each `rank` of `names_of` (rank -> its names) as far as the `best` names need it: up to the rank of the
-    best-th name as it is, every lower one numbered one past it, so that grouping the names by these numbers
-    makes a few lists, not one per rank (715), the last one every name below the best."""
-    total, last = 0, -1
-    for last in sorted(names_of):
-        total += names_of[last]
-        if total >= best:
+def best_ranks(names_of: Mapping[int, int], best: int) -> tuple[list[int], list[int]]:
+    """The `rank`s of `names_of` (rank -> its names) that the `best` names reach, best first, and how many of the
+    best each gives: grouped by their place in that list, the names make a list per rank reached (a few), not one
+    per rank number (up to 715)."""
+    reached: list[int] = []
+    room: list[int] = []
+    left = best
+    for number in sorted(names_of):
+        if left <= 0:
             break
-    return {number: min(number, last + 1) for number in names_of}
+        reached.append(number)
+        room.append(min(names_of[number], left))
+        left -= room[-1]
+    return reached, room
 
 
 def rank_score(number: int) -> int:

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from extender.verbs.scoring import rank_score
-
 SHORTLIST = 100
 """K: kube-scheduler's own floor on the nodes it scores in a big cluster (minFeasibleNodesToFind), so it scores no
 fewer than it does alone."""
@@ -25,12 +23,6 @@ fewer than it does alone."""
 OUTRANKED = "fits, but not among the nodes that give the pod the best placement"
 
 _REMEMBERED = 256  # prioritize follows its filter in the same scheduling cycle: a few pods' lists are enough
-
-
-def scores_of(ranked: list[list[str]]) -> list[int]:
-    """Each shortlisted name's score, from the rank number of its list (filter's `FilterOutcome.ranked`), in the
-    order filter passes them."""
-    return [rank_score(number) for number, members in enumerate(ranked) for _ in members]
 
 
 class Shortlists:
@@ -43,7 +35,7 @@ class Shortlists:
         self._lists: OrderedDict[tuple[str, str], tuple[list[str], list[int]]] = OrderedDict()
 
     def keep(self, pod: tuple[str, str], passed: list[str], scores: list[int]) -> None:
-        """The names filter passed, in its order, and their scores (`scores_of`)."""
+        """The names filter passed, in its order, and their scores (`FilterOutcome.scores`)."""
         if not pod[0]:
             return  # no uid, nothing to know it by
         self._lists[pod] = (passed, scores)
