@@ -143,13 +143,15 @@ def _parser() -> argparse.ArgumentParser:
                             "so kube-scheduler scores K nodes and not thousands; the rest are left out, never the "
                             "pod's last chance (extender/verbs/scoring/shortlist.py). 0: pass every fit "
                             f"(default {SHORTLIST})")
-    serve.add_argument("--one-best", action="store_true",
+    serve.add_argument("--one-best", action="store_true", default=True,
                        help="pass one node, not the shortlist, to a pod for which kube-scheduler's scoring weighs "
                             "nothing of its own (no preferred affinity, no ScheduleAnyway spread, no owner "
                             "kube-scheduler spreads by default, no claims, no PreferNoSchedule taint it does not "
                             "tolerate on the node): kube-scheduler takes it without scoring or prioritize "
-                            "(extender/api/preferences.py). Faster at scale; off by default, as the replay places a "
-                            "little worse with it in some figures (README.md)")
+                            "(extender/api/preferences.py). The default: the replay places every pod as with the "
+                            "shortlist, and kube-scheduler and the extender spend less (README.md)")
+    serve.add_argument("--no-one-best", dest="one_best", action="store_false",
+                       help="pass every such pod the shortlist, for kube-scheduler's own scoring to choose from")
     serve.add_argument("--observe", action="store_true",
                        help="observe only, to weigh the extender before it decides: prioritize scores as usual, filter "
                             "passes every node and counts what it would refuse (gpu_topology_extender_decisions_total"

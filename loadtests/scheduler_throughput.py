@@ -25,9 +25,9 @@ Configurations, in alternating rounds (the order rotates every round, so drift o
 - `alone-qps50`, only with `--configs`: `alone-shipped` at kube-scheduler's default client rate (qps 50, burst 100).
   It showed why the shipped config raises the rate (50 pods/s at most) and judges nothing, so by default it is
   not run: a round of it costs 40 s and more;
-- `extender-one-best`, only with `--configs`: `extender` with `--one-best`, so that a pod that states nothing
-  kube-scheduler's scoring weighs is passed one node, which kube-scheduler takes without scoring or prioritize:
-  beside `extender` it shows what that saves (extender/api/preferences.py).
+- `extender-shortlist`, only with `--configs`: `extender` with `--no-one-best`, so that every pod is passed the
+  shortlist, which kube-scheduler scores and sends to prioritize: beside `extender` (where a pod that states nothing
+  kube-scheduler's scoring weighs is passed one node, extender/api/preferences.py) it shows what one-best saves.
 
 A round of one configuration: the extender started (its configuration only), the pods created while no
 scheduler runs, kube-scheduler started, then measured from the first pod bound to the last (a watch on the
@@ -134,11 +134,11 @@ from kube_e2e import (  # noqa: E402
 from extender.api.pod_request import DEFAULT_GPU_RESOURCE  # noqa: E402
 from topology.annotations import AnnotationKeys  # noqa: E402
 
-CONFIGS = ("alone-qps50", "alone-default", "alone-shipped", "extender", "extender-one-best", "null-extender")
-# alone-qps50 and extender-one-best judge nothing
+CONFIGS = ("alone-qps50", "alone-default", "alone-shipped", "extender", "extender-shortlist", "null-extender")
+# alone-qps50 and extender-shortlist judge nothing
 DEFAULT_CONFIGS = ("alone-default", "alone-shipped", "extender", "null-extender")
-WITH_EXTENDER = ("extender", "extender-one-best", "null-extender")  # kube-scheduler as shipped, with an extender
-OURS = {"extender": (), "extender-one-best": ("--one-best",)}  # our extender's configurations, flags
+WITH_EXTENDER = ("extender", "extender-shortlist", "null-extender")  # kube-scheduler as shipped, with an extender
+OURS = {"extender": (), "extender-shortlist": ("--no-one-best",)}  # our extender's configurations, flags
 # Issue, the configuration of kube-scheduler alone it judges the extender against, the least share of its pods/s,
 # the most of its CPU per pod.
 TARGETS = ((18, "alone-shipped", 0.6, 1.3), (32, "alone-default", 0.5, 2.0))
@@ -1035,9 +1035,10 @@ def section(args: argparse.Namespace, argv: Sequence[str] | None, elapsed: float
                     f"{', '.join(f'{k} {v}' for k, v in shipped.items()) or DEFAULT_CLIENT_RATE}), the extender over "
                     f"HTTPS with mTLS, run with `--stale-after {STALE_AFTER}` (no agent refreshes the state here) and "
                     "otherwise the defaults of `scheduler-config/extender.yaml`",
-        "extender-one-best": "`extender` with `--one-best`: a pod that states nothing kube-scheduler's scoring "
-                             "weighs is passed one node (extender/api/preferences.py), which kube-scheduler takes "
-                             "without scoring or prioritize",
+        "extender-shortlist": "`extender` with `--no-one-best`: every pod is passed the shortlist, which "
+                              "kube-scheduler scores and sends to prioritize (with the shipped `--one-best`, a pod "
+                              "that states nothing kube-scheduler's scoring weighs is passed one node, "
+                              "extender/api/preferences.py)",
         "null-extender": "the same configuration pointed at loadtests/null_extender (Go: filter passes every name, "
                          "prioritize scores none, bind posts a plain Binding, preempt keeps no victim)"}
     lines = run_header(f"kube-scheduler throughput with and without the extender, {args.nodes} nodes",

@@ -38,8 +38,8 @@ from extender.verbs.scoring.shortlist import SHORTLIST
 from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS
 from loadtests.replay.boards import BoardKey, board_key, board_topology
 from loadtests.replay.engine import Fleet, Placement
-from loadtests.replay.kube_scores import (DEFAULT, GPU_PACKING, Profile, feasible_nodes_to_find, score_gpu_node,
-                                          select_host, shipped_profile)
+from loadtests.replay.kube_scores import (DEFAULT, GPU_PACKING, Profile, SelectHostDraws, feasible_nodes_to_find,
+                                          score_gpu_node, select_host, shipped_profile)
 from loadtests.replay.device_plugin import stock_device_plugin
 from loadtests.replay.kueue_tas import assign
 from loadtests.replay.model import LEAF_LABEL, SPINE_LABEL, TOPOLOGY_LEVELS, ClusterNode, Job
@@ -167,7 +167,7 @@ class ExtenderPolicy(_KubeSearch):
                  profile: Profile | None = None, topology_wait: float = TOPOLOGY_WAIT_SECONDS,
                  topology_levels: tuple[str, ...] = (), group_placement: str = "preferred",
                  group_age_bound: float = GROUP_AGE_BOUND_SECONDS, comm_share: float = COMM_SHARE,
-                 shortlist: int = SHORTLIST) -> None:
+                 shortlist: int = SHORTLIST, one_best: bool = True) -> None:
         self.name = name
         self.group_placement = group_placement
         self.profile = profile or shipped_profile()
@@ -175,9 +175,10 @@ class ExtenderPolicy(_KubeSearch):
         # Real agents republish node state every few seconds, so no node goes stale: the replay's never do.
         self.state = ClusterState(clock=lambda: EPOCH + self.now, stale_after=math.inf, levels=topology_levels)
         self.cluster = demo_cluster(nodes, self.state, delivery=delivery)
+        self.ties = SelectHostDraws()
         self.service = ExtenderService(self.state, self.cluster, topology_wait=topology_wait,
                                        group_age_bound=group_age_bound or None, comm_share=comm_share,
-                                       shortlist=shortlist)
+                                       shortlist=shortlist, one_best=one_best, ties=self.ties)
         self.spans = Spans(nodes)
         self.index = {name: {gpu.uuid: gpu.index for gpu in topology.gpus}
                       for name, topology in self.cluster.topologies.items()}
@@ -196,11 +197,15 @@ class ExtenderPolicy(_KubeSearch):
             pod = self.pending[job.name] = self.cluster.create_pod(f"job-{self.created}", job.gpus,
                                                                    self._group_annotations(job),
                                                                    created=EPOCH + job.submit_s)
+        self.ties.rng = rng
         passed = self.service.filter(ExtenderArgs(pod, names, None)).passed
         if not passed:
             return None
-        scored, scores = self.service.prioritize(ExtenderArgs(pod, list(passed), None))
-        node = select_host(_kube_totals(self.profile, job, fleet, scored, scores), rng)
+        if len(passed) == 1:  # kube-scheduler takes a lone feasible node without scoring or prioritize (schedulePod)
+            node = passed[0]
+        else:
+            scored, scores = self.service.prioritize(ExtenderArgs(pod, list(passed), None))
+            node = select_host(_kube_totals(self.profile, job, fleet, scored, scores), rng)
         metadata = pod["metadata"]
         error = self.service.bind(BindingArgs(metadata["name"], NAMESPACE, metadata["uid"], node))
         if error:

@@ -405,11 +405,14 @@ def test_weight_and_timeout_are_the_documented_ones() -> None:
 
 
 def test_the_one_best_packing_is_the_shipped_profiles() -> None:
-    """scoring.KUBE_PACKING, kube-scheduler's GPU packing in our points, is derived from these weights."""
+    """scoring.KUBE_PACKING, kube-scheduler's packing in our points, is derived from this profile: MostAllocated over
+    the resources it weighs, each as full as the node's GPUs (a GPU pod's cpu and memory follow its GPUs)."""
     config = scheduler_config(SECONDARY_CONFIG)
-    weights = {resource["name"]: resource["weight"] for resource in _fit_strategy(config)["resources"]}
-    share = 100 * weights["nvidia.com/gpu"] / sum(weights.values())  # MostAllocated's score of a full node's GPUs
-    assert KUBE_PACKING == pytest.approx(share / (_ext(config)["weight"] * 100 // 10))
+    strategy = _fit_strategy(config)
+    weights = {resource["name"]: resource["weight"] for resource in strategy["resources"]}
+    assert strategy["type"] == "MostAllocated" and "nvidia.com/gpu" in weights
+    full = sum(100 * weight for weight in weights.values()) / sum(weights.values())  # a full node's score
+    assert KUBE_PACKING == pytest.approx(full / (_ext(config)["weight"] * 100 // 10))
 
 
 def _mutate(config: Doc, change: Callable[[Doc], None]) -> Doc:

@@ -81,11 +81,13 @@ def grade_ranks(request: Request, grades: Collection[Grade]) -> Mapping[Grade, i
     return _ranks_among(request, frozenset(grades), rank)
 
 
-KUBE_PACKING = 100 * 10 / 12 / (5 * 10)
-"""kube-scheduler's GPU packing in our points, as the shipped profile adds the two up
-(scheduler-config/kube-scheduler-config.yaml): NodeResourcesFit MostAllocated gives the share of a node's GPUs in
-use once the pod is placed x 100 x 10/12 (nvidia.com/gpu weight 10 of 12), our score counts x 5 x 10 (the
-extender's weight 5). Our own score packs lightly (WEIGHTS), leaving packing to it."""
+KUBE_PACKING = 100 / (5 * 10)
+"""kube-scheduler's packing in our points, as the shipped profile adds the two up
+(scheduler-config/kube-scheduler-config.yaml): for a GPU pod whose cpu and memory follow its GPUs, as GPU jobs are
+sized and as the replay's kube-scheduler models them (loadtests/replay/kube_scores.py), NodeResourcesFit
+MostAllocated gives every resource the share of the node in use once the pod is placed x 100, so their weighted
+mean is that share x 100; our score counts x 5 x 10 (the extender's weight 5). Our own score packs lightly
+(WEIGHTS), leaving packing to it."""
 
 
 def one_best_ranks(request: Request, grades: Collection[Grade]) -> Mapping[Grade, int]:

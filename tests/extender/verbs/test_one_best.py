@@ -7,9 +7,11 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from extender import cli
 from extender.api.wire import ExtenderArgs
 from extender.cache.cluster_state import ClusterState
 from extender.demo.cluster import DemoCluster
@@ -121,3 +123,15 @@ def test_while_gpus_are_drained_for_a_waiting_pod_kube_scheduler_chooses_from_th
     assert service.filter(ExtenderArgs(pod("train", 4), ["a"], None)).failed == {WAITING: ["a"]}  # drains a's 4-7
     assert len(service.drains) == 1
     assert service.filter(ExtenderArgs(pod("small", 1), ["a", "b", "c"], None)).passed == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(("flags", "passed"), [((), 1), (("--one-best",), 1), (("--no-one-best",), 3)])
+def test_serve_passes_one_node_unless_told_not_to(monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...],
+                                                  passed: int) -> None:
+    served: list[ExtenderService] = []
+    monkeypatch.setattr(cli, "serve", lambda service, options: served.append(service))
+    assert cli.main(["serve", "--demo", "--shortlist=3", *flags]) == 0
+    [service] = served
+    names = [name for name, view in service.state.views().items() if view.size >= 8]
+    assert len(names) > 3
+    assert len(service.filter(ExtenderArgs(pod("plain", 1), names, None)).passed) == passed

@@ -209,8 +209,8 @@ def test_extender_flags_and_placement_from_values() -> None:
     deployment = find(docs, "Deployment", "gpu-topology-extender")
     flags = flag_values(extender_args(docs))
     assert (flags["--topology-wait"], flags["--group-timeout"], flags["--shortlist"]) == ("120", "90", "50")
-    assert "--one-best" not in extender_args(docs)
-    assert "--one-best" in extender_args(render({"extender": {"oneBest": True}}))
+    assert "--no-one-best" not in extender_args(docs)  # one-best is the default
+    assert "--no-one-best" in extender_args(render({"extender": {"oneBest": False}}))
     assert "--no-http2" not in extender_args(render({}))
     assert "--no-http2" in extender_args(render({"extender": {"http2": False}}))
     assert extender_args(docs)[-1] == "--comm-share=0.5"
