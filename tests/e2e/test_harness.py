@@ -597,7 +597,8 @@ def test_the_extender_process_filters_and_binds_over_mtls(fake_cluster, topologi
                                  annotations={"gpu-topology.io/min-bandwidth": "fast"}))
     kubeconfig = _plain_kubeconfig(tmp_path / "extender.kubeconfig", server.url)
     with ExitStack() as stack:
-        process, url = start_extender(tmp_path, kubeconfig, pki, stack)
+        # Every fit passes (the shortlist, not one-best's one node), so that filter's answer shows each node.
+        process, url = start_extender(tmp_path, kubeconfig, pki, stack, ("--no-one-best",))
         port = int(url.rsplit(":", 1)[1])
         scheduler = ssl.create_default_context(cafile=str(pki.ca))
         scheduler.verify_flags |= ssl.VERIFY_X509_STRICT
