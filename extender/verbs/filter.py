@@ -7,11 +7,10 @@ topology, or a node that could not serve the pod even with every healthy GPU fre
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain, repeat
-from random import Random
 
 from extender.api._names import counts, group
 from extender.api.pod_request import PodRequest
@@ -77,7 +76,7 @@ Verdict = Refusal | None
 def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names: list[str],
                  memo: ShapeMemo[Grade] | None = None, wait: WaitClock | None = None,
                  drains: Drains | None = None, compute: bool = True, rank_above: int = 0,
-                 one_best: Random | None = None) -> FilterOutcome:
+                 one_best: Callable[[int], int] | None = None) -> FilterOutcome:
     """One grade per distinct node key (scoring/grade.py: the verdict, and what prioritize would score),
     remembered across requests in `memo`; the names are read as grades in C passes (extender/api/_names.c), and
     everything after is decided per grade. A pod within its topology wait (extender/verbs/wait.py) passes only nodes
@@ -147,14 +146,14 @@ def _best(names: list[str], grades: list[Grade], seen: Mapping[Grade, int], rank
 
 
 def _one(names: list[str], grades: list[Grade], seen: Mapping[Grade, int], ranks: Mapping[Grade, int],
-         draw: Random) -> FilterOutcome:
+         draw: Callable[[int], int]) -> FilterOutcome:
     """One name of the best rank, drawn at random: kube-scheduler draws among its equal best totals, and the first
     in its order would send every pod of a shape to the same few nodes (a 1-GPU pod to the first NVLink boards,
     which multi-GPU pods then miss). Only the names up to the one drawn are read. No `ranked`: these ranks are not
     prioritize's scores (scoring.kube_rank), and kube-scheduler sends no prioritize for one node."""
     passing = {found: count for found, count in seen.items() if found.verdict is None}
     top = min(ranks.values())
-    reached = _best(names, grades, seen, ranks, 1 + draw.randrange(sum(
+    reached = _best(names, grades, seen, ranks, 1 + draw(sum(
         count for found, count in passing.items() if ranks[found] == top)))
     return FilterOutcome(reached.passed[-1:], {}, {}, None,
                          {**reached.unlisted, (OUTRANKED, True): sum(passing.values()) - 1})

@@ -111,13 +111,14 @@ class ExtenderService:
                  topology_wait: float = TOPOLOGY_WAIT_SECONDS, group_timeout: float = GROUP_TIMEOUT_SECONDS,
                  group_age_bound: float | None = GROUP_AGE_BOUND_SECONDS, comm_share: float = COMM_SHARE,
                  pin_claims: bool = False, shortlist: int = SHORTLIST, one_best: bool = False,
-                 ties: Random | None = None, observe: bool = False) -> None:
+                 ties: Callable[[int], int] | None = None, observe: bool = False) -> None:
         """`pin_claims`: the admission webhook names pinnable template claims, for the planner that makes them
         (extender/pinning/planner.py, run beside the service). `shortlist`: filter passes at most this many nodes
         where more fit, the best by prioritize's rank (verbs/scoring/shortlist.py); 0 passes every fit. `one_best`:
         a pod for which kube-scheduler's scoring weighs nothing of its own (api/preferences.py) is passed only the
-        first of them, which kube-scheduler then takes without scoring or prioritize; `ties` draws it among the equal
-        best (its own by default; the replay gives the one its kube-scheduler draws from). `observe`: the module's
+        first of them, which kube-scheduler then takes without scoring or prioritize; `ties(count)` draws which of
+        the equal best (a generator of its own by default; the replay's draws as its kube-scheduler does). `observe`:
+        the module's
         docstring."""
         if (leader is None) != (pods is None):
             raise ValueError("leader election needs the pod reflector, to rebuild the ledger on each win")
@@ -136,7 +137,7 @@ class ExtenderService:
         self.observe = observe
         self.shortlist = 0 if observe else shortlist
         # kube-scheduler's selectHost draws among equal totals; so does the one node filter passes (filter._one).
-        self._one_best = (ties or Random(0)) if one_best and self.shortlist > 0 else None
+        self._one_best = (ties or Random(0).randrange) if one_best and self.shortlist > 0 else None
         self._shortlists = Shortlists()
         self._rebuild: tuple[int, int] | None = None  # (term, ticket of the pod list that rebuilds its ledger)
         if leader is not None:

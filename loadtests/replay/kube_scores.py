@@ -159,21 +159,13 @@ def select_host(totals: Sequence[tuple[str, int]], rng: random.Random) -> str:
     sampling draws the same distribution; one draw here keeps the replay fast)."""
     best = max(score for _, score in totals)
     ties = [name for name, score in totals if score == best]
-    return ties[rng.randrange(len(ties))] if len(ties) > 1 else ties[0]
+    return ties[tie_index(len(ties), rng)]
 
 
-class SelectHostDraws(random.Random):
-    """The extender's `--one-best` draw among equal best nodes (extender/verbs/filter.py `_one`), made from the
-    generator this replay's kube-scheduler draws its ties from (`rng`, set for each placement) and as `select_host`
-    makes it: nothing for a lone node. With one-best the extender draws where kube-scheduler would have, among the
-    same nodes, so both meet the same draws and a run places alike with and without it (with the shortlist, the
-    extender's own generator would change which tied node each pod gets, and every pod after it)."""
-
-    def __init__(self) -> None:
-        super().__init__(0)
-        self.rng: random.Random | None = None
-
-    def randrange(self, start: int, stop: int | None = None, step: int = 1) -> int:
-        if stop is not None or step != 1 or self.rng is None:
-            raise TypeError("SelectHostDraws draws an index below one bound, once its generator is set")
-        return 0 if start == 1 else self.rng.randrange(start)
+def tie_index(count: int, rng: random.Random) -> int:
+    """Which of `count` equal best nodes is taken: drawn from `rng`, nothing drawn for a lone node. The replay's
+    kube-scheduler draws by it (`select_host`), and so does the extender's `--one-best` (extender/verbs/filter.py
+    `_one`), from the same generator: where one-best takes the draw from kube-scheduler, among the same nodes, both
+    meet the same draws and a run places alike with and without it (with a generator of its own, the extender
+    would change which tied node each pod gets, and every pod after it)."""
+    return rng.randrange(count) if count > 1 else 0

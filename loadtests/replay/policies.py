@@ -38,8 +38,8 @@ from extender.verbs.scoring.shortlist import SHORTLIST
 from extender.verbs.wait import TOPOLOGY_WAIT_SECONDS
 from loadtests.replay.boards import BoardKey, board_key, board_topology
 from loadtests.replay.engine import Fleet, Placement
-from loadtests.replay.kube_scores import (DEFAULT, GPU_PACKING, Profile, SelectHostDraws, feasible_nodes_to_find,
-                                          score_gpu_node, select_host, shipped_profile)
+from loadtests.replay.kube_scores import (DEFAULT, GPU_PACKING, Profile, feasible_nodes_to_find, score_gpu_node,
+                                          select_host, shipped_profile, tie_index)
 from loadtests.replay.device_plugin import stock_device_plugin
 from loadtests.replay.kueue_tas import assign
 from loadtests.replay.model import LEAF_LABEL, SPINE_LABEL, TOPOLOGY_LEVELS, ClusterNode, Job
@@ -175,10 +175,11 @@ class ExtenderPolicy(_KubeSearch):
         # Real agents republish node state every few seconds, so no node goes stale: the replay's never do.
         self.state = ClusterState(clock=lambda: EPOCH + self.now, stale_after=math.inf, levels=topology_levels)
         self.cluster = demo_cluster(nodes, self.state, delivery=delivery)
-        self.ties = SelectHostDraws()
+        self.rng = random.Random(0)  # the replay's own, each placement's (`place`)
         self.service = ExtenderService(self.state, self.cluster, topology_wait=topology_wait,
                                        group_age_bound=group_age_bound or None, comm_share=comm_share,
-                                       shortlist=shortlist, one_best=one_best, ties=self.ties)
+                                       shortlist=shortlist, one_best=one_best,
+                                       ties=lambda count: tie_index(count, self.rng))
         self.spans = Spans(nodes)
         self.index = {name: {gpu.uuid: gpu.index for gpu in topology.gpus}
                       for name, topology in self.cluster.topologies.items()}
@@ -197,7 +198,7 @@ class ExtenderPolicy(_KubeSearch):
             pod = self.pending[job.name] = self.cluster.create_pod(f"job-{self.created}", job.gpus,
                                                                    self._group_annotations(job),
                                                                    created=EPOCH + job.submit_s)
-        self.ties.rng = rng
+        self.rng = rng
         passed = self.service.filter(ExtenderArgs(pod, names, None)).passed
         if not passed:
             return None

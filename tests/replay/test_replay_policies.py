@@ -8,6 +8,7 @@ import random
 import pytest
 
 from loadtests.gpuallocator_baseline import PCIE_LINK_SCORE, pcie_level
+from loadtests.replay.clusters import mixed_fleet
 from loadtests.replay.engine import replay
 from loadtests.replay.kube_scores import DEFAULT, GPU_PACKING
 from loadtests.replay.model import ClusterNode, Job
@@ -113,3 +114,29 @@ def test_a_node_with_part_of_a_board_installed_is_that_part_for_every_policy() -
     got = _placements([quad], jobs, ours)
     assert got[0] is None and got[3] is None and sorted(got[1][1] + got[2][1]) == [0, 1, 2, 3]
     assert ours.cluster.topologies["v100-quad"].size == 4
+
+
+def test_one_best_places_every_pod_where_the_shortlist_does_run_for_run() -> None:
+    """With one-best (the shipped default) the extender takes the one draw among equal best nodes that
+    kube-scheduler's selectHost would make, from the same generator (kube_scores.tie_index): on a fleet of twin
+    boards, where ties are the rule, every pod lands on the same node with the same GPUs as with the shortlist."""
+    nodes = mixed_fleet(2)
+    rng = random.Random(7)
+    jobs, submit = [], 0.0
+    for index in range(300):
+        submit += rng.expovariate(2.0)
+        jobs.append(Job(f"j{index:03d}", submit, rng.uniform(20.0, 120.0), rng.choice((1, 1, 1, 2, 2, 4, 8))))
+    one_best = ExtenderPolicy("one-best", nodes, delivery=True)
+    passes: list[int] = []
+    real_filter = one_best.service.filter
+
+    def counted_filter(args, compute=True):
+        outcome = real_filter(args, compute)
+        passes.append(len(outcome.passed))
+        return outcome
+
+    one_best.service.filter = counted_filter
+    got = _placements(nodes, jobs, one_best, seed=3)
+    assert got == _placements(nodes, jobs, ExtenderPolicy("shortlist", nodes, delivery=True, one_best=False), seed=3)
+    assert None not in got
+    assert passes.count(1) > 200, "one-best passed one node to most pods"
