@@ -321,8 +321,8 @@ class LastPod:
     """The pod of the last request, by the bytes before its NodeNames, checked (`_pod`) and read only.
 
     kube-scheduler sends prioritize the pod it sent filter, with the names the shortlist passed (verbs/filter.py): the
-    same bytes, parsed and checked once a pod where it cost 20 us twice. One entry, swapped whole, so a thread
-    reads either the old or the new."""
+    same bytes, parsed and checked once a pod (5 us warm for a pod of kube-scheduler's captured body, against 0.1 to
+    compare its bytes). One entry, swapped whole, so a thread reads either the old or the new."""
 
     __slots__ = ("_last",)
 

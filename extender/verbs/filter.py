@@ -124,9 +124,19 @@ def filter_nodes(state: ClusterState, selector: Selector, pod: PodRequest, names
 
 def _best(names: list[str], grades: list[Grade], seen: Mapping[Grade, int], ranks: Mapping[Grade, int],
           best: int) -> FilterOutcome:
-    """The `best` passing names by rank (`ranks`, of the passing grades), in one list per rank they reach
-    (scoring.best_ranks), in kube-scheduler's order within one: the one C pass reads no other name out of `names`
-    (at 5,000 names, the refused ones were 18% of filter's time). The rest are counted."""
+    """The `best` passing names by rank (`_ranked`), and their prioritize scores."""
+    reached, ranked, unlisted = _ranked(names, grades, seen, ranks, best)
+    scores = [score for number, members in zip(reached, ranked, strict=True)
+              for score in repeat(rank_score(number), len(members))]
+    return FilterOutcome(list(chain.from_iterable(ranked)), {}, {}, scores, unlisted)
+
+
+def _ranked(names: list[str], grades: list[Grade], seen: Mapping[Grade, int], ranks: Mapping[Grade, int],
+            best: int) -> tuple[list[int], list[list[str]], dict[Refusal, int]]:
+    """The ranks the `best` passing names reach (`ranks`, of the passing grades; scoring.best_ranks), best first,
+    and those names in one list per rank, in kube-scheduler's order within one: the one C pass reads no other name
+    out of `names` (at 5,000 names, the refused ones were 18% of filter's time). The rest are counted by refusal,
+    the passing ones left out as OUTRANKED."""
     names_of: dict[int, int] = {}
     unlisted: dict[Refusal, int] = {}
     for found, count in seen.items():
@@ -140,23 +150,20 @@ def _best(names: list[str], grades: list[Grade], seen: Mapping[Grade, int], rank
     number_of = {found: place.get(ranks[found], below) if found.verdict is None else below for found in seen}
     ranked = group(names, grades, number_of, below + 1, [*room, 0])[:below]
     unlisted[OUTRANKED, True] = sum(names_of.values()) - best
-    scores = [score for number, members in zip(reached, ranked, strict=True)
-              for score in repeat(rank_score(number), len(members))]
-    return FilterOutcome(list(chain.from_iterable(ranked)), {}, {}, scores, unlisted)
+    return reached, ranked, unlisted
 
 
 def _one(names: list[str], grades: list[Grade], seen: Mapping[Grade, int], ranks: Mapping[Grade, int],
          draw: Callable[[int], int]) -> FilterOutcome:
     """One name of the best rank, drawn at random: kube-scheduler draws among its equal best totals, and the first
     in its order would send every pod of a shape to the same few nodes (a 1-GPU pod to the first NVLink boards,
-    which multi-GPU pods then miss). Only the names up to the one drawn are read. No `ranked`: these ranks are not
-    prioritize's scores (scoring.kube_rank), and kube-scheduler sends no prioritize for one node."""
+    which multi-GPU pods then miss). Only the names up to the one drawn are read. No `scores`: these ranks are not
+    prioritize's (scoring.kube_rank), and kube-scheduler sends no prioritize for one node."""
     passing = {found: count for found, count in seen.items() if found.verdict is None}
     top = min(ranks.values())
-    reached = _best(names, grades, seen, ranks, 1 + draw(sum(
+    _, ranked, unlisted = _ranked(names, grades, seen, ranks, 1 + draw(sum(
         count for found, count in passing.items() if ranks[found] == top)))
-    return FilterOutcome(reached.passed[-1:], {}, {}, None,
-                         {**reached.unlisted, (OUTRANKED, True): sum(passing.values()) - 1})
+    return FilterOutcome(ranked[-1][-1:], {}, {}, None, {**unlisted, (OUTRANKED, True): sum(passing.values()) - 1})
 
 
 def _pinned(state: ClusterState, pinned: frozenset[str], names: list[str]) -> FilterOutcome:
