@@ -233,7 +233,7 @@ class HpackDecoder:
                 continue
             else:  # literal without indexing or never indexed (6.2.2, 6.2.3)
                 field, position = self._literal(block, position, byte & 0x0F, 0x0F)
-            listed += len(field[0]) + len(field[1]) + 32
+            listed += _entry_size(field)
             if listed > self._max_list:
                 raise HeaderListTooLarge(f"headers over {self._max_list} bytes")
             fields.append(field)
@@ -280,7 +280,7 @@ class HpackDecoder:
         return decoded, end
 
     def _add(self, field: Field) -> None:
-        size = len(field[0]) + len(field[1]) + 32
+        size = _entry_size(field)
         if size > self._max_size:  # empties the table, and is not added (4.4)
             self._table.clear()
             self._size = 0
@@ -292,8 +292,12 @@ class HpackDecoder:
     def _evict(self, room: int) -> None:
         """Oldest entries out until `room` bytes more fit within the table's size."""
         while self._size + room > self._max_size:
-            name, value = self._table.pop()
-            self._size -= len(name) + len(value) + 32
+            self._size -= _entry_size(self._table.pop())
+
+
+def _entry_size(field: Field) -> int:
+    """A field's size as the dynamic table counts it (RFC 7541 4.1), and a header list (RFC 9113 6.5.2)."""
+    return len(field[0]) + len(field[1]) + 32
 
 
 def _integer(block: bytes, position: int, value: int) -> tuple[int, int]:
